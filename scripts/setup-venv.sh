@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Create a virtual environment at $1 and install evotrainer into it, with extras $2.
+# The CPU path pins torch through constraints-cpu.txt (an unpinned torch pulls a CUDA build).
+set -euo pipefail
+venv=${1:?usage: setup-venv.sh VENV [EXTRAS]}
+extras=${2:-}
+cd "$(dirname "$0")/.."
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+"$venv/bin/python" -m pip install -q -c constraints-cpu.txt "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
+"$venv/bin/python" -m pip install -q -c constraints-cpu.txt -e ".${extras:+[$extras]}" 2>&1 | grep -v "^WARNING: Location" || true
+"$venv/bin/python" -c "import evotrainer, torch; print('evotrainer', evotrainer.__version__, 'torch', torch.__version__)"

@@ -1,0 +1,48 @@
+"""Rollout evidence: one record per sampled completion, appended as JSON lines.
+
+Diagnostics and backtests read these without loading the model.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+
+@dataclass
+class RolloutRecord:
+    step: int
+    group_id: int        # index of the prompt group within the step
+    prompt_id: str
+    level: int
+    completion: str
+    score: float         # verifier
+    reward: float        # harness
+    advantage: float
+    length: int          # completion tokens, end token included
+    truncated: bool
+    mean_logprob: float  # mean log-prob of the sampled tokens under the sampling policy
+    entropy: float       # mean per-token entropy of the policy at those positions
+    kept: bool           # its group passed the group filter
+
+
+class EvidenceWriter:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def write(self, records: list[RolloutRecord]) -> None:
+        self._f.write("".join(json.dumps(asdict(r)) + "\n" for r in records))
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_evidence(path: Path) -> Iterator[RolloutRecord]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield RolloutRecord(**json.loads(line))

@@ -1,0 +1,139 @@
+"""Knobs: the scalar settings of a harness, loaded from its `knobs.yaml`.
+
+Parameters (the defaults are the reference recipe):
+    reward: reward function name (`binary`; `partial_credit`; or one the harness defines).
+    group_filter: which groups enter the gradient (`keep_all`, `drop_dead`, `score_spread`).
+    advantage: `grpo` (normalised by group std, DeepSeekMath 2402.03300), `dr_grpo`
+        (no std division, 2503.20783), `rloo` (leave-one-out baseline, 2402.14740).
+    policy_loss: loss form; `clipped` is the PPO/GRPO clipped surrogate.
+    loss_agg: `token_mean` (DAPO 2503.14476), `seq_mean_token_mean` (GRPO),
+        `seq_mean_token_sum`, `seq_mean_token_sum_norm` (Dr. GRPO).
+    curriculum: level sampling (`fixed`, `frontier`).
+    train_levels: levels the curriculum draws from; empty means the task's target level.
+    lr: AdamW learning rate. The reference uses 3e-4; 1e-3 collapses the tiny policy
+        within a few steps (shared/MEASUREMENTS.md).
+    warmup_steps: linear learning-rate warm-up from 0.
+    steps: training steps (one batch of prompts x group_size rollouts per step).
+    prompts_per_step: prompt groups per step.
+    group_size: rollouts per prompt (GRPO's G).
+    temperature: sampling temperature; log-probs in the loss use the same temperature.
+    max_new_tokens: completion budget; 0 means the task's own budget.
+    clip_low / clip_high: ratio bounds 1 - clip_low, 1 + clip_high (PPO 1707.06347;
+        clip_high > clip_low is DAPO's clip-higher).
+    num_iterations: gradient updates per sampled batch (GRPO's mu); with 1 the ratio is 1.
+    kl_coef: weight of the KL penalty to the frozen starting policy (0 disables it and
+        skips the reference forward pass). kl_estimator: `k3` (default), `k1`.
+    entropy_coef: weight of an entropy bonus (subtracted from the loss).
+    max_grad_norm: gradient clipping norm (0 disables).
+    weight_decay, adam_beta1, adam_beta2: AdamW settings.
+    eval_every: greedy validation every this many steps (0: only at the end).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from evotrainer.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Knobs:
+    reward: str = "binary"
+    group_filter: str = "keep_all"
+    advantage: str = "grpo"
+    policy_loss: str = "clipped"
+    loss_agg: str = "token_mean"
+    kl_estimator: str = "k3"
+    curriculum: str = "fixed"
+    train_levels: tuple[int, ...] = field(default_factory=tuple)
+    lr: float = 3e-4
+    warmup_steps: int = 0
+    steps: int = 300
+    prompts_per_step: int = 16
+    group_size: int = 8
+    temperature: float = 1.0
+    max_new_tokens: int = 0
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    num_iterations: int = 1
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    eval_every: int = 50
+
+    def validate(self) -> "Knobs":
+        def need(ok: bool, msg: str):
+            if not ok:
+                raise UsageError(f"knob {msg}")
+        need(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        need(self.steps >= 0, f"steps must be >= 0, got {self.steps}")
+        need(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        need(self.prompts_per_step >= 1, f"prompts_per_step must be >= 1, got {self.prompts_per_step}")
+        need(self.group_size >= 2, f"group_size must be >= 2 (GRPO compares within a group), got {self.group_size}")
+        need(self.temperature > 0, f"temperature must be > 0, got {self.temperature}")
+        need(self.max_new_tokens >= 0, f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        need(0 <= self.clip_low < 1, f"clip_low must be in [0, 1), got {self.clip_low}")
+        need(self.clip_high >= 0, f"clip_high must be >= 0, got {self.clip_high}")
+        need(self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}")
+        need(self.kl_coef >= 0, f"kl_coef must be >= 0, got {self.kl_coef}")
+        need(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
+        need(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
+        need(all(isinstance(lv, int) for lv in self.train_levels), f"train_levels must be integers, got {list(self.train_levels)}")
+        return self
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["train_levels"] = list(self.train_levels)
+        return d
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Knobs)}
+
+
+def knobs_from_dict(raw: dict, source: str = "knobs") -> Knobs:
+    if not isinstance(raw, dict):
+        raise UsageError(f"{source}: expected a mapping of knob names to values, got {type(raw).__name__}")
+    bad = sorted(set(raw) - set(FIELDS))
+    if bad:
+        raise UsageError(f"{source}: unknown knob '{bad[0]}'; valid knobs: {', '.join(FIELDS)}")
+    vals = {}
+    for k, v in raw.items():
+        default = FIELDS[k].default if FIELDS[k].default is not dataclasses.MISSING else ()
+        vals[k] = _coerce(k, v, type(default), source)
+    return Knobs(**vals).validate()
+
+
+def _coerce(key, value, typ, source):
+    try:
+        if typ is tuple:
+            if not isinstance(value, (list, tuple)) or not all(type(v) is int for v in value):
+                raise TypeError
+            return tuple(value)
+        if typ is str:
+            if not isinstance(value, str):
+                raise TypeError
+            return value
+        if typ is bool or isinstance(value, bool) or isinstance(value, (list, dict)) or value is None:
+            raise TypeError
+        if typ is int and isinstance(value, float) and not value.is_integer():
+            raise TypeError
+        return typ(value)
+    except (TypeError, ValueError):
+        kind = "a list of integers" if typ is tuple else typ.__name__
+        raise UsageError(f"{source}: knob '{key}' must be {kind}, got {value!r}") from None
+
+
+def load_knobs(path: Path) -> Knobs:
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as e:
+        line = getattr(getattr(e, "problem_mark", None), "line", None)
+        where = f" at line {line + 1}" if line is not None else ""
+        raise UsageError(f"{path}: malformed YAML{where}") from None
+    return knobs_from_dict(raw, source=str(path))

@@ -1,0 +1,81 @@
+"""A harness is a directory: `knobs.yaml` plus optional slot files.
+
+Slot files (`reward.py`, `group_filter.py`, `advantage.py`, `loss_agg.py`,
+`policy_loss.py`, `curriculum.py`) define plain functions; each public function becomes
+a name the knobs can pick, next to the built-in ones. The reference harness ships in
+the package (`evotrainer/harnesses/reference`) and is the root of every run.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+
+from evotrainer.errors import UsageError
+from evotrainer.harness.advantages import ADVANTAGES
+from evotrainer.harness.curriculum import CURRICULA
+from evotrainer.harness.filters import GROUP_FILTERS
+from evotrainer.harness.knobs import Knobs, load_knobs
+from evotrainer.harness.losses import KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES
+from evotrainer.harness.registry import Registry
+from evotrainer.harness.rewards import REWARDS
+
+REFERENCE = Path(__file__).resolve().parent.parent / "harnesses" / "reference"
+# knob naming the slot -> built-in registry
+SLOTS: dict[str, Registry] = {
+    "reward": REWARDS, "group_filter": GROUP_FILTERS, "advantage": ADVANTAGES,
+    "policy_loss": POLICY_LOSSES, "loss_agg": LOSS_AGGS, "kl_estimator": KL_ESTIMATORS,
+    "curriculum": CURRICULA,
+}
+
+
+@dataclass(frozen=True)
+class Harness:
+    path: Path
+    knobs: Knobs
+    fns: dict          # slot -> the resolved function
+    content_hash: str  # sha256 over the harness files, names and bytes
+
+    def __getattr__(self, slot):  # harness.reward, harness.advantage, ...
+        fns = object.__getattribute__(self, "fns")
+        if slot in fns:
+            return fns[slot]
+        raise AttributeError(slot)
+
+
+def content_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(str(f.relative_to(path)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _slot_functions(file: Path) -> dict:
+    spec = importlib.util.spec_from_file_location(f"evotrainer_harness_{file.stem}_{abs(hash(file))}", file)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise UsageError(f"{file}:{e.lineno}: syntax error: {e.msg}") from None
+    except Exception as e:  # the harness's own code failed while importing
+        raise UsageError(f"{file}: {type(e).__name__} while importing: {e}") from None
+    return {n: f for n, f in vars(module).items()
+            if inspect.isfunction(f) and not n.startswith("_") and f.__module__ == module.__name__}
+
+
+def load_harness(path: Path | str | None = None) -> Harness:
+    path = Path(path) if path is not None else REFERENCE
+    if not (path / "knobs.yaml").is_file():
+        raise UsageError(f"not a harness directory: '{path}' has no knobs.yaml")
+    knobs = load_knobs(path / "knobs.yaml")
+    fns = {}
+    for slot, builtin in SLOTS.items():
+        reg = builtin.child()
+        file = path / f"{slot}.py"
+        if file.is_file():
+            for name, fn in _slot_functions(file).items():
+                reg.register(name)(fn)
+        fns[slot] = reg.get(getattr(knobs, slot))
+    return Harness(path=path, knobs=knobs, fns=fns, content_hash=content_hash(path))

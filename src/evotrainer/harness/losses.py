@@ -1,0 +1,71 @@
+"""Loss form and loss aggregation, kept apart (as in verl's core_algos).
+
+Policy loss: per-token loss [B, T] from log-probs, old log-probs and advantages.
+Aggregation: per-token loss [B, T] and mask [B, T] -> scalar. Any form pairs with any
+aggregation; the KL and entropy terms are added per token before aggregation.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from evotrainer.harness.registry import Registry
+
+PolicyLossFn = Callable[..., torch.Tensor]
+LossAggFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy_loss")
+LOSS_AGGS: Registry[LossAggFn] = Registry("loss_agg")
+KL_ESTIMATORS: Registry[KLFn] = Registry("kl_estimator")
+
+
+@POLICY_LOSSES.register()
+def clipped(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
+            clip_low: float, clip_high: float) -> torch.Tensor:
+    """PPO clipped surrogate with separate bounds: ratio in [1 - clip_low, 1 + clip_high].
+
+    clip_high > clip_low is DAPO's clip-higher (2503.14476): more room to raise unlikely
+    tokens, which fights entropy collapse. adv is [B] (one per rollout), broadcast over T.
+    """
+    ratio = torch.exp(logp - old_logp)
+    a = adv.unsqueeze(-1)
+    return torch.maximum(-a * ratio, -a * ratio.clamp(1 - clip_low, 1 + clip_high))
+
+
+@LOSS_AGGS.register()
+def token_mean(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over all completion tokens in the batch (DAPO): long answers weigh more."""
+    return (loss * mask).sum() / mask.sum().clamp(min=1)
+
+
+@LOSS_AGGS.register()
+def seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean per sequence, then mean over sequences (original GRPO): every rollout weighs the same."""
+    per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_seq.mean()
+
+
+@LOSS_AGGS.register()
+def seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sum per sequence, mean over sequences."""
+    return (loss * mask).sum(-1).mean()
+
+
+@LOSS_AGGS.register()
+def seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sum over tokens divided by a constant (the max completion length): Dr. GRPO's unbiased form."""
+    return (loss * mask).sum() / (mask.shape[0] * mask.shape[1])
+
+
+@KL_ESTIMATORS.register()
+def k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """log pi - log pi_ref (unbiased, high variance)."""
+    return logp - ref_logp
+
+
+@KL_ESTIMATORS.register()
+def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """exp(ref - logp) - (ref - logp) - 1: unbiased, non-negative (Schulman; used by GRPO)."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1

@@ -1,0 +1,27 @@
+"""The plain data every slot function reads: one batch of sampled groups."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from evotrainer.tasks.base import Problem
+
+
+@dataclass
+class Rollouts:
+    """B = groups x group_size rollouts, rows of one group contiguous."""
+    problems: list[Problem]      # [B] the prompt each rollout answered
+    completions: list[str]       # [B] decoded text up to (not including) the end token
+    scores: torch.Tensor         # [B] verifier score in [0, 1]: fixed by the task, not the harness
+    lengths: torch.Tensor        # [B] completion tokens, end token included
+    truncated: torch.Tensor      # [B] bool: hit max_new_tokens without an end token
+    group_size: int
+    max_new_tokens: int
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.problems) // self.group_size
+
+    def grouped(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(self.num_groups, self.group_size)

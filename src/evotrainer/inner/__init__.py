@@ -1,0 +1,3 @@
+from evotrainer.inner.grpo import GRPOTrainer, StepMetrics
+
+__all__ = ["GRPOTrainer", "StepMetrics"]

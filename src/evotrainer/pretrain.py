@@ -1,0 +1,130 @@
+"""Build the base checkpoint: deterministic SFT of the tiny policy on the task's train stream.
+
+RL needs a base that is right sometimes: a policy that never solves a problem gives every
+group the same reward and GRPO no gradient. So SFT stops as soon as greedy accuracy on a
+*probe* set (drawn from the train stream, never from validation or test) reaches
+`target_acc`, which leaves room for RL. The result is cached by its config hash.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from evotrainer import __version__
+from evotrainer.evaluate import accuracy
+from evotrainer.policy import build_model, build_tokenizer, load_policy, save_policy
+from evotrainer.tasks import Task
+
+DEFAULT_CACHE = Path.home() / ".cache" / "evotrainer"
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    seed: int = 0
+    levels: tuple[int, ...] = ()    # SFT mix; empty: target level and the one below it
+    target_acc: float = 0.25        # stop once probe accuracy on the target level reaches this
+    max_steps: int = 1500
+    batch_size: int = 128
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    check_every: int = 10
+    probe_size: int = 200
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    ffn: int = 512
+
+    def validate(self) -> None:
+        if not 0 < self.target_acc <= 1:
+            raise ValueError(f"target_acc must be in (0, 1], got {self.target_acc}")
+        if self.max_steps < 1 or self.batch_size < 1:
+            raise ValueError("max_steps and batch_size must be positive")
+
+
+def cache_key(task: Task, cfg: PretrainConfig) -> str:
+    blob = json.dumps({"task": task.name, "target": task.target_level, "v": __version__, **asdict(cfg)},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def base_path(task: Task, cfg: PretrainConfig, cache_dir: Path = DEFAULT_CACHE) -> Path:
+    return Path(cache_dir) / f"base-{task.name.replace(':', '_')}-{task.target_level}-{cache_key(task, cfg)}"
+
+
+def sft_batch(tok, problems) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded BOS+prompt+answer+EOS and a loss mask over answer and EOS only.
+
+    Right padding needs no attention mask in a causal model (pads come after every real
+    token), so attention takes the fused causal path; positions match generation's.
+    """
+    texts = [tok.bos_token + p.prompt + p.answer + tok.eos_token for p in problems]
+    enc = tok(texts, add_special_tokens=False, padding=True, padding_side="right", return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    T = ids.shape[1]
+    end = mask.sum(-1, keepdim=True)
+    ans_len = torch.tensor([[len(p.answer) + 1] for p in problems])
+    t = torch.arange(T)[None, :]
+    return ids, ((t >= end - ans_len) & (t < end)).long()
+
+
+def sft_loss(model, ids, loss_mask) -> torch.Tensor:
+    logits = model(input_ids=ids).logits[:, :-1]
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    m = loss_mask[:, 1:].float()
+    return (nll * m).sum() / m.sum()
+
+
+def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path = DEFAULT_CACHE,
+             progress=None) -> tuple[Path, dict]:
+    """Return (checkpoint path, metadata), training only if the cache has no such base."""
+    cfg.validate()
+    out = base_path(task, cfg, cache_dir)
+    meta_file = out / "base_meta.json"
+    if meta_file.exists():
+        return out, json.loads(meta_file.read_text())
+    t0 = time.time()
+    torch.manual_seed(cfg.seed)
+    tok = build_tokenizer()
+    model = build_model(len(tok), cfg.hidden, cfg.layers, cfg.heads, cfg.ffn, seed=cfg.seed)
+    levels = list(cfg.levels) or sorted({max(min(task.levels), task.target_level - 1), task.target_level})
+    stream = task.train_stream(cfg.seed)
+    probe_stream = task.train_stream(cfg.seed + 1_000_003)
+    probe = [probe_stream.draw(task.target_level) for _ in range(cfg.probe_size)]
+    rng = random.Random(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps))
+    probe_acc, step = 0.0, 0
+    model.train()
+    for step in range(1, cfg.max_steps + 1):
+        batch = stream.batch([rng.choice(levels) for _ in range(cfg.batch_size)])
+        loss = sft_loss(model, *sft_batch(tok, batch))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % cfg.check_every == 0:
+            probe_acc = accuracy(model, tok, task, probe)
+            if progress:
+                progress(step, float(loss), probe_acc)
+            if probe_acc >= cfg.target_acc:
+                break
+    meta = {"task": task.name, "target_level": task.target_level, "sft_levels": levels,
+            "steps": step, "probe_acc": probe_acc, "seconds": round(time.time() - t0, 1),
+            "params": sum(p.numel() for p in model.parameters()), "config": asdict(cfg)}
+    tmp = out.with_name(out.name + ".tmp")
+    save_policy(model, tok, tmp)
+    (tmp / "base_meta.json").write_text(json.dumps(meta, indent=2))
+    tmp.rename(out)  # atomic: a killed pretrain never leaves a half-written cached base
+    return out, meta
+
+
+def load_base(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path = DEFAULT_CACHE):
+    path, meta = pretrain(task, cfg, cache_dir)
+    return (*load_policy(path), path, meta)

@@ -1,0 +1,98 @@
+"""Bad input: one clear line naming the problem and the valid choices, exit code 2, no traceback."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from evotrainer.cli import main
+from evotrainer.harness import REFERENCE
+from evotrainer.policy import build_model, build_tokenizer, save_policy
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt")
+    tok = build_tokenizer()
+    save_policy(build_model(len(tok)), tok, path)
+    return path
+
+
+def harness_with(tmp_path, knobs_text: str):
+    d = tmp_path / "h"
+    shutil.copytree(REFERENCE, d)
+    (d / "knobs.yaml").write_text(knobs_text)
+    return d
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("unknown_task", ["unknown task 'arithmetic'", "arith", "rg:"]),
+    ("unknown_slot", ["unknown reward 'shiny'", "binary", "partial_credit"]),
+    ("unknown_knob", ["unknown knob 'learning_rate'", "lr", "group_size"]),
+    ("bad_type", ["knob 'lr' must be float", "'fast'"]),
+    ("negative", ["steps must be >= 0"]),
+    ("bad_yaml", ["malformed YAML"]),
+    ("missing_ckpt", ["no checkpoint at", "pretrain"]),
+    ("no_harness", ["not a harness directory"]),
+    ("unknown_family", ["unknown reasoning-gym family 'no_such_family'", "chain_sum"]),
+    ("bad_level", ["arith level must be in 1..6"]),
+])
+def test_bad_input_gives_one_line_and_exit_code_2(tmp_path, capsys, ckpt, case, expect):
+    args = ["train", "--out", str(tmp_path / "out"), "--base", str(ckpt), "--steps", "1"]
+    knobs = {
+        "unknown_slot": "reward: shiny\n", "unknown_knob": "learning_rate: 0.1\n",
+        "bad_type": "lr: fast\n", "negative": "steps: -3\n", "bad_yaml": "lr: [1, 2\nsteps: 3\n",
+    }
+    if case in knobs:
+        args += ["--harness", str(harness_with(tmp_path, knobs[case]))]
+    extra = {
+        "unknown_task": ["--task", "arithmetic"], "missing_ckpt": ["--base", str(tmp_path / "nope")],
+        "no_harness": ["--harness", str(tmp_path)], "unknown_family": ["--task", "rg:no_such_family"],
+        "bad_level": ["--level", "9"],
+    }
+    code, out, err = run_cli(capsys, *(args + extra.get(case, [])))
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("evotrainer: error: "), err
+    for word in expect:
+        assert word in lines[0]
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_argparse_errors_are_one_line_too(capsys):
+    code, out, err = run_cli(capsys, "train", "--steps", "x", "--out", "o")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "invalid int value" in err
+
+
+def test_train_command_end_to_end_prints_summary_json_last(tmp_path, ckpt):
+    out_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "train", "--task", "arith", "--steps", "3", "--seed", "1",
+         "--out", str(out_dir), "--base", str(ckpt)],
+        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("base_val", "val", "test", "steps", "seconds"):
+        assert key in summary
+    assert summary["steps"] == 3
+    assert (out_dir / "checkpoint" / "config.json").exists()
+    assert len((out_dir / "metrics.jsonl").read_text().splitlines()) == 3
+    assert len((out_dir / "evidence.jsonl").read_text().splitlines()) == 3 * 16 * 8
+    assert (out_dir / "harness" / "knobs.yaml").exists()
+
+
+def test_missing_checkpoint_via_subprocess_has_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "evotrainer.cli", "train", "--out", str(tmp_path / "o"),
+                           "--base", str(tmp_path / "missing")], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]

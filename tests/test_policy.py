@@ -1,0 +1,81 @@
+import torch
+
+from evotrainer.policy import build_model, build_tokenizer, load_policy, save_policy
+from evotrainer.policy.generate import decode, encode_prompts, generate
+
+
+def test_tokenizer_is_character_level_and_round_trips():
+    tok = build_tokenizer()
+    text = "123+456=975 ab\nZ~"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text)
+    assert tok.decode(ids) == text
+    assert tok.padding_side == "left"
+    assert {tok.pad_token_id, tok.bos_token_id, tok.eos_token_id} == {0, 1, 2}
+
+
+def test_model_is_about_one_million_parameters_and_saves_in_hf_format(tmp_path):
+    tok = build_tokenizer()
+    model = build_model(len(tok))
+    n = sum(p.numel() for p in model.parameters())
+    assert 0.9e6 < n < 1.2e6
+    save_policy(model, tok, tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "config.json").exists()
+    m2, tok2 = load_policy(tmp_path / "ckpt")
+    x = torch.tensor([[1, 5, 6, 7]])
+    assert torch.allclose(model(x).logits, m2(x).logits)
+    assert tok2.decode(tok2("9+9=", add_special_tokens=False)["input_ids"]) == "9+9="
+
+
+def test_kv_cached_greedy_matches_transformers_generate_with_left_padding():
+    tok = build_tokenizer()
+    model = build_model(len(tok), seed=3).eval()
+    ids, mask = encode_prompts(tok, ["1+2=", "345+678=", "12+34="])
+    ours = generate(model, ids, mask, 6, tok.eos_token_id, tok.pad_token_id, greedy=True)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                         eos_token_id=-1, pad_token_id=0)[:, ids.shape[1]:]
+    n = ours.completion_ids.shape[1]
+    # rows that never wrote the end token must agree token for token
+    for row in range(3):
+        m = ours.completion_mask[row].bool()
+        assert torch.equal(ours.completion_ids[row][m], ref[row, :n][m])
+
+
+class ScriptedLM(torch.nn.Module):
+    """Emits a fixed token sequence per row, whatever the input: tests generate's bookkeeping."""
+
+    def __init__(self, script, vocab=100):
+        super().__init__()
+        self.script, self.vocab, self.calls = torch.tensor(script), vocab, 0
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True):
+        t = self.calls
+        self.calls += 1
+        logits = torch.full((input_ids.shape[0], input_ids.shape[1], self.vocab), -1e9)
+        logits[torch.arange(input_ids.shape[0]), -1, self.script[:, t]] = 0.0
+        return type("Out", (), {"logits": logits, "past_key_values": None})()
+
+
+def test_completion_mask_stops_after_first_end_token_and_flags_truncation():
+    tok = build_tokenizer()
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    five, six = tok.convert_tokens_to_ids(["5", "6"])
+    # row 0 ends at its 2nd token; row 1 never ends; row 2 ends at once
+    script = [[five, eos, six, six], [six, six, six, six], [eos, five, five, five]]
+    ids, mask = encode_prompts(tok, ["1+1=", "2+2=", "3+3="])
+    gen = generate(ScriptedLM(script), ids, mask, 4, eos, pad, greedy=True)
+    assert gen.completion_ids.tolist() == [[five, eos, pad, pad], [six] * 4, [eos, pad, pad, pad]]
+    assert gen.completion_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert gen.truncated.tolist() == [False, True, False]
+    assert gen.lengths.tolist() == [2, 4, 1]
+    assert decode(tok, gen) == ["5", "6666", ""]
+
+
+def test_generation_stops_early_once_every_row_has_ended():
+    tok = build_tokenizer()
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    lm = ScriptedLM([[eos] * 8, [eos] * 8])
+    ids, mask = encode_prompts(tok, ["1+1=", "2+2="])
+    gen = generate(lm, ids, mask, 8, eos, pad, greedy=True)
+    assert gen.completion_ids.shape == (2, 1)
+    assert lm.calls == 1  # the prompt forward only

@@ -1,0 +1,178 @@
+"""Tasks: the arith generator and verifier, splits, train streams, the reasoning-gym adapter."""
+import random
+
+import pytest
+
+from evotrainer.errors import UsageError
+from evotrainer.tasks import get_task
+from evotrainer.tasks.arith import ArithTask
+
+
+class FixedRng:
+    """Hands out the given operands in order, to pin a specific problem."""
+
+    def __init__(self, *values):
+        self.values = list(values)
+
+    def randrange(self, lo, hi):
+        v = self.values.pop(0)
+        assert lo <= v < hi
+        return v
+
+
+# --------------------------------------------------------------------------- arith
+
+def test_arith_answer_is_reversed_sum_and_verifier():
+    task = get_task("arith")
+    p = task.generate(FixedRng(123, 459), 3)
+    assert (p.id, p.prompt, p.answer, p.level) == ("123+459", "123+459=", "285", 3)  # 582 reversed
+    assert task.score(p, "285") == 1.0
+    assert task.score(p, "582") == 0.0   # the sum written the usual way is wrong
+    assert task.score(p, "28") == 0.0
+    assert task.score(p, "2850") == 0.0
+    assert task.score(p, "") == 0.0
+    # carry into a new digit: 999+1 -> 1000 -> "0001"
+    q = task.generate(FixedRng(999, 100), 3)
+    assert q.answer == "9901"  # 1099 reversed
+    assert task.score(q, "9901") == 1.0
+
+
+def test_arith_reference_answers_score_one():
+    task = get_task("arith")
+    for p in task.split("val", n=50):
+        assert task.score(p, p.answer) == 1.0
+        assert task.score(p, p.answer + "1") == 0.0
+
+
+@pytest.mark.parametrize("level", [1, 2, 3, 4, 5, 6])
+def test_arith_level_is_operand_digits(level):
+    task = ArithTask()
+    rng = random.Random(level)
+    lens = set()
+    for _ in range(300):
+        p = task.generate(rng, level)
+        a, b = p.id.split("+")
+        lens |= {len(a), len(b)}
+        assert p.level == level
+        assert p.answer == p.answer.lstrip() and p.prompt == f"{a}+{b}="
+    assert lens == {level}  # no leading zeros, no shorter operands
+
+
+def test_arith_splits_sizes_unique_disjoint():
+    task = get_task("arith")
+    assert task.target_level == 3
+    val, test = task.split("val"), task.split("test")
+    assert len(val) == 500 and len(test) == 500
+    v, t = {p.id for p in val}, {p.id for p in test}
+    assert len(v) == 500 and len(t) == 500
+    assert not v & t
+    assert all(p.level == 3 for p in val + test)
+
+
+def test_arith_splits_reproducible():
+    a, b = get_task("arith"), get_task("arith")
+    assert [p.id for p in a.split("val")] == [p.id for p in b.split("val")]
+    assert [p.id for p in a.split("test")] == [p.id for p in b.split("test")]
+    # other levels too, and each level has its own split
+    assert [p.id for p in a.split("val", level=2)] == [p.id for p in b.split("val", level=2)]
+    assert {p.id for p in a.split("val", level=2)}.isdisjoint({p.id for p in a.split("test", level=2)})
+    with pytest.raises(ValueError):
+        a.split("train")
+
+
+def test_arith_test_subset_disjoint_from_full_val():
+    # split(which, level, n) promises disjoint splits; a smaller test draw (n=100) must not
+    # contain problems of the full validation split. Level 2 (8100 problems) makes overlaps likely.
+    task = get_task("arith", 2)
+    val = {p.id for p in task.split("val")}
+    for n in (100, 200):
+        test = {p.id for p in task.split("test", n=n)}
+        assert len(test) == n
+        assert not test & val, f"test(n={n}) shares {len(test & val)} problems with val"
+
+
+def test_arith_train_stream_never_yields_held_out():
+    task = get_task("arith", 2)  # 90*90 = 8100 problems, 1000 held out: ~12% of raw draws collide
+    held = task.held_out_ids(2)
+    assert len(held) == 1000
+    # the test has teeth: plain draws at this level hit val/test often
+    rng = random.Random(0)
+    raw_hits = sum(task.generate(rng, 2).id in held for _ in range(3000))
+    assert raw_hits > 100
+    stream = task.train_stream(seed=0)
+    drawn = [stream.draw(2) for _ in range(3000)]
+    assert all(p.level == 2 for p in drawn)
+    assert not {p.id for p in drawn} & held
+    # batch() honours the per-item level
+    assert [p.level for p in stream.batch([2, 3, 2])] == [2, 3, 2]
+
+
+def test_arith_train_streams_seeded():
+    task = get_task("arith")
+
+    def ids(seed):
+        stream = task.train_stream(seed)
+        return [stream.draw(3).id for _ in range(50)]
+
+    assert ids(0) == ids(0)
+    assert len(set(ids(0)) & set(ids(1))) < 5  # 810000 problems: different seeds, different streams
+    # iterating a stream draws at the task's target level
+    it = iter(task.train_stream(0))
+    assert [next(it).id for _ in range(50)] == ids(0)
+
+
+def test_arith_bad_level_is_usage_error():
+    with pytest.raises(UsageError, match="level"):
+        get_task("arith", 9)
+    assert get_task("arith", 5).target_level == 5
+
+
+# --------------------------------------------------------------------------- reasoning gym
+
+def test_rg_families_listed():
+    from reasoning_gym.factory import DATASETS
+    assert "chain_sum" in DATASETS and "basic_arithmetic" in DATASETS
+
+
+@pytest.mark.parametrize("family", ["chain_sum", "basic_arithmetic"])
+def test_rg_reference_scores_one_and_garbage_zero(family):
+    task = get_task(f"rg:{family}")
+    assert task.name == f"rg:{family}" and task.levels == (0,)
+    probs = task.split("val", n=10)
+    assert len(probs) == 10
+    for p in probs:
+        assert p.prompt.startswith(p.id) and p.answer
+        assert task.score(p, p.answer) == 1.0
+        assert task.score(p, " " + p.answer + "\n") == 1.0
+        assert task.score(p, "garbage") == 0.0
+        assert task.score(p, "") == 0.0
+        assert task.score(p, str(int(p.answer) + 1)) == 0.0  # off by one is wrong
+
+
+def test_rg_unknown_family_lists_valid_ones():
+    with pytest.raises(UsageError) as e:
+        get_task("rg:no_such_family")
+    msg = str(e.value)
+    assert "'no_such_family'" in msg
+    assert "chain_sum" in msg and "basic_arithmetic" in msg
+
+
+def test_rg_splits_reproducible_and_disjoint():
+    a, b = get_task("rg:chain_sum"), get_task("rg:chain_sum")
+    va, ta = a.split("val"), a.split("test")
+    assert len(va) == 200 and len(ta) == 200
+    assert [p.id for p in va] == [p.id for p in b.split("val")]
+    assert [p.answer for p in ta] == [p.answer for p in b.split("test")]
+    v, t = {p.id for p in va}, {p.id for p in ta}
+    assert len(v) == 200 and len(t) == 200 and not v & t
+    stream = a.train_stream(seed=0)
+    assert not {stream.draw(0).id for _ in range(50)} & (v | t)
+
+
+# --------------------------------------------------------------------------- registry
+
+def test_unknown_task_names_valid_tasks():
+    with pytest.raises(UsageError) as e:
+        get_task("nope")
+    msg = str(e.value)
+    assert "'nope'" in msg and "arith" in msg and "rg:" in msg
