@@ -1,7 +1,9 @@
 """Steady-state training speed on a CPU: our embedded GRPO trainer vs TRL's GRPOTrainer.
 
-Both train the same tiny (~1M-parameter) Llama policy, loaded fresh each round from one
-saved checkpoint, on `arith` (3-digit addition, binary verifier reward) with the same
+Both train the same tiny (~1M-parameter) Llama policy, loaded fresh each round from the
+cached SFT base (`evotrainer pretrain`; built here if missing, or --base PATH), so that
+completions, dead groups and lengths are those of a real run rather than of a random
+init, on `arith` (3-digit addition, binary verifier reward) with the same
 batch (prompts x group completions, one optimizer step per batch), the same completion
 budget (the task's max_new_tokens, 9), temperature 1.0, lr 3e-4, no KL (beta 0, so
 neither builds a reference model), no eval, no checkpoints, no logging. TRL runs with
@@ -9,13 +11,20 @@ loss_type="dapo" (token mean over the batch, like our reference `token_mean`), f
 (bf16 off), gradient checkpointing off (TRL's default is on), transformers generate
 (no vLLM), constant lr, AdamW betas (0.9, 0.99), grad-norm clip 1.0, like ours.
 
+Where the speed comes from (the same update, computed with less work): ours runs each
+distinct prompt through the model once and shares its KV cache across the group's 8 rows,
+in sampling and in the training forward; rows whose advantage is exactly 0 (dead groups)
+skip the training forward and backward, which leaves the clipped-surrogate gradient
+unchanged (tests/test_trainer.py checks both against a full pass); and sampling is a plain
+KV-cached loop without `generate`'s processors. TRL does each of these the long way.
+
 A/B interleaved in one process: each round times --steps steps of ours (after 2
 untimed warm-up steps) and --steps steady-state steps of TRL (a callback stamps each
 step end; the first 2 steps, with trainer start-up, are dropped); the order alternates.
 Reported: steps/s per round, the median of each, the median ours/TRL ratio and the
 spread of the per-round ratios.
 
-    .venv/bin/python bench/trainer_vs_trl.py            # 3 rounds x 20 steps, 16 x 8
+    .venv/bin/python bench/trainer_vs_trl.py            # 3 rounds x 20 steps, 64 x 8 (the reference batch)
     .venv/bin/python bench/trainer_vs_trl.py --quick    # 1 round x 5 steps (smoke test)
 """
 from __future__ import annotations
@@ -35,8 +44,9 @@ import yaml
 import evotrainer  # sets the HF offline mode before transformers/trl are imported
 from evotrainer.harness import REFERENCE, load_harness
 from evotrainer.inner import GRPOTrainer as OurTrainer
-from evotrainer.policy import build_model, build_tokenizer, load_policy, save_policy
+from evotrainer.policy import build_tokenizer, load_policy
 from evotrainer.policy.generate import encode_prompts
+from evotrainer.pretrain import pretrain
 from evotrainer.tasks import get_task
 
 WARMUP = 2
@@ -108,12 +118,13 @@ def run_trl(policy_dir, task, args, out_dir, report_bos=False):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--base", type=Path, default=None, help="policy checkpoint (default: the cached SFT base)")
     ap.add_argument("--quick", action="store_true", help="1 round of 5 steps")
     args = ap.parse_args()
     if args.quick:
@@ -133,8 +144,9 @@ def main():
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        tok = build_tokenizer()
-        save_policy(build_model(len(tok)), tok, tmp / "policy")
+        if args.base is None:
+            args.base, _ = pretrain(task)
+        shutil.copytree(args.base, tmp / "policy")
         shutil.copytree(REFERENCE, tmp / "harness")
         knobs = yaml.safe_load((tmp / "harness" / "knobs.yaml").read_text())
         knobs.update(prompts_per_step=args.prompts, group_size=args.group)

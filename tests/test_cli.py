@@ -85,7 +85,7 @@ def test_train_command_end_to_end_prints_summary_json_last(tmp_path, ckpt):
     assert summary["steps"] == 3
     assert (out_dir / "checkpoint" / "config.json").exists()
     assert len((out_dir / "metrics.jsonl").read_text().splitlines()) == 3
-    assert len((out_dir / "evidence.jsonl").read_text().splitlines()) == 3 * 16 * 8
+    assert len((out_dir / "evidence.jsonl").read_text().splitlines()) == 3 * 64 * 8  # reference: 64 prompts x 8
     assert (out_dir / "harness" / "knobs.yaml").exists()
 
 

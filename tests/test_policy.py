@@ -53,7 +53,8 @@ class ScriptedLM(torch.nn.Module):
         self.calls += 1
         logits = torch.full((input_ids.shape[0], input_ids.shape[1], self.vocab), -1e9)
         logits[torch.arange(input_ids.shape[0]), -1, self.script[:, t]] = 0.0
-        return type("Out", (), {"logits": logits, "past_key_values": None})()
+        cache = type("Cache", (), {"batch_select_indices": lambda self, idx: None})()
+        return type("Out", (), {"logits": logits, "past_key_values": cache})()
 
 
 def test_completion_mask_stops_after_first_end_token_and_flags_truncation():
@@ -79,3 +80,31 @@ def test_generation_stops_early_once_every_row_has_ended():
     gen = generate(lm, ids, mask, 8, eos, pad, greedy=True)
     assert gen.completion_ids.shape == (2, 1)
     assert lm.calls == 1  # the prompt forward only
+
+
+def test_shared_prompt_cache_gives_the_same_logprobs_as_a_full_forward():
+    from evotrainer.inner.logprobs import completion_logprobs
+    from evotrainer.policy.generate import select_rows
+    tok = build_tokenizer()
+    model = build_model(len(tok), seed=1)
+    ids, mask = encode_prompts(tok, ["1+2=", "345+678=", "12+34="])  # left padding in play
+    gen = generate(model, ids, mask, 6, tok.eos_token_id, tok.pad_token_id, temperature=1.0,
+                   generator=torch.Generator().manual_seed(0), repeats=4)
+    assert gen.completion_ids.shape[0] == 12 and gen.prompt_index.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    logp, ent = completion_logprobs(model, gen, 1.0, with_entropy=True)
+    # reference: every row's prompt + completion through the model in one plain forward
+    full = torch.cat([ids[gen.prompt_index], gen.completion_ids], 1)
+    fmask = torch.cat([mask[gen.prompt_index], torch.ones_like(gen.completion_ids)], 1)
+    pos = (fmask.cumsum(-1) - 1).clamp(min=0)
+    L, T = ids.shape[1], gen.completion_ids.shape[1]
+    ref = torch.log_softmax(model(input_ids=full, attention_mask=fmask, position_ids=pos).logits[:, L - 1:L - 1 + T], -1)
+    ref_logp = ref.gather(-1, gen.completion_ids[..., None]).squeeze(-1)
+    m = gen.completion_mask.bool()
+    assert torch.allclose(logp[m], ref_logp[m], atol=1e-4)
+    # the sampler's own log-probs agree too (they are the evidence records' source)
+    assert torch.allclose(gen.logprobs[m], ref_logp[m], atol=1e-4)
+    # selecting rows keeps only the prompts they answer
+    sub = select_rows(gen, torch.tensor([5, 6, 9]))
+    assert sub.prompt_ids.shape[0] == 2 and sub.prompt_index.tolist() == [0, 0, 1]
+    sub_logp, _ = completion_logprobs(model, sub, 1.0)
+    assert torch.allclose(sub_logp, logp[[5, 6, 9]], atol=1e-5)

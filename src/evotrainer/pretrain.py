@@ -120,6 +120,7 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
             "params": sum(p.numel() for p in model.parameters()), "config": asdict(cfg)}
     tmp = out.with_name(out.name + ".tmp")
     save_policy(model, tok, tmp)
+    meta = json.loads(json.dumps(meta))  # the same plain JSON a cache hit returns
     (tmp / "base_meta.json").write_text(json.dumps(meta, indent=2))
     tmp.rename(out)  # atomic: a killed pretrain never leaves a half-written cached base
     return out, meta

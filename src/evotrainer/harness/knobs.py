@@ -52,7 +52,7 @@ class Knobs:
     lr: float = 3e-4
     warmup_steps: int = 0
     steps: int = 300
-    prompts_per_step: int = 16
+    prompts_per_step: int = 64
     group_size: int = 8
     temperature: float = 1.0
     max_new_tokens: int = 0

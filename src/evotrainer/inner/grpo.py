@@ -21,7 +21,8 @@ from evotrainer.harness import Harness, Rollouts
 from evotrainer.harness.curriculum import CurriculumState
 from evotrainer.harness.filters import DEAD_STD
 from evotrainer.inner.logprobs import completion_logprobs
-from evotrainer.policy.generate import Generation, decode, encode_prompts, generate
+from evotrainer.harness.losses import POLICY_LOSSES
+from evotrainer.policy.generate import Generation, decode, encode_prompts, generate, select_rows
 from evotrainer.tasks import Task
 
 
@@ -93,9 +94,8 @@ class GRPOTrainer:
         G = self.k.group_size
         problems = self.stream.batch(self._levels())
         ids, mask = encode_prompts(self.tok, [p.prompt for p in problems])
-        gen = generate(self.model, ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0), self.T,
-                       self.tok.eos_token_id, self.tok.pad_token_id, self.k.temperature,
-                       generator=self.sampler)
+        gen = generate(self.model, ids, mask, self.T, self.tok.eos_token_id, self.tok.pad_token_id,
+                       self.k.temperature, generator=self.sampler, repeats=G)
         rows = [p for p in problems for _ in range(G)]
         texts = decode(self.tok, gen)
         scores = torch.tensor([self.task.score(p, c) for p, c in zip(rows, texts)], dtype=torch.float32)
@@ -118,39 +118,48 @@ class GRPOTrainer:
         row_keep = keep.repeat_interleave(G)
         loss_mask = gen.completion_mask.float() * row_keep[:, None]
 
+        # The clipped surrogate of a row whose advantage is 0 is exactly 0, and so is its
+        # gradient (without KL or entropy terms). Such rows (dead groups, mostly) skip the
+        # training forward and backward; their zero per-token loss is put back before
+        # aggregation, so every aggregation sees the same batch and the update is unchanged.
+        exact_skip = h.policy_loss is POLICY_LOSSES.get("clipped") and not k.kl_coef and not k.entropy_coef
+        active = (row_keep & (adv != 0)) if exact_skip else row_keep
+        idx = active.nonzero().squeeze(-1)
+        sub = select_rows(gen, idx)
         ref_logp = None
-        if self.ref is not None:
+        if self.ref is not None and len(idx):
             with torch.no_grad():
-                ref_logp, _ = completion_logprobs(self.ref, gen, k.temperature)
+                ref_logp, _ = completion_logprobs(self.ref, sub, k.temperature)
         loss_v = kl_v = 0.0
-        first_logp = first_ent = old_logp = None
-        for it in range(k.num_iterations):
-            logp, ent = completion_logprobs(self.model, gen, k.temperature, with_entropy=True)
-            if it == 0:
-                old_logp, first_logp, first_ent = logp.detach(), logp.detach(), ent.detach()
-            if not row_keep.any():
-                break  # nothing enters the gradient: no optimizer step (Adam momentum would move)
-            loss_tok = h.policy_loss(logp, old_logp, adv, k.clip_low, k.clip_high)
-            if ref_logp is not None:
-                kl = h.kl_estimator(logp, ref_logp)
-                loss_tok = loss_tok + k.kl_coef * kl
-                kl_v = float((kl.detach() * loss_mask).sum() / loss_mask.sum())
-            if k.entropy_coef:
-                loss_tok = loss_tok - k.entropy_coef * ent
-            loss = h.loss_agg(loss_tok, loss_mask)
-            if not torch.isfinite(loss):
-                raise SlotError("loss is not finite")
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if k.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), k.max_grad_norm)
-            self.opt.step()
-            loss_v = float(loss.detach())
+        old_logp = None
+        for it in range(k.num_iterations if row_keep.any() else 0):
+            for p in self.model.parameters():  # zero, not None: Adam skips params without grads
+                p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
+            if len(idx):
+                logp, ent = completion_logprobs(self.model, sub, k.temperature, with_entropy=bool(k.entropy_coef))
+                if old_logp is None:
+                    old_logp = logp.detach()  # the sampling policy (ratio 1 on the first update)
+                loss_sub = h.policy_loss(logp, old_logp, adv[idx], k.clip_low, k.clip_high)
+                if ref_logp is not None:
+                    kl = h.kl_estimator(logp, ref_logp)
+                    loss_sub = loss_sub + k.kl_coef * kl
+                    kl_v = float((kl.detach() * sub.completion_mask).sum() / sub.completion_mask.sum())
+                if k.entropy_coef:
+                    loss_sub = loss_sub - k.entropy_coef * ent
+                loss_tok = torch.zeros(B, loss_sub.shape[1]).index_put((idx,), loss_sub)
+                loss = h.loss_agg(loss_tok, loss_mask)
+                if not torch.isfinite(loss):
+                    raise SlotError("loss is not finite")
+                loss.backward()
+                if k.max_grad_norm:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), k.max_grad_norm)
+                loss_v = float(loss.detach())
+            self.opt.step()  # zero gradients still step: Adam's momentum moves, as in a full pass
 
         cm = gen.completion_mask.float()
         n_tok = cm.sum(-1).clamp(min=1)
-        seq_logp = (first_logp * cm).sum(-1) / n_tok
-        seq_ent = (first_ent * cm).sum(-1) / n_tok
+        seq_logp = gen.logprobs.sum(-1) / n_tok
+        seq_ent = gen.entropy.sum(-1) / n_tok
         dead = ro.grouped(rewards).std(dim=1, unbiased=False) <= DEAD_STD
         for p, s in zip(rows[::G], ro.grouped(scores).mean(1).tolist()):
             self.recent[p.level].append(s)

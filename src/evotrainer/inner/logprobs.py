@@ -1,25 +1,33 @@
-"""Per-token log-probs and entropies of completions under a policy (one forward pass)."""
+"""Per-token log-probs and entropies of completions under a policy, with gradients."""
 from __future__ import annotations
 
 import torch
 
-from evotrainer.policy.generate import Generation, position_ids
+from evotrainer.policy.generate import Generation, position_ids, prompt_forward
 
 
 def completion_logprobs(model, gen: Generation, temperature: float,
                         with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(token) [B, T] at temperature, and the entropy [B, T] if asked.
 
-    Prompt and completion go through the model together. Pads after the end token need
-    no mask: the model is causal, so nothing before them attends to them.
+    As in sampling, each distinct prompt runs once and its KV cache (with its autograd
+    graph) is shared by the rows that answer it; the completions then run on top of it.
+    The first completion token is predicted by the prompt's last position. Pads after the
+    end token need no mask: the model is causal, so nothing before them attends to them.
     """
-    ids = torch.cat([gen.prompt_ids, gen.completion_ids], dim=1)
-    P, T = gen.prompt_ids.shape[1], gen.completion_ids.shape[1]
+    first, cache = prompt_forward(model, gen.prompt_ids, gen.prompt_mask, gen.prompt_index)
+    comp = gen.completion_ids
+    B, T = comp.shape
+    pmask = gen.prompt_mask[gen.prompt_index]
     padded = bool((gen.prompt_mask == 0).any())
-    mask = torch.cat([gen.prompt_mask, torch.ones_like(gen.completion_ids)], 1) if padded else None
-    pos = position_ids(torch.cat([gen.prompt_mask, torch.ones_like(gen.completion_ids)], 1))
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, P - 1:P - 1 + T]
+    mask = torch.cat([pmask, torch.ones_like(comp)], 1) if padded else None
+    pos = position_ids(pmask)[:, -1:] + 1 + torch.arange(T)[None, :]
+    logits = first[:, None]
+    if T > 1:
+        rest = model(input_ids=comp[:, :-1], attention_mask=None if mask is None else mask[:, :-1],
+                     position_ids=pos[:, :-1], past_key_values=cache, use_cache=False).logits
+        logits = torch.cat([logits, rest], dim=1)
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
-    logp = logp_all.gather(-1, gen.completion_ids.unsqueeze(-1)).squeeze(-1)
+    logp = logp_all.gather(-1, comp.unsqueeze(-1)).squeeze(-1)
     ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
     return logp, ent

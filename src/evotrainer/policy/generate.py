@@ -1,8 +1,10 @@
 """KV-cached sampling of a batch of completions, shared by training and evaluation.
 
-A hand-rolled loop instead of `model.generate`: one prompt forward fills the cache,
-then one forward per new token; we stop when every row has written its end token.
-Without left padding we pass no attention mask, so attention takes the fused causal path.
+A hand-rolled loop instead of `model.generate`, for two savings: each distinct prompt goes
+through the model once and its KV cache is shared by all the rows that answer it (a GRPO
+group of 8 pays for one prompt forward, not 8), and we stop as soon as every row has
+written its end token. Without left padding we pass no attention mask, so attention takes
+the fused causal path.
 """
 from __future__ import annotations
 
@@ -13,11 +15,14 @@ import torch
 
 @dataclass
 class Generation:
-    prompt_ids: torch.Tensor       # [B, P] left-padded
-    prompt_mask: torch.Tensor      # [B, P] 1 for real tokens
+    prompt_ids: torch.Tensor       # [P, L] distinct prompts, left-padded
+    prompt_mask: torch.Tensor      # [P, L] 1 for real tokens
+    prompt_index: torch.Tensor     # [B] which prompt each completion answers
     completion_ids: torch.Tensor   # [B, T] padded after the end token
     completion_mask: torch.Tensor  # [B, T] 1 up to and including the end token
     truncated: torch.Tensor        # [B] bool: no end token within T
+    logprobs: torch.Tensor         # [B, T] log-prob of each sampled token under the sampling policy
+    entropy: torch.Tensor          # [B, T] entropy of the sampling distribution at each position
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -34,26 +39,38 @@ def position_ids(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def prompt_forward(model, prompt_ids, prompt_mask, index):
+    """Run each distinct prompt once; return its last logits and KV cache, one row per `index`."""
+    padded = bool((prompt_mask == 0).any())
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask if padded else None,
+                position_ids=position_ids(prompt_mask), use_cache=True)
+    cache = out.past_key_values
+    cache.batch_select_indices(index)  # rows share their prompt's keys and values
+    return out.logits[index, -1], cache
+
+
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
              eos_id: int, pad_id: int, temperature: float = 1.0, greedy: bool = False,
-             generator: torch.Generator | None = None) -> Generation:
-    B = prompt_ids.shape[0]
-    padded = bool((prompt_mask == 0).any())
-    mask = prompt_mask if padded else None
-    pos = position_ids(prompt_mask)
-    out = model(input_ids=prompt_ids, attention_mask=mask, position_ids=pos, use_cache=True)
-    cache, logits = out.past_key_values, out.logits[:, -1]
-    next_pos = pos[:, -1:] + 1
-    tokens, done = [], torch.zeros(B, dtype=torch.bool)
+             generator: torch.Generator | None = None, repeats: int = 1) -> Generation:
+    """`repeats` completions per prompt (a GRPO group), rows of one prompt contiguous."""
+    index = torch.arange(prompt_ids.shape[0]).repeat_interleave(repeats)
+    B = index.shape[0]
+    logits, cache = prompt_forward(model, prompt_ids, prompt_mask, index)
+    mask = prompt_mask[index] if bool((prompt_mask == 0).any()) else None
+    next_pos = position_ids(prompt_mask)[index, -1:] + 1
+    tokens, logps, ents, done = [], [], [], torch.zeros(B, dtype=torch.bool)
     for t in range(max_new_tokens):
+        # evidence comes for free: the sampling distribution is already computed here
+        logp_all = torch.log_softmax(logits.float() / (1.0 if greedy else temperature), -1)
         if greedy:
             nxt = logits.argmax(-1)
         else:
-            probs = torch.softmax(logits.float() / temperature, -1)
-            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            nxt = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
         nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
         tokens.append(nxt)
+        logps.append(logp_all.gather(-1, nxt[:, None]).squeeze(-1))
+        ents.append(-(logp_all.exp() * logp_all).sum(-1))
         done |= nxt == eos_id
         if bool(done.all()) or t == max_new_tokens - 1:
             break
@@ -67,7 +84,16 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
     is_eos = comp == eos_id
     after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0
     comp_mask = (~after_eos).long()
-    return Generation(prompt_ids, prompt_mask, comp, comp_mask, truncated=~is_eos.any(-1))
+    return Generation(prompt_ids, prompt_mask, index, comp, comp_mask, truncated=~is_eos.any(-1),
+                      logprobs=torch.stack(logps, 1) * comp_mask, entropy=torch.stack(ents, 1) * comp_mask)
+
+
+def select_rows(gen: Generation, rows: torch.Tensor) -> Generation:
+    """The same generation restricted to some rows, keeping only the prompts they answer."""
+    used, index = gen.prompt_index[rows].unique(return_inverse=True)
+    return Generation(gen.prompt_ids[used], gen.prompt_mask[used], index,
+                      *(getattr(gen, f)[rows] for f in (
+                          "completion_ids", "completion_mask", "truncated", "logprobs", "entropy")))
 
 
 def decode(tok, gen: Generation) -> list[str]:
