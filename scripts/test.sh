@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh .venv-test dev
-.venv-test/bin/python -m pytest -q tests
+.venv-test/bin/python -m pytest tests
