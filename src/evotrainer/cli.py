@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import transformers
+    transformers.utils.logging.disable_progress_bar()  # our own progress bars say enough
     try:
         args = build_parser().parse_args(argv)
         result = args.fn(args)

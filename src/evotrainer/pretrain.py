@@ -112,7 +112,7 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
         if step % cfg.check_every == 0:
             probe_acc = accuracy(model, tok, task, probe)
             if progress:
-                progress(step, float(loss), probe_acc)
+                progress(step, loss.item(), probe_acc)
             if probe_acc >= cfg.target_acc:
                 break
     meta = {"task": task.name, "target_level": task.target_level, "sft_levels": levels,

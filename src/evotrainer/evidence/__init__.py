@@ -1,3 +1,3 @@
-from evotrainer.evidence.records import RolloutRecord, EvidenceWriter, read_evidence
+from evotrainer.evidence.records import EvidenceWriter, RolloutRecord, load_records, read_evidence
 
-__all__ = ["RolloutRecord", "EvidenceWriter", "read_evidence"]
+__all__ = ["EvidenceWriter", "RolloutRecord", "load_records", "read_evidence"]

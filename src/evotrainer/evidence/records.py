@@ -15,6 +15,8 @@ class RolloutRecord:
     step: int
     group_id: int        # index of the prompt group within the step
     prompt_id: str
+    prompt: str
+    answer: str          # the train problem's reference answer (train data: harness may see it)
     level: int
     completion: str
     score: float         # verifier
@@ -39,6 +41,11 @@ class EvidenceWriter:
 
     def close(self) -> None:
         self._f.close()
+
+
+def load_records(run_dir: Path) -> list[RolloutRecord]:
+    """All rollout records of a train directory (its evidence.jsonl), in step order."""
+    return list(read_evidence(Path(run_dir) / "evidence.jsonl"))
 
 
 def read_evidence(path: Path) -> Iterator[RolloutRecord]:

@@ -169,7 +169,8 @@ class GRPOTrainer:
             loss=loss_v, kl=kl_v, entropy=float(seq_ent.mean()), mean_logprob=float(seq_logp.mean()),
             length_mean=float(gen.lengths.float().mean()), truncated=float(gen.truncated.float().mean()),
             lr=lr, seconds=time.perf_counter() - t0, generate_seconds=t_gen)
-        recs = [RolloutRecord(step=self.step_no, group_id=i // G, prompt_id=p.id, level=p.level,
+        recs = [RolloutRecord(step=self.step_no, group_id=i // G, prompt_id=p.id, prompt=p.prompt,
+                              answer=p.answer, level=p.level,
                               completion=c, score=s, reward=r, advantage=a, length=n, truncated=tr,
                               mean_logprob=lp, entropy=e, kept=kp)
                 for i, (p, c, s, r, a, n, tr, lp, e, kp) in enumerate(zip(
