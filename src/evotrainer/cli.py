@@ -13,6 +13,10 @@ from pathlib import Path
 from evotrainer.errors import UsageError
 
 
+class RunFailed(Exception):
+    """Work that started and failed; the message names the label and where the log is."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 (argparse's own prints the usage block too)
         raise UsageError(message)
@@ -53,25 +57,25 @@ def cmd_pretrain(args) -> dict:
 
 
 def cmd_train(args) -> dict:
-    from evotrainer.harness import load_harness
-    from evotrainer.train import train_run
+    from evotrainer.harness import inspect_harness
+    from evotrainer.train import TrainingFailed, train_run
     task = _task(args)
-    harness = load_harness(args.harness)
-    base, _ = _base(args, task)
-    steps = harness.knobs.steps if args.steps is None else args.steps
+    knobs = inspect_harness(args.harness)  # bad knobs or slot names fail here, before any work
+    steps = knobs.steps if args.steps is None else args.steps
     if steps < 0:
         raise UsageError(f"--steps must be >= 0, got {steps}")
+    base, _ = _base(args, task)
     with _progress() as prog:
         bar = prog.add_task(f"train {task.name} seed {args.seed}", total=steps, info="")
-        last_val = [None]
 
-        def on_step(m, val):
-            if val is not None:
-                last_val[0] = val
-            v = f" val {last_val[0]:.3f}" if last_val[0] is not None else ""
-            prog.update(bar, advance=1, info=f"reward {m.reward_mean:.3f} score {m.score_mean:.3f} "
-                                             f"dead {m.dead_groups:.2f}{v}")
-        summary = train_run(task, harness, base, Path(args.out), seed=args.seed, steps=steps, on_step=on_step)
+        def on_step(m: dict):
+            prog.update(bar, completed=m["step"], info=f"reward {m['reward_mean']:.3f} "
+                        f"score {m['score_mean']:.3f} dead {m['dead_groups']:.2f}")
+        try:
+            summary = train_run(task, args.harness, base, Path(args.out), seed=args.seed, steps=steps,
+                                timeout_s=args.timeout, on_step=on_step)
+        except TrainingFailed as e:
+            raise RunFailed(str(e)) from None
     keys = ("task", "level", "seed", "steps", "base_val", "val", "base_test", "test", "seconds")
     return {k: summary[k] for k in keys} | {"out": str(args.out)}
 
@@ -96,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--steps", type=int, default=None, help="training steps (default: the harness's knob)")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--out", type=Path, required=True)
+    sp.add_argument("--timeout", type=float, default=3600.0, help="seconds before the training worker is killed")
     sp.set_defaults(fn=cmd_train)
     return p
 
@@ -109,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"evotrainer: error: {e}", file=sys.stderr)
         return 2
+    except RunFailed as e:  # the work ran and failed (a harness bug, a timeout): exit 1
+        print(f"evotrainer: failed: {e}", file=sys.stderr)
+        return 1
     print(json.dumps(result))
     return 0
 

@@ -1,8 +1,13 @@
-"""`evotrainer train`: one training run of a harness from the base, with evaluation.
+"""Training a harness from a checkpoint: the worker side and the `evotrainer train` command.
 
-Writes to OUT: checkpoint/ (Hugging Face format), metrics.jsonl (one line per step, plus
-evaluation lines), evidence.jsonl (one line per rollout), harness/ (a copy of the harness
-that ran) and summary.json; returns the summary.
+`train_segment` runs in a worker process (it loads, and so runs, the harness's code; it
+holds no validation or test data): it trains, and writes to OUT checkpoint/ (Hugging Face
+format), checkpoints/step-N every `eval_every` steps, metrics.jsonl (one line per step),
+evidence.jsonl (one line per rollout) and harness/ (a copy of the harness that ran).
+
+`train_run` is the controller side: it checks the harness statically, evaluates the base,
+runs the segment in a worker with a hard deadline, then evaluates the saved checkpoints
+with the evaluator (which imports no harness code) and writes summary.json.
 """
 from __future__ import annotations
 
@@ -12,61 +17,97 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from evotrainer.evaluate import accuracy
-from evotrainer.evidence import EvidenceWriter
-from evotrainer.harness import Harness
-from evotrainer.inner import GRPOTrainer, StepMetrics
-from evotrainer.policy import load_policy, save_policy
+from evotrainer.executors import WorkerResult, run_in_worker
+from evotrainer.harness import REFERENCE, inspect_harness
+from evotrainer.policy import load_policy
 from evotrainer.tasks import Task
 
 
-def train_run(task: Task, harness: Harness, base: Path, out: Path, seed: int = 0,
-              steps: int | None = None,
-              on_step: Callable[[StepMetrics, float | None], None] | None = None) -> dict:
-    t0 = time.time()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+class TrainingFailed(RuntimeError):
+    def __init__(self, result: WorkerResult, out: Path):
+        self.result = result
+        super().__init__(f"training {result.label}: {result.error} (log tail in {out / 'worker.log'})")
+
+
+def train_segment(task: str, level: int | None, harness: str, base: str, out: str, seed: int,
+                  steps: int) -> dict:
+    """Worker entry point: plain arguments in, a plain dict out."""
+    from evotrainer.evidence import EvidenceWriter
+    from evotrainer.harness import load_harness
+    from evotrainer.inner import GRPOTrainer
+    from evotrainer.policy import save_policy
+    from evotrainer.tasks import get_task
+
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    h = load_harness(harness)
+    shutil.copytree(h.path, out_dir / "harness", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
     model, tok = load_policy(base)
-    steps = harness.knobs.steps if steps is None else steps
-    val_set, test_set = task.split("val"), task.split("test")
-    base_val = accuracy(model, tok, task, val_set)
-    base_test = accuracy(model, tok, task, test_set)
-    shutil.copytree(harness.path, out / "harness", dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    trainer = GRPOTrainer(model, tok, task, harness, seed=seed)
-    evidence = EvidenceWriter(out / "evidence.jsonl")
-    evals = [{"step": 0, "val": base_val}]
-    first = last = None
-    eval_every = harness.knobs.eval_every
-    with open(out / "metrics.jsonl", "w") as mf:
+    trainer = GRPOTrainer(model, tok, get_task(task, level), h, seed=seed)
+    evidence = EvidenceWriter(out_dir / "evidence.jsonl")
+    every = h.knobs.eval_every
+    with open(out_dir / "metrics.jsonl", "w") as mf:
         for _ in range(steps):
             m, recs = trainer.step()
             evidence.write(recs)
-            first = first or m
-            last = m
-            val = None
-            if eval_every and m.step % eval_every == 0 and m.step < steps:
-                val = accuracy(model, tok, task, val_set)
-                evals.append({"step": m.step, "val": val})
-            mf.write(json.dumps({**m.to_dict(), **({"val": val} if val is not None else {})}) + "\n")
+            mf.write(json.dumps(m.to_dict()) + "\n")
             mf.flush()
-            if on_step:
-                on_step(m, val)
+            if every and m.step % every == 0 and m.step < steps:
+                save_policy(model, tok, out_dir / "checkpoints" / f"step-{m.step}")
     evidence.close()
-    with torch.inference_mode():
-        val, test = accuracy(model, tok, task, val_set), accuracy(model, tok, task, test_set)
+    save_policy(model, tok, out_dir / "checkpoint")
+    return {"steps": steps, "harness_hash": h.content_hash[:12]}
+
+
+def _metrics_follower(path: Path, on_step: Callable[[dict], None]) -> Callable[[], None]:
+    """Call on_step for each new line of a growing metrics.jsonl."""
+    seen = [0]
+
+    def poll():
+        if not path.exists():
+            return
+        lines = path.read_text().splitlines()
+        for line in lines[seen[0]:]:
+            if line.strip():
+                on_step(json.loads(line))
+        seen[0] = len(lines)
+    return poll
+
+
+def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed: int = 0,
+              steps: int | None = None, timeout_s: float = 3600.0,
+              on_step: Callable[[dict], None] | None = None) -> dict:
+    t0 = time.time()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    knobs = inspect_harness(harness_dir)
+    steps = knobs.steps if steps is None else steps
+    val_set, test_set = task.split("val"), task.split("test")
+    model, tok = load_policy(base)
+    base_val, base_test = accuracy(model, tok, task, val_set), accuracy(model, tok, task, test_set)
+    follow = _metrics_follower(out / "metrics.jsonl", on_step) if on_step else None
+    result = run_in_worker("evotrainer.train:train_segment", dict(
+        task=task.name, level=task.target_level or None, harness=str(harness_dir or REFERENCE),
+        base=str(base), out=str(out), seed=seed, steps=steps), timeout_s=timeout_s, on_poll=follow)
+    (out / "worker.log").write_text(result.log_tail)
+    if not result.ok:
+        raise TrainingFailed(result, out)
+    evals = [{"step": 0, "val": base_val}]
+    for ckpt in sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name[5:])):
+        m, _ = load_policy(ckpt)
+        evals.append({"step": int(ckpt.name[5:]), "val": accuracy(m, tok, task, val_set)})
+    model, _ = load_policy(out / "checkpoint")
+    val, test = accuracy(model, tok, task, val_set), accuracy(model, tok, task, test_set)
     evals.append({"step": steps, "val": val})
-    save_policy(model, tok, out / "checkpoint")
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     summary = {
         "task": task.name, "level": task.target_level, "seed": seed, "steps": steps,
-        "harness": str(harness.path), "harness_hash": harness.content_hash[:12],
-        "base_val": base_val, "base_test": base_test, "val": val, "test": test,
-        "evals": evals,
-        "reward_first": first.reward_mean if first else None,
-        "reward_last": last.reward_mean if last else None,
-        "seconds": round(time.time() - t0, 1),
+        "harness": str(harness_dir or "reference"), "harness_hash": result.value["harness_hash"],
+        "base_val": base_val, "base_test": base_test, "val": val, "test": test, "evals": evals,
+        "reward_first": metrics[0]["reward_mean"] if metrics else None,
+        "reward_last": metrics[-1]["reward_mean"] if metrics else None,
+        "seconds": round(time.time() - t0, 1), "worker_seconds": round(result.seconds, 1),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

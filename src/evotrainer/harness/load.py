@@ -7,13 +7,14 @@ the package (`evotrainer/harnesses/reference`) and is the root of every run.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
-from evotrainer.errors import UsageError
+from evotrainer.errors import UsageError, unknown
 from evotrainer.harness.advantages import ADVANTAGES
 from evotrainer.harness.curriculum import CURRICULA
 from evotrainer.harness.filters import GROUP_FILTERS
@@ -79,3 +80,28 @@ def load_harness(path: Path | str | None = None) -> Harness:
                 reg.register(name)(fn)
         fns[slot] = reg.get(getattr(knobs, slot))
     return Harness(path=path, knobs=knobs, fns=fns, content_hash=content_hash(path))
+
+
+def inspect_harness(path: Path | str | None = None) -> Knobs:
+    """Validate a harness without running any of its code (the controller's check).
+
+    Knobs are parsed, slot files are parsed (not imported) to learn which functions they
+    define, and every slot the knobs name must be built in or defined there. Loading, and
+    so running, the harness's code happens only in a worker (`load_harness`).
+    """
+    path = Path(path) if path is not None else REFERENCE
+    if not (path / "knobs.yaml").is_file():
+        raise UsageError(f"not a harness directory: '{path}' has no knobs.yaml")
+    knobs = load_knobs(path / "knobs.yaml")
+    for slot, builtin in SLOTS.items():
+        file, defined = path / f"{slot}.py", set()
+        if file.is_file():
+            try:
+                tree = ast.parse(file.read_text(), filename=str(file))
+            except SyntaxError as e:
+                raise UsageError(f"{file}:{e.lineno}: syntax error: {e.msg}") from None
+            defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
+        name = getattr(knobs, slot)
+        if name not in defined and name not in builtin.names():
+            raise unknown(slot, name, set(builtin.names()) | defined)
+    return knobs

@@ -1,0 +1,39 @@
+"""The worker side of `run_in_worker`: limit memory, run the target, pickle the outcome."""
+from __future__ import annotations
+
+import importlib
+import pickle
+import resource
+import sys
+import traceback
+from pathlib import Path
+
+
+def main(job_dir: str) -> int:
+    job_dir = Path(job_dir)
+    job = pickle.loads((job_dir / "job.pkl").read_bytes())
+    if job["memory_mb"]:
+        limit = job["memory_mb"] * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        module, _, name = job["target"].partition(":")
+        value = getattr(importlib.import_module(module), name)(**job["kwargs"])
+        out = {"label": "ok", "value": value}
+    except MemoryError:
+        traceback.print_exc()
+        out = {"label": "oom", "error": "MemoryError: ran past the worker's memory limit"}
+    except BaseException as e:  # the harness's own bugs end up here, with their traceback
+        traceback.print_exc()
+        out = {"label": "crash", "error": f"{type(e).__name__}: {e}"[:500]}
+    try:
+        blob = pickle.dumps(out)
+    except Exception as e:
+        blob = pickle.dumps({"label": "crash", "error": f"result is not picklable: {e}"[:500]})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    (job_dir / "result.pkl").write_bytes(blob)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,90 @@
+"""Untrusted work runs in a worker process: hard kills, memory limits, labelled outcomes."""
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from evotrainer.executors import run_in_worker
+from evotrainer.policy import build_model, build_tokenizer, save_policy
+
+HERE = Path(__file__).parent
+
+
+def test_ok_returns_the_value():
+    r = run_in_worker("worker_targets:add", {"a": 2, "b": 3}, timeout_s=60, cwd=HERE)
+    assert r.label == "ok" and r.value == 5
+
+
+def test_exception_is_a_crash_with_the_traceback():
+    r = run_in_worker("worker_targets:boom", timeout_s=60, cwd=HERE)
+    assert r.label == "crash"
+    assert r.error == "ValueError: the harness broke"
+    assert "Traceback" in r.log_tail and "worker_targets.py" in r.log_tail
+
+
+def test_process_that_dies_is_a_crash():
+    r = run_in_worker("worker_targets:hard_exit", timeout_s=60, cwd=HERE)
+    assert r.label == "crash" and "code 7" in r.error
+
+
+def alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie waiting for init to reap it."""
+    for _ in range(50):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return False
+        if state in ("Z", "X"):
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path):
+    pid_file = tmp_path / "pid"
+    t0 = time.monotonic()
+    r = run_in_worker("worker_targets:spin_with_child", {"pid_file": str(pid_file)}, timeout_s=3, cwd=HERE)
+    assert r.label == "timeout"
+    assert time.monotonic() - t0 < 30
+    grandchild = int(pid_file.read_text())
+    assert not alive(grandchild)
+
+
+def test_memory_limit_gives_oom():
+    r = run_in_worker("worker_targets:hog", timeout_s=60, memory_mb=400, cwd=HERE)
+    assert r.label == "oom"
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt")
+    tok = build_tokenizer()
+    save_policy(build_model(len(tok)), tok, path)
+    return path
+
+
+def broken_harness(tmp_path, knobs: str, reward_py: str):
+    d = tmp_path / "h"
+    d.mkdir()
+    (d / "knobs.yaml").write_text("prompts_per_step: 2\ngroup_size: 2\n" + knobs)
+    (d / "reward.py").write_text(textwrap.dedent(reward_py))
+    return d
+
+
+@pytest.mark.parametrize("reward_py, label, expect", [
+    ("def r(x):\n    return 1 / 0\n", "crash", "ZeroDivisionError"),
+    ("import torch\ndef r(x):\n    return torch.full((len(x.completions),), float('nan'))\n", "crash", "non-finite"),
+    ("import torch\ndef r(x):\n    return torch.zeros(3, 3)\n", "crash", "shape"),
+    ("def r(x):\n    while True:\n        pass\n", "timeout", "killed after"),
+    ("def r(x:\n    return 0\n", "crash", "syntax error"),
+])
+def test_broken_harness_code_is_a_labelled_failure_not_a_crash_of_the_caller(tmp_path, ckpt, reward_py, label, expect):
+    h = broken_harness(tmp_path, "reward: r\n", reward_py)
+    r = run_in_worker("evotrainer.train:train_segment", dict(
+        task="arith", level=1, harness=str(h), base=str(ckpt), out=str(tmp_path / "out"), seed=0, steps=2),
+        timeout_s=15)
+    assert r.label == label, r.log_tail
+    assert expect in (r.error or "") + r.log_tail
+    if label == "crash":
+        assert "Traceback" in r.log_tail
