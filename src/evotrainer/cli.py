@@ -41,9 +41,10 @@ def _base(args, task):
         from evotrainer.policy import load_policy
         load_policy(args.base)  # fail early, with the one-line error, if it is not a checkpoint
         return Path(args.base), None
+    cfg = PretrainConfig(target_acc=args.target_acc)
     with _progress() as prog:
-        bar = prog.add_task("pretrain base", total=PretrainConfig().max_steps, info="")
-        path, meta = pretrain(task, PretrainConfig(), args.cache_dir,
+        bar = prog.add_task("pretrain base", total=cfg.max_steps, info="")
+        path, meta = pretrain(task, cfg, args.cache_dir,
                               progress=lambda s, loss, acc: prog.update(
                                   bar, completed=s, info=f"loss {loss:.3f} probe acc {acc:.2f}"))
         prog.update(bar, completed=meta["steps"], total=meta["steps"])
@@ -81,7 +82,7 @@ def cmd_train(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from evotrainer.pretrain import DEFAULT_CACHE
+    from evotrainer.pretrain import DEFAULT_CACHE, PretrainConfig
     p = _Parser(prog="evotrainer", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -90,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--level", type=int, default=None, help="target difficulty (arith: digits, default 3)")
         sp.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where base checkpoints are cached")
         sp.add_argument("--base", type=Path, default=None, help="start from this checkpoint instead of the cached base")
+        sp.add_argument("--target-acc", type=float, default=PretrainConfig().target_acc,
+                        help="the cached base's SFT stops at this greedy accuracy on a train-stream probe")
 
     sp = sub.add_parser("pretrain", help="build (or reuse) the cached SFT base checkpoint")
     common(sp)

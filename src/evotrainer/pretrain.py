@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from evotrainer import __version__
+from evotrainer.errors import UsageError
 from evotrainer.evaluate import accuracy
 from evotrainer.policy import build_model, build_tokenizer, load_policy, save_policy
 from evotrainer.tasks import Task
@@ -83,7 +84,10 @@ def sft_loss(model, ids, loss_mask) -> torch.Tensor:
 def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path = DEFAULT_CACHE,
              progress=None) -> tuple[Path, dict]:
     """Return (checkpoint path, metadata), training only if the cache has no such base."""
-    cfg.validate()
+    try:
+        cfg.validate()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     out = base_path(task, cfg, cache_dir)
     meta_file = out / "base_meta.json"
     if meta_file.exists():
