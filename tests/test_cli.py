@@ -8,15 +8,6 @@ import pytest
 
 from evotrainer.cli import main
 from evotrainer.harness import REFERENCE
-from evotrainer.policy import build_model, build_tokenizer, save_policy
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ckpt")
-    tok = build_tokenizer()
-    save_policy(build_model(len(tok)), tok, path)
-    return path
 
 
 def harness_with(tmp_path, knobs_text: str):

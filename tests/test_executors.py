@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from evotrainer.executors import run_in_worker
-from evotrainer.policy import build_model, build_tokenizer, save_policy
 
 HERE = Path(__file__).parent
 
@@ -54,14 +53,6 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
 def test_memory_limit_gives_oom():
     r = run_in_worker("worker_targets:hog", timeout_s=60, memory_mb=400, cwd=HERE)
     assert r.label == "oom"
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ckpt")
-    tok = build_tokenizer()
-    save_policy(build_model(len(tok)), tok, path)
-    return path
 
 
 def broken_harness(tmp_path, knobs: str, reward_py: str):
