@@ -1,7 +1,10 @@
-"""One entry point: `evotrainer pretrain | train`.
+"""One entry point: `evotrainer pretrain | train | diagnose | backtest | replay`.
 
 Bad input (unknown task or slot, malformed knobs, missing checkpoint) prints one line
 naming the problem and the valid choices and exits with code 2, without a traceback.
+Work that ran and failed, or a candidate that was rejected (illegal, backtest rejected,
+crash, timeout, oom), exits with code 1 and one line saying why; the JSON result, where
+there is one, still goes to stdout.
 """
 from __future__ import annotations
 
@@ -10,11 +13,19 @@ import json
 import sys
 from pathlib import Path
 
-from evotrainer.errors import UsageError
+from evotrainer.errors import HarnessFailed, UsageError
 
 
 class RunFailed(Exception):
     """Work that started and failed; the message names the label and where the log is."""
+
+
+class Rejected(Exception):
+    """A candidate judged and turned down: the result is printed, the exit code is 1."""
+
+    def __init__(self, message: str, result: dict):
+        super().__init__(message)
+        self.result = result
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,6 +92,53 @@ def cmd_train(args) -> dict:
     return {k: summary[k] for k in keys} | {"out": str(args.out)}
 
 
+def cmd_diagnose(args) -> dict:
+    from evotrainer.diagnostics.health import diagnose, write_reports
+    reports = diagnose(args.dir, args.harness, timeout_s=args.timeout)
+    js, md = write_reports(reports, args.out or args.dir)
+    return {"json": str(js), "markdown": str(md), "versions": [{
+        "source": r["source"], "worst": r["worst"], "blocking": r["blocking"],
+        "findings": [f"{f['severity']}: {f['diagnostic']} = {f['value']:g}" for f in r["findings"]]}
+        for r in reports]}
+
+
+def cmd_backtest(args) -> dict:
+    from evotrainer.backtest import BacktestConfig, backtest
+    from evotrainer.backtest.run import to_markdown
+    try:
+        cfg = BacktestConfig(max_violation_rate=args.max_violation_rate).validate()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    outcome = backtest(args.evidence, args.harness, args.parent, cfg, timeout_s=args.timeout)
+    md = to_markdown(outcome, args.evidence, args.harness)
+    result = {"label": outcome.label, "reasons": outcome.reasons}
+    if outcome.report:
+        r = outcome.report
+        result |= {k: getattr(r, k) for k in (
+            "ordering_violations", "pairs_compared", "correct_cut_by_truncation", "dead_group_ratio_before",
+            "dead_group_ratio_after", "reward_score_spearman_after", "off_score_signal_after", "off_score_tracks")}
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "backtest.json").write_text(json.dumps(outcome.to_dict(), indent=2))
+        (args.out / "backtest.md").write_text(md)
+        result["markdown"] = str(args.out / "backtest.md")
+    print(md, file=sys.stderr)
+    if not outcome.passed:
+        raise Rejected(f"{outcome.label}: {'; '.join(outcome.reasons)}", result)
+    return result
+
+
+def cmd_replay(args) -> dict:
+    from evotrainer.diagnostics.replay import replay
+    labelled = []
+    for item in args.versions:
+        d, sep, label = item.rpartition("=")
+        if not sep or not d:
+            raise UsageError(f"'{item}' is not DIR=LABEL (for example runs/v3=invalid)")
+        labelled.append((Path(d), label))
+    return replay(args.diagnostic, labelled, args.harness, args.min_auc, timeout_s=args.timeout).to_dict()
+
+
 def build_parser() -> argparse.ArgumentParser:
     from evotrainer.pretrain import DEFAULT_CACHE, PretrainConfig
     p = _Parser(prog="evotrainer", description=__doc__.splitlines()[0])
@@ -105,6 +163,34 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", type=Path, required=True)
     sp.add_argument("--timeout", type=float, default=3600.0, help="seconds before the training worker is killed")
     sp.set_defaults(fn=cmd_train)
+
+    sp = sub.add_parser("diagnose", help="health report (health.md, health.json) of a train or run directory")
+    sp.add_argument("dir", type=Path, help="a train directory, or a directory of them (one per version)")
+    sp.add_argument("--harness", type=Path, default=None,
+                    help="whose diagnostics to run (default: the harness each train directory kept)")
+    sp.add_argument("--out", type=Path, default=None, help="where to write the report (default: DIR)")
+    sp.add_argument("--timeout", type=float, default=600.0, help="seconds before a harness's diagnostics are killed")
+    sp.set_defaults(fn=cmd_diagnose)
+
+    sp = sub.add_parser("backtest", help="judge a candidate harness on cached rollouts, before training it")
+    sp.add_argument("--evidence", type=Path, required=True, help="train directory whose rollouts to re-score")
+    sp.add_argument("--harness", type=Path, required=True, help="the candidate harness directory")
+    sp.add_argument("--parent", type=Path, default=None,
+                    help="parent harness for the legality check (default: the evidence's own harness)")
+    sp.add_argument("--max-violation-rate", type=float, default=0.0,
+                    help="share of same-group pairs the candidate may order against the verifier")
+    sp.add_argument("--out", type=Path, default=None, help="write backtest.json and backtest.md here")
+    sp.add_argument("--timeout", type=float, default=600.0, help="seconds before the candidate's code is killed")
+    sp.set_defaults(fn=cmd_backtest)
+
+    sp = sub.add_parser("replay", help="replay a diagnostic over labelled versions; keep it if it separates them")
+    sp.add_argument("versions", nargs="+", metavar="DIR=LABEL",
+                    help="train directory and its outcome: kept (held up) or discarded, invalid, crash, timeout, oom")
+    sp.add_argument("--diagnostic", required=True, help="diagnostic name (built in, or from --harness)")
+    sp.add_argument("--harness", type=Path, default=None, help="harness whose diagnostics.py defines or revises it")
+    sp.add_argument("--min-auc", type=float, default=0.8, help="separation needed to keep the diagnostic")
+    sp.add_argument("--timeout", type=float, default=600.0)
+    sp.set_defaults(fn=cmd_replay)
     return p
 
 
@@ -117,8 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"evotrainer: error: {e}", file=sys.stderr)
         return 2
-    except RunFailed as e:  # the work ran and failed (a harness bug, a timeout): exit 1
+    except (RunFailed, HarnessFailed) as e:  # the work ran and failed (a harness bug, a timeout): exit 1
         print(f"evotrainer: failed: {e}", file=sys.stderr)
+        return 1
+    except Rejected as e:
+        print(json.dumps(e.result))
+        print(f"evotrainer: rejected: {e}", file=sys.stderr)
         return 1
     print(json.dumps(result))
     return 0

@@ -7,3 +7,11 @@ class UsageError(Exception):
 
 def unknown(kind: str, name: str, valid) -> UsageError:
     return UsageError(f"unknown {kind} '{name}'; valid choices: {', '.join(sorted(valid))}")
+
+
+class HarnessFailed(RuntimeError):
+    """Harness code was refused or failed: `label` is illegal, crash, timeout or oom."""
+
+    def __init__(self, label: str, detail: str, log_tail: str = ""):
+        self.label, self.detail, self.log_tail = label, detail, log_tail
+        super().__init__(f"{label}: {detail}")

@@ -1,7 +1,8 @@
 """Training a harness from a checkpoint: the worker side and the `evotrainer train` command.
 
 `train_segment` runs in a worker process (it loads, and so runs, the harness's code; it
-holds no validation or test data): it trains, and writes to OUT checkpoint/ (Hugging Face
+holds no validation or test data): it trains, and writes to OUT run.json (task, seed,
+group size and token budget the evidence was sampled under), checkpoint/ (Hugging Face
 format), checkpoints/step-N every `eval_every` steps, metrics.jsonl (one line per step),
 evidence.jsonl (one line per rollout) and harness/ (a copy of the harness that ran).
 
@@ -45,6 +46,11 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
     shutil.copytree(h.path, out_dir / "harness", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
     model, tok = load_policy(base)
     trainer = GRPOTrainer(model, tok, get_task(task, level), h, seed=seed)
+    # what the evidence was sampled under: backtests re-score it against these
+    (out_dir / "run.json").write_text(json.dumps({
+        "task": task, "level": level, "seed": seed, "steps": steps, "group_size": h.knobs.group_size,
+        "prompts_per_step": h.knobs.prompts_per_step, "max_new_tokens": trainer.T,
+        "harness_hash": h.content_hash}, indent=2))
     evidence = EvidenceWriter(out_dir / "evidence.jsonl")
     every = h.knobs.eval_every
     with open(out_dir / "metrics.jsonl", "w") as mf:

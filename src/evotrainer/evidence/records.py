@@ -27,6 +27,10 @@ class RolloutRecord:
     mean_logprob: float  # mean log-prob of the sampled tokens under the sampling policy
     entropy: float       # mean per-token entropy of the policy at those positions
     kept: bool           # its group passed the group filter
+    # multi-turn (agentic) tasks only; None where the task has no turns or tools
+    turns: int | None = None
+    tool_calls: int | None = None
+    tool_failures: int | None = None
 
 
 class EvidenceWriter:

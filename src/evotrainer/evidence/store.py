@@ -20,6 +20,12 @@ FIELDS = [f.name for f in dataclasses.fields(RolloutRecord)]
 _TYPES = {int: "INTEGER", float: "REAL", str: "TEXT", bool: "INTEGER"}
 
 
+def _plain(hint) -> type:
+    """`int | None` -> int: optional fields are stored as NULL."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
 def steps_to_keep(steps: list[int], rows_per_step: int, max_rows: int) -> list[int]:
     """Whole steps within the row budget: first and last, evenly spread between."""
     budget = max(max_rows // max(rows_per_step, 1), 2)
@@ -34,7 +40,7 @@ class EvidenceStore:
         self.path, self.max_rows = Path(path), max_rows_per_version
         self.db = sqlite3.connect(self.path)
         hints = typing.get_type_hints(RolloutRecord)
-        cols = ", ".join(f"{f} {_TYPES[hints[f]]}" for f in FIELDS)
+        cols = ", ".join(f"{f} {_TYPES[_plain(hints[f])]}" for f in FIELDS)
         self.db.execute(f"CREATE TABLE IF NOT EXISTS rollouts (version TEXT NOT NULL, {cols})")
         self.db.execute("CREATE INDEX IF NOT EXISTS by_version_step ON rollouts (version, step, group_id)")
         self.db.commit()

@@ -17,7 +17,8 @@ Parameters (the defaults are the reference recipe):
     prompts_per_step: prompt groups per step.
     group_size: rollouts per prompt (GRPO's G).
     temperature: sampling temperature; log-probs in the loss use the same temperature.
-    max_new_tokens: completion budget; 0 means the task's own budget.
+    max_new_tokens: completion budget; 0 means the task's own budget, which is also the
+        ceiling (a harness may truncate below it, never raise it: a truncation rule).
     clip_low / clip_high: ratio bounds 1 - clip_low, 1 + clip_high (PPO 1707.06347;
         clip_high > clip_low is DAPO's clip-higher).
     num_iterations: gradient updates per sampled batch (GRPO's mu); with 1 the ratio is 1.

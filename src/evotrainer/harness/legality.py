@@ -29,7 +29,7 @@ from evotrainer.harness.load import SLOTS
 
 SLOT_NAMES = tuple(dict.fromkeys([*SLOTS, "diagnostics"]))
 HARNESS_FILES = frozenset({"knobs.yaml", *(f"{s}.py" for s in SLOT_NAMES)})
-# fixed by the run: a child may not buy itself more compute
+# fixed by the run: a child may not buy itself more compute (max_new_tokens may only fall)
 BUDGET_KNOBS = ("steps", "prompts_per_step", "group_size", "max_new_tokens", "num_iterations")
 # unknown knobs that would resize the model get the more specific reason
 MODEL_SIZE_KNOBS = frozenset({
@@ -43,7 +43,8 @@ ALLOWED_MODULES = frozenset({
     "torch", "math", "re", "collections", "itertools", "functools", "dataclasses", "typing",
     "statistics", "string", "random", "heapq", "bisect", "__future__",
 })
-ALLOWED_EVOTRAINER = ("evotrainer.harness",)
+# pure code over plain data; harness diagnostics build on the diagnostics library
+ALLOWED_EVOTRAINER = ("evotrainer.harness", "evotrainer.diagnostics")
 # dotted prefix -> why it is off limits (checked before the allow-list, so torch.hub is out)
 FORBIDDEN = {
     "evotrainer.evaluate": "the evaluator is off limits to harness code",
@@ -51,6 +52,9 @@ FORBIDDEN = {
     "evotrainer.harness.load": "controller-side module (reads files, runs code)",
     "evotrainer.harness.versions": "controller-side module (runs git)",
     "evotrainer.harness.legality": "controller-side module",
+    "evotrainer.diagnostics.health": "controller-side module (reads files, runs workers)",
+    "evotrainer.diagnostics.load": "controller-side module (reads files, runs code)",
+    "evotrainer.diagnostics.replay": "controller-side module (reads files, runs workers)",
     "evotrainer.harness.load_harness": "controller-side function (reads files, runs code)",
     "evotrainer.harness.inspect_harness": "controller-side function (reads files)",
     "evotrainer.harness.knobs.load_knobs": "controller-side function (reads files)",
@@ -188,7 +192,7 @@ def _why_forbidden(dotted: str) -> str | None:
     top = dotted.split(".")[0]
     if top == "evotrainer" and not any(dotted == p or dotted.startswith(p + ".") or p.startswith(dotted + ".")
                                        for p in ALLOWED_EVOTRAINER):
-        return "only evotrainer.harness.* may be imported from evotrainer"
+        return "only evotrainer.harness.* and evotrainer.diagnostics.* may be imported from evotrainer"
     return FORBIDDEN_TOP.get(top)
 
 
@@ -318,8 +322,15 @@ def _same_budget(knobs: Knobs, parent: Path) -> Iterator[str]:
         return
     for key in BUDGET_KNOBS:
         old, new = getattr(before, key), getattr(knobs, key)
+        if key == "max_new_tokens" and _truncates(old, new):
+            continue  # a truncation rule spends less, never more
         if old != new:
             yield f"knobs.yaml: knob '{key}' changes the compute budget ({old} -> {new}), which the run fixes"
+
+
+def _truncates(old: int, new: int) -> bool:
+    """0 is the task's own budget, the most there is (the trainer clamps to it)."""
+    return new != 0 and (old == 0 or new <= old)
 
 
 FILE_RULES: tuple[Callable[[Path, Path | None], Iterable[str]], ...] = (

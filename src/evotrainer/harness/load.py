@@ -2,7 +2,8 @@
 
 Slot files (`reward.py`, `group_filter.py`, `advantage.py`, `loss_agg.py`,
 `policy_loss.py`, `curriculum.py`) define plain functions; each public function becomes
-a name the knobs can pick, next to the built-in ones. The reference harness ships in
+a name the knobs can pick, next to the built-in ones. `diagnostics.py` adds or revises
+diagnostics (evotrainer.diagnostics.load reads it). The reference harness ships in
 the package (`evotrainer/harnesses/reference`) and is the root of every run.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib.util
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from evotrainer.errors import UsageError, unknown
 from evotrainer.harness.advantages import ADVANTAGES
@@ -53,7 +55,8 @@ def content_hash(path: Path) -> str:
     return h.hexdigest()
 
 
-def _slot_functions(file: Path) -> dict:
+def exec_harness_file(file: Path) -> ModuleType:
+    """Import one harness file as a module of its own (this runs its code: workers only)."""
     spec = importlib.util.spec_from_file_location(f"evotrainer_harness_{file.stem}_{abs(hash(file))}", file)
     module = importlib.util.module_from_spec(spec)
     try:
@@ -62,8 +65,17 @@ def _slot_functions(file: Path) -> dict:
         raise UsageError(f"{file}:{e.lineno}: syntax error: {e.msg}") from None
     except Exception as e:  # the harness's own code failed while importing
         raise UsageError(f"{file}: {type(e).__name__} while importing: {e}") from None
+    return module
+
+
+def public_functions(module: ModuleType) -> dict:
+    """The functions a harness file defines itself (not imported, not _private)."""
     return {n: f for n, f in vars(module).items()
             if inspect.isfunction(f) and not n.startswith("_") and f.__module__ == module.__name__}
+
+
+def _slot_functions(file: Path) -> dict:
+    return public_functions(exec_harness_file(file))
 
 
 def load_harness(path: Path | str | None = None) -> Harness:

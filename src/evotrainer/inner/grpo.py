@@ -51,7 +51,7 @@ class StepMetrics:
         return asdict(self)
 
 
-def _check(name: str, x, shape) -> torch.Tensor:
+def check_output(name: str, x, shape) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise SlotError(f"{name} returned {type(x).__name__}, expected a tensor of shape {tuple(shape)}")
     if tuple(x.shape) != tuple(shape):
@@ -66,7 +66,8 @@ class GRPOTrainer:
         self.model, self.tok, self.task, self.harness = model, tok, task, harness
         self.k = k = harness.knobs
         self.seed, self.step_no = seed, 0
-        self.T = k.max_new_tokens or task.max_new_tokens
+        # the task fixes the budget; a harness may only truncate below it
+        self.T = min(k.max_new_tokens, task.max_new_tokens) if k.max_new_tokens else task.max_new_tokens
         torch.manual_seed(seed)
         self.rng = random.Random(seed)
         self.sampler = torch.Generator().manual_seed(seed)
@@ -112,9 +113,9 @@ class GRPOTrainer:
         for group in self.opt.param_groups:
             group["lr"] = lr
         ro = Rollouts(rows, texts, scores, gen.lengths, gen.truncated, G, self.T)
-        rewards = _check("reward", h.reward(ro), (B,)).float()
-        keep = _check("group_filter", h.group_filter(ro.grouped(rewards), ro.grouped(scores)), (B // G,)).bool()
-        adv = _check("advantage", h.advantage(ro.grouped(rewards)), (B // G, G)).reshape(-1).float()
+        rewards = check_output("reward", h.reward(ro), (B,)).float()
+        keep = check_output("group_filter", h.group_filter(ro.grouped(rewards), ro.grouped(scores)), (B // G,)).bool()
+        adv = check_output("advantage", h.advantage(ro.grouped(rewards)), (B // G, G)).reshape(-1).float()
         row_keep = keep.repeat_interleave(G)
         loss_mask = gen.completion_mask.float() * row_keep[:, None]
 

@@ -1,0 +1,86 @@
+"""`backtest`: judge a candidate harness on cached rollouts before spending any training.
+
+Controller side. The candidate is checked for legality (against the harness that
+produced the evidence, which is its parent), its reward / filter / advantage run over
+the evidence in a worker process, and the statistics and verdict are computed here.
+The outcome is labelled: `passed`, `backtest_rejected`, `illegal`, or the worker's
+`crash` / `timeout` / `oom`, with the reasons or the captured log tail.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from evotrainer.backtest.analysis import BacktestConfig, BacktestReport, analyse
+from evotrainer.errors import UsageError
+from evotrainer.evidence.records import read_evidence
+from evotrainer.executors import run_in_worker
+from evotrainer.harness.legality import check_harness
+
+
+@dataclass
+class BacktestOutcome:
+    label: str                        # passed | backtest_rejected | illegal | crash | timeout | oom
+    reasons: list[str]
+    report: BacktestReport | None = None
+    log_tail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.label == "passed"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["report"] = self.report.to_dict() if self.report else None
+        return d
+
+
+def backtest(evidence_dir: Path | str, candidate_dir: Path | str, parent_dir: Path | str | None = None,
+             cfg: BacktestConfig = BacktestConfig(), timeout_s: float = 600.0) -> BacktestOutcome:
+    ev, cand = Path(evidence_dir), Path(candidate_dir)
+    if not (ev / "evidence.jsonl").is_file():
+        raise UsageError(f"no rollout evidence at '{ev}' (expected evidence.jsonl from `evotrainer train`)")
+    if not (cand / "knobs.yaml").is_file():
+        raise UsageError(f"not a harness directory: '{cand}' has no knobs.yaml")
+    cfg.validate()
+    if parent_dir is None and (ev / "harness" / "knobs.yaml").is_file():
+        parent_dir = ev / "harness"  # the harness that sampled the evidence
+    legality = check_harness(cand, parent_dir)
+    if not legality.legal:
+        return BacktestOutcome("illegal", legality.reasons)
+    res = run_in_worker("evotrainer.backtest.rescore:rescore",
+                        {"evidence_dir": str(ev), "harness_dir": str(cand)}, timeout_s=timeout_s)
+    if not res.ok:
+        return BacktestOutcome(res.label, [res.error or res.label], log_tail=res.log_tail)
+    report = analyse(list(read_evidence(ev / "evidence.jsonl")), res.value, cfg)
+    return BacktestOutcome("passed" if report.verdict == "pass" else "backtest_rejected", report.reasons, report)
+
+
+def to_markdown(outcome: BacktestOutcome, evidence_dir, candidate_dir) -> str:
+    lines = ["# Backtest", "", f"Candidate `{candidate_dir}` on the rollouts of `{evidence_dir}`.", "",
+             f"**{outcome.label}**", ""]
+    lines += [f"- {r}" for r in outcome.reasons]
+    rep = outcome.report
+    if rep is None:
+        if outcome.log_tail:
+            lines += ["", "```", outcome.log_tail.rstrip()[-2000:], "```"]
+        return "\n".join(lines) + "\n"
+    lines += [f"- note: {n}" for n in rep.notes]
+    rows = [("rollouts / groups", f"{rep.rollouts} / {rep.groups}"),
+            ("ordering violations (before -> after)", f"{rep.ordering_violations_before} -> {rep.ordering_violations}"
+             f" of {rep.pairs_compared} pairs"),
+            ("correct rollouts cut by truncation", f"{rep.correct_cut_by_truncation} of {rep.correct_rollouts}"),
+            ("correct rollouts in dropped live groups", str(rep.correct_in_dropped_live_groups)),
+            ("dead-group ratio (before -> after)", f"{rep.dead_group_ratio_before:.3f} -> {rep.dead_group_ratio_after:.3f}"),
+            ("groups kept by the filter", f"{rep.kept_group_ratio:.3f}"),
+            ("Spearman(reward, score) (before -> after)",
+             f"{_f(rep.reward_score_spearman_before)} -> {_f(rep.reward_score_spearman_after)}"),
+            ("advantage share in equal-score groups (before -> after)",
+             f"{_f(rep.off_score_signal_before)} -> {_f(rep.off_score_signal_after)}")]
+    rows += [(f"  there, correlation with {k}", _f(v)) for k, v in rep.off_score_tracks.items()]
+    lines += ["", "| measure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _f(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"

@@ -1,0 +1,277 @@
+"""The built-in diagnostics, in layers: score, signal, behavior, efficiency, model state,
+agentic. Thresholds follow EvoTrainer where it published them (dead groups > 30% warn,
+> 50% critical; reward spread < 0.05; mean log-prob > -0.05 is exploration collapse;
+tool/edit failures > 15%) and shared/MEASUREMENTS.md elsewhere.
+
+Each function reads an `Evidence` and returns a number, or None where it does not apply
+(agentic metrics on single-turn records, KL when the run used none).
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from evotrainer.diagnostics.evidence import Evidence, mean, quantile, spearman, std
+from evotrainer.diagnostics.spec import diagnostic, register
+from evotrainer.evidence.records import RolloutRecord
+from evotrainer.harness.filters import DEAD_STD
+
+ZERO_ADV = 1e-6
+
+
+def _step_means(ev: Evidence, field: str) -> list[float]:
+    by: dict[int, list[float]] = {}
+    for r in ev.records:
+        by.setdefault(r.step, []).append(float(getattr(r, field)))
+    return [sum(v) / len(v) for _, v in sorted(by.items())]
+
+
+def _rise(ev: Evidence, field: str) -> float | None:
+    """Mean of `field` in the last window minus the first (None with fewer than 4 steps)."""
+    if len(ev.step_numbers) < 4:
+        return None
+    return mean(_step_means(ev.last, field)) - mean(_step_means(ev.first, field))
+
+
+def char_classes(text: str) -> set[str]:
+    return {"digit" if c.isdigit() else "alpha" if c.isalpha() else "space" if c.isspace() else "other"
+            for c in text}
+
+
+def format_failure(r: RolloutRecord) -> bool:
+    """Empty, cut off without an end token, or using a kind of character the answer never does."""
+    return not r.completion.strip() or r.truncated or not char_classes(r.completion) <= char_classes(r.answer)
+
+
+def repetition(text: str, n: int = 3) -> float:
+    """Share of character n-grams that repeat an earlier one in the same completion."""
+    grams = [text[i:i + n] for i in range(len(text) - n + 1)]
+    return 1 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+# ------------------------------------------------------------------ score
+
+@register
+@diagnostic("score")
+def score_mean(ev: Evidence) -> float | None:
+    """Mean verifier score of the sampled rollouts."""
+    return mean(ev.column("score"))
+
+
+@register
+@diagnostic("score", warn=-0.05, critical=-0.15, above=False, scope="run",
+            suggest="optimisation: lower the learning rate, or roll back to the parent")
+def score_trend(ev: Evidence) -> float | None:
+    """Verifier score in the last window minus the first: falling means the policy is getting worse."""
+    return _rise(ev, "score")
+
+
+@register
+@diagnostic("score")
+def majority_score_share(ev: Evidence) -> float | None:
+    """Share of rollouts holding the most common score value (one value > 50%: a binary, sparse signal)."""
+    scores = ev.column("score")
+    return max(scores.count(s) for s in set(scores)) / len(scores) if scores else None
+
+
+# ------------------------------------------------------------------ signal
+
+def _dead_suggestion(v: Mapping[str, float | None]) -> str:
+    if (v.get("majority_score_share") or 0) > 0.5:  # EvoTrainer's compound rule
+        return "reward: make the reward more continuous (partial credit), most groups share one score"
+    return "group_filter: drop dead groups, or curriculum: sample where outcomes are mixed"
+
+
+@register
+@diagnostic("signal", warn=0.3, critical=0.5, suggest=_dead_suggestion)
+def dead_group_ratio(ev: Evidence) -> float | None:
+    """Share of groups whose rewards are all equal: they give GRPO no gradient."""
+    groups = ev.groups
+    return sum(std(r.reward for r in g) <= DEAD_STD for g in groups) / len(groups) if groups else None
+
+
+@register
+@diagnostic("signal", warn=0.05, above=False, suggest="reward: make the reward more continuous")
+def reward_spread(ev: Evidence) -> float | None:
+    """Mean within-group reward standard deviation."""
+    return mean(std(r.reward for r in g) for g in ev.groups)
+
+
+@register
+@diagnostic("signal", warn=0.5, critical=0.8,
+            suggest="signal: a group filter or a more continuous reward, so fewer rollouts are wasted")
+def degenerate_advantage(ev: Evidence) -> float | None:
+    """Share of rollouts that carry no gradient: advantage 0 or not finite, or group filtered out."""
+    recs = ev.records
+    bad = sum(not r.kept or not math.isfinite(r.advantage) or abs(r.advantage) <= ZERO_ADV for r in recs)
+    return bad / len(recs) if recs else None
+
+
+@register
+@diagnostic("signal")
+def off_score_signal(ev: Evidence) -> float | None:
+    """Share of advantage mass in groups whose verifier scores are all equal (signal not from correctness)."""
+    total = off = 0.0
+    for g in ev.groups:
+        mass = sum(abs(r.advantage) for r in g if r.kept and math.isfinite(r.advantage))
+        total += mass
+        if len({r.score for r in g}) == 1:
+            off += mass
+    return off / total if total > 0 else None
+
+
+# ------------------------------------------------------------------ behavior
+
+@register
+@diagnostic("behavior", warn=0.05, critical=0.1, scope="run", blocking=True,
+            suggest="reward hacking: simplify the reward back towards the verifier score")
+def reward_score_divergence(ev: Evidence) -> float | None:
+    """Rise of the mean reward minus rise of the mean verifier score, first to last window."""
+    r, s = _rise(ev, "reward"), _rise(ev, "score")
+    return None if r is None else r - s
+
+
+@register
+@diagnostic("behavior", warn=0.5, critical=0.8, blocking=True,
+            suggest="reward hacking: the reward pays for length; remove the length term")
+def reward_length_coupling(ev: Evidence) -> float | None:
+    """Spearman of reward with length inside groups whose verifier scores are all equal."""
+    rewards, lengths = [], []
+    for g in ev.groups:
+        if len({r.score for r in g}) == 1 and std(r.reward for r in g) > DEAD_STD:
+            mr, ml = mean(r.reward for r in g), mean(r.length for r in g)
+            rewards += [r.reward - mr for r in g]
+            lengths += [r.length - ml for r in g]
+    return spearman(rewards, lengths) if len(rewards) >= 8 else None
+
+
+@register
+@diagnostic("behavior", warn=0.2, critical=0.5,
+            suggest="reward: a format signal, or check for a length or format hack")
+def format_failure_rate(ev: Evidence) -> float | None:
+    """Share of completions that are empty, cut off, or use characters the answer never does."""
+    recs = ev.records
+    return sum(map(format_failure, recs)) / len(recs) if recs else None
+
+
+@register
+@diagnostic("behavior", warn=0.2, critical=0.4, suggest="exploration: lower the temperature or penalise repeats")
+def repetition_rate(ev: Evidence) -> float | None:
+    """Mean share of repeated character trigrams within a completion."""
+    return mean(repetition(r.completion) for r in ev.records)
+
+
+@register
+@diagnostic("behavior", warn=0.25, above=False,
+            suggest="exploration: raise the temperature, add an entropy bonus or a KL anchor")
+def group_diversity(ev: Evidence) -> float | None:
+    """Distinct completions per group over the group size (1: all different)."""
+    return mean(len({r.completion for r in g}) / len(g) for g in ev.groups)
+
+
+# ------------------------------------------------------------------ efficiency
+
+@register
+@diagnostic("efficiency")
+def length_p50(ev: Evidence) -> float | None:
+    """Median completion length in tokens (end token included)."""
+    return quantile(ev.column("length"), 0.5)
+
+
+@register
+@diagnostic("efficiency")
+def length_p90(ev: Evidence) -> float | None:
+    """90th percentile of completion length in tokens."""
+    return quantile(ev.column("length"), 0.9)
+
+
+@register
+@diagnostic("efficiency", warn=0.4, critical=0.7, scope="run",
+            suggest="efficiency: overlong shaping or a length cap; check for a length hack or a collapse")
+def length_shift(ev: Evidence) -> float | None:
+    """|log(mean length last window / first window)|: 0.7 is a doubling or halving."""
+    if len(ev.step_numbers) < 4:
+        return None
+    a, b = mean(ev.first.column("length")), mean(ev.last.column("length"))
+    return abs(math.log(b / a)) if a and b else None
+
+
+@register
+@diagnostic("efficiency", warn=0.1, critical=0.3,
+            suggest="efficiency: overlong shaping or a length penalty; check for a length hack")
+def truncation_rate(ev: Evidence) -> float | None:
+    """Share of completions that hit the token budget without an end token."""
+    t = ev.column("truncated")
+    return sum(t) / len(t) if t else None
+
+
+# ------------------------------------------------------------------ model state
+
+@register
+@diagnostic("model_state", warn=-0.1, critical=-0.05,
+            suggest="exploration: raise the temperature, add an entropy bonus or a KL anchor")
+def mean_logprob(ev: Evidence) -> float | None:
+    """Mean per-token log-prob of sampled tokens; above -0.05 is exploration collapse (EvoTrainer)."""
+    return mean(ev.column("mean_logprob"))
+
+
+@register
+@diagnostic("model_state")
+def entropy_mean(ev: Evidence) -> float | None:
+    """Mean per-token entropy of the sampling distribution."""
+    return mean(ev.column("entropy"))
+
+
+@register
+@diagnostic("model_state", warn=0.5, critical=0.8, scope="run",
+            suggest="exploration: raise the temperature, add an entropy bonus or a KL anchor")
+def entropy_drop(ev: Evidence) -> float | None:
+    """1 - entropy of the last window / entropy of the first."""
+    if len(ev.step_numbers) < 4:
+        return None
+    a, b = mean(ev.first.column("entropy")), mean(ev.last.column("entropy"))
+    return 1 - b / a if a else None
+
+
+@register
+@diagnostic("model_state", warn=0.1, critical=0.5, suggest="optimisation: raise kl_coef or lower the learning rate")
+def kl(ev: Evidence) -> float | None:
+    """Mean KL to the reference policy, from the trainer's step metrics (None without a KL term)."""
+    values = ev.step_metric("kl")
+    return mean(values) if values and any(values) else None
+
+
+# ------------------------------------------------------------------ agentic (multi-turn records only)
+
+def _present(ev: Evidence, field: str) -> list:
+    return [v for v in ev.column(field) if v is not None]
+
+
+@register
+@diagnostic("agentic")
+def turns_mean(ev: Evidence) -> float | None:
+    """Mean turns per episode."""
+    return mean(_present(ev, "turns"))
+
+
+@register
+@diagnostic("agentic")
+def tool_calls_mean(ev: Evidence) -> float | None:
+    """Mean tool calls per episode."""
+    return mean(_present(ev, "tool_calls"))
+
+
+@register
+@diagnostic("agentic", warn=0.15, critical=0.3, suggest="reward: a tool-format or edit-format signal")
+def tool_failure_rate(ev: Evidence) -> float | None:
+    """Failed tool calls over all tool calls (EvoTrainer: edit failures above 15%)."""
+    calls, fails = sum(_present(ev, "tool_calls")), sum(_present(ev, "tool_failures"))
+    return fails / calls if calls else None
+
+
+@register
+@diagnostic("agentic", warn=0.3, critical=0.6, scope="run", suggest="efficiency: a turn cap or an efficiency factor")
+def turns_rise(ev: Evidence) -> float | None:
+    """Relative rise in turns per episode, first to last window."""
+    a, b = mean(_present(ev.first, "turns")), mean(_present(ev.last, "turns"))
+    return (b - a) / a if a and b is not None and len(ev.step_numbers) >= 4 else None

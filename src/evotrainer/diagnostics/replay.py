@@ -1,0 +1,85 @@
+"""Diagnostic replay: is a new or revised diagnostic worth keeping?
+
+EvoTrainer's rule: when a failure mode has no metric, define one, set thresholds,
+implement it, then replay it over earlier versions and keep it only if it separates the
+versions that failed from those that held up. Here a diagnostic (built in, or from a
+candidate harness's diagnostics.py) is computed over every earlier version's evidence,
+and the separation is the AUC: the chance that a failed version looks worse on it than
+a version that held up (ties count half). 1.0 separates perfectly; 0.5 is a coin.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from evotrainer.errors import HarnessFailed, UsageError
+
+HELD_UP = ("kept",)
+FAILED = ("discarded", "invalid", "crash", "timeout", "oom")
+
+
+@dataclass
+class ReplayResult:
+    diagnostic: str
+    auc: float | None            # None without at least one version of each kind
+    kept: bool                   # auc >= min_auc
+    min_auc: float
+    values: list[dict]           # per version: dir, label, value, severity
+    skipped: list[str]           # versions where the diagnostic does not apply
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def separation_auc(failed: list[float], held: list[float], above: bool = True) -> float | None:
+    """P(a failed version is worse than one that held up), ties half (Mann-Whitney)."""
+    if not failed or not held:
+        return None
+    sign = 1 if above else -1
+    wins = sum((sign * f > sign * h) + 0.5 * (f == h) for f in failed for h in held)
+    return wins / (len(failed) * len(held))
+
+
+def replay_values(harness_dir: str | None, name: str, evidence_dirs: list[str]) -> dict:
+    """Worker entry point: the diagnostic's value and severity on each version's evidence."""
+    from evotrainer.diagnostics.health import load_evidence
+    from evotrainer.diagnostics.load import harness_diagnostics
+    diags = harness_diagnostics(harness_dir)
+    if name not in diags:
+        return {"error": f"unknown diagnostic '{name}'; valid choices: {', '.join(sorted(diags))}"}
+    d = diags[name]
+    values = [d(load_evidence(e)) for e in evidence_dirs]
+    return {"above": d.above, "values": values, "severity": [d.severity(v) for v in values]}
+
+
+def replay(name: str, labelled: list[tuple[Path, str]], harness_dir: Path | str | None = None,
+           min_auc: float = 0.8, timeout_s: float = 600.0) -> ReplayResult:
+    """Replay diagnostic `name` over (evidence dir, outcome label) pairs; keep it if AUC >= min_auc."""
+    from evotrainer.executors import run_in_worker
+    from evotrainer.harness.legality import check_harness
+    for d, label in labelled:
+        if label not in HELD_UP + FAILED:
+            raise UsageError(f"unknown outcome label '{label}' for {d}; valid choices: {', '.join(HELD_UP + FAILED)}")
+        if not (Path(d) / "evidence.jsonl").is_file():
+            raise UsageError(f"no rollout evidence at '{d}' (expected evidence.jsonl)")
+    args = {"harness_dir": None if harness_dir is None else str(harness_dir), "name": name,
+            "evidence_dirs": [str(d) for d, _ in labelled]}
+    if harness_dir is not None and (Path(harness_dir) / "diagnostics.py").is_file():
+        verdict = check_harness(harness_dir)
+        if not verdict.legal:
+            raise HarnessFailed("illegal", "; ".join(verdict.reasons))
+        res = run_in_worker("evotrainer.diagnostics.replay:replay_values", args, timeout_s=timeout_s)
+        if not res.ok:
+            raise HarnessFailed(res.label, f"diagnostics of {harness_dir}: {res.error}", res.log_tail)
+        out = res.value
+    else:
+        out = replay_values(**args)  # built-in diagnostics only: our own code
+    if "error" in out:
+        raise UsageError(out["error"])
+    rows = [{"dir": str(d), "label": lab, "value": v, "severity": s}
+            for (d, lab), v, s in zip(labelled, out["values"], out["severity"])]
+    failed = [r["value"] for r in rows if r["label"] in FAILED and r["value"] is not None]
+    held = [r["value"] for r in rows if r["label"] in HELD_UP and r["value"] is not None]
+    auc = separation_auc(failed, held, out["above"])
+    return ReplayResult(name, None if auc is None else round(auc, 4), auc is not None and auc >= min_auc,
+                        min_auc, rows, [r["dir"] for r in rows if r["value"] is None])
