@@ -197,7 +197,7 @@ def test_unknown_knob_is_illegal(tmp_path):
 
 
 @pytest.mark.parametrize("knob,old,new", [("steps", 300, 600), ("group_size", 8, 16), ("prompts_per_step", 64, 128),
-                                          ("max_new_tokens", 0, 64), ("num_iterations", 1, 4)])
+                                          ("num_iterations", 1, 4)])
 def test_compute_budget_must_match_the_parent(tmp_path, parent, knob, old, new):
     d = candidate(tmp_path)
     text = "".join(l for l in (REFERENCE / "knobs.yaml").read_text().splitlines(True) if not l.startswith(f"{knob}:"))
@@ -206,6 +206,18 @@ def test_compute_budget_must_match_the_parent(tmp_path, parent, knob, old, new):
         f"knobs.yaml: knob '{knob}' changes the compute budget ({old} -> {new}), which the run fixes"]
     (d / "knobs.yaml").write_text(text + f"{knob}: {old}\n")
     assert check_harness(d, parent).legal
+
+
+@pytest.mark.parametrize("old,new,legal", [(0, 6, True), (8, 6, True), (8, 8, True), (6, 8, False), (6, 0, False)])
+def test_max_new_tokens_may_only_be_lowered(tmp_path, old, new, legal):
+    """A truncation rule spends less; 0 is the task's own budget, the most there is."""
+    parent = tmp_path / "p"
+    parent.mkdir()
+    (parent / "knobs.yaml").write_text(f"max_new_tokens: {old}\n")
+    d = candidate(tmp_path, knobs_extra=f"max_new_tokens: {new}\n")
+    reasons = check_harness(d, parent).reasons
+    assert reasons == ([] if legal else [
+        f"knobs.yaml: knob 'max_new_tokens' changes the compute budget ({old} -> {new}), which the run fixes"])
 
 
 def test_budget_is_compared_with_the_parents_values_not_the_defaults(tmp_path):

@@ -185,3 +185,54 @@ def test_missing_git_is_a_clear_error(tmp_path, root, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(GitError, match="git is not installed"):
         HarnessRepo.init(tmp_path / "repo", root)
+
+
+# --------------------------------------------------------------------------- proposals: patch -> labelled candidate
+
+PROPOSALS = {  # what, edit of the parent's files, words the reason must contain
+    "reads the test split": (
+        {"reward.py": "def shaped(r):\n    open('splits/test.jsonl').read()\n    return r.scores\n"},
+        ["reward.py:2", "open()", "file access"]),
+    "imports the evaluator": (
+        {"reward.py": "from evotrainer.evaluate import accuracy\n\n\ndef shaped(r):\n    return r.scores\n"},
+        ["reward.py:1", "evotrainer.evaluate", "evaluator"]),
+    "opens a socket": (
+        {"reward.py": "import socket\n\n\ndef shaped(r):\n    socket.create_connection(('x', 1))\n    return r.scores\n"},
+        ["reward.py:1", "socket", "network"]),
+    "spawns a process": (
+        {"reward.py": "import subprocess\n\n\ndef shaped(r):\n    subprocess.Popen(['sh'])\n    return r.scores\n"},
+        ["reward.py:1", "subprocess", "process"]),
+    "changes the model size": (
+        {"knobs.yaml": "hidden_size: 512\n"}, ["knob 'hidden_size' changes the model size"]),
+}
+
+
+@pytest.mark.parametrize("what", list(PROPOSALS))
+def test_illegal_patch_is_committed_for_the_record_and_labelled_illegal(tmp_path, repo, what):
+    from evotrainer.harness.candidate import propose
+    files, words = PROPOSALS[what]
+
+    def edit(work):
+        for name, text in files.items():
+            path = work / name
+            path.write_text((path.read_text() if name == "knobs.yaml" else "") + text)
+    cand = propose(repo, "v0", edit_patch(repo, "v0", tmp_path, edit), "v1", what)
+    assert cand.label == "illegal" and not cand.legal and cand.version == "v1"
+    reasons = " ".join(cand.reasons)
+    assert all(w in reasons for w in words), cand.reasons
+    assert repo.files_changed("v0", "v1") == sorted(files)  # the exact proposal stays auditable
+
+
+def test_legal_patch_and_a_patch_outside_the_harness(tmp_path, repo):
+    from evotrainer.harness.candidate import propose
+
+    def edit(work):
+        (work / "knobs.yaml").write_text((work / "knobs.yaml").read_text().replace("lr: 3.0e-4", "lr: 1.0e-4"))
+    cand = propose(repo, "v0", edit_patch(repo, "v0", tmp_path, edit), "v1")
+    assert (cand.label, cand.reasons) == ("legal", [])
+
+    def escape(work):
+        (work / "evaluate.py").write_text("x = 1\n")
+    cand = propose(repo, "v1", edit_patch(repo, "v1", tmp_path, escape), "v2")
+    assert cand.label == "illegal" and cand.version is None and "not a harness file" in cand.reasons[0]
+    assert repo.versions() == ["v0", "v1"]  # refused before anything was committed

@@ -136,13 +136,17 @@ def reward_score_divergence(ev: Evidence) -> float | None:
             suggest="reward hacking: the reward pays for length; remove the length term")
 def reward_length_coupling(ev: Evidence) -> float | None:
     """Spearman of reward with length inside groups whose verifier scores are all equal."""
+    tied = [g for g in ev.groups if len({r.score for r in g}) == 1]
+    if not tied:
+        return None
     rewards, lengths = [], []
-    for g in ev.groups:
-        if len({r.score for r in g}) == 1 and std(r.reward for r in g) > DEAD_STD:
+    for g in tied:
+        if std(r.reward for r in g) > DEAD_STD:
             mr, ml = mean(r.reward for r in g), mean(r.length for r in g)
             rewards += [r.reward - mr for r in g]
             lengths += [r.length - ml for r in g]
-    return spearman(rewards, lengths) if len(rewards) >= 8 else None
+    # where scores tie the reward does not move at all: nothing for it to couple to
+    return (spearman(rewards, lengths) or 0.0) if len(rewards) >= 8 else 0.0
 
 
 @register

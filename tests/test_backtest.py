@@ -1,0 +1,134 @@
+"""Backtests on cached rollouts: the verdict and its reasons, and broken or illegal
+candidates labelled without harming the caller."""
+import json
+
+import pytest
+
+from evidence_factory import harness, write_train_dir
+from evotrainer.backtest import BacktestConfig, backtest
+from evotrainer.backtest.analysis import dead_ratio, off_score_signal, ordering_violations
+from evotrainer.cli import main
+
+LENGTH_PAY = '''\
+def length_pay(r):
+    """Binary score plus half the completion's share of the token budget: the known hack."""
+    return r.scores + 0.5 * r.lengths.float() / r.max_new_tokens
+'''
+INVERTED = "def inverted(r):\n    return 1 - r.scores\n"
+KEEP_DEAD_ONLY = "def only_dead(rewards, scores):\n    return scores.max(dim=1).values == scores.min(dim=1).values\n"
+
+
+@pytest.fixture(scope="module")
+def evidence(tmp_path_factory):
+    return write_train_dir(tmp_path_factory.mktemp("ev") / "ref")
+
+
+def test_pure_statistics_on_a_hand_made_group():
+    scores = [1, 0, 0, 0]
+    assert ordering_violations([1.0, 0.0, 0.5, 0.2], scores, 4) == (0, 3)
+    assert ordering_violations([0.3, 0.0, 0.5, 0.2], scores, 4) == (1, 3)
+    assert dead_ratio([0, 0, 0, 0, 1, 0, 0, 0], 4) == 0.5
+    # all of the second group's advantage is in an equal-score group
+    assert off_score_signal([1, -1, 0, 0, 0.5, -0.5, 0, 0], [True] * 8, [1, 0, 0, 0, 0, 0, 0, 0], 4) == pytest.approx(1 / 3)
+
+
+def test_partial_credit_removes_dead_groups_without_ordering_violations(tmp_path, evidence):
+    out = backtest(evidence, harness(tmp_path, "pc", {"reward": "partial_credit"}))
+    rep = out.report
+    assert out.label == "passed", out.reasons
+    assert rep.ordering_violations == 0 and rep.pairs_compared > 100
+    assert rep.dead_group_ratio_before > 0.4 and rep.dead_group_ratio_after < rep.dead_group_ratio_before / 2
+    assert rep.off_score_signal_after > 0.02  # it does put signal in all-wrong groups ...
+    top = max(rep.off_score_tracks, key=lambda k: abs(rep.off_score_tracks[k] or 0))
+    assert top == "answer_similarity"         # ... and there it tracks closeness to the answer
+    assert any("closeness to the reference answer" in n for n in rep.notes)
+
+
+def test_length_reward_is_rejected_though_it_orders_correct_above_wrong(tmp_path, evidence):
+    out = backtest(evidence, harness(tmp_path, "lp", {"reward": "length_pay"}, {"reward.py": LENGTH_PAY}))
+    rep = out.report
+    assert out.label == "backtest_rejected"
+    assert rep.ordering_violations == 0  # every correct answer still outranks every wrong one
+    assert len(out.reasons) == 1
+    assert "verifier scores are all equal" in out.reasons[0] and "tracks length" in out.reasons[0]
+    assert rep.off_score_tracks["length"] > 0.8 and abs(rep.off_score_tracks["answer_similarity"]) < 0.5
+
+
+def test_reward_against_the_verifier_has_ordering_violations(tmp_path, evidence):
+    out = backtest(evidence, harness(tmp_path, "inv", {"reward": "inverted"}, {"reward.py": INVERTED}))
+    assert out.label == "backtest_rejected"
+    assert out.report.ordering_violations == out.report.pairs_compared > 0
+    assert "ordering violations" in out.reasons[0]
+
+
+def test_truncation_that_cuts_correct_answers_is_rejected(tmp_path, evidence):
+    out = backtest(evidence, harness(tmp_path, "cut", {"max_new_tokens": 3}))
+    assert out.label == "backtest_rejected"
+    assert out.report.correct_cut_by_truncation == out.report.correct_rollouts > 0  # answers are 4 tokens with the end
+    assert "max_new_tokens=3 would cut" in out.reasons[0]
+    ok = backtest(evidence, harness(tmp_path, "cut8", {"max_new_tokens": 8}))
+    assert ok.label == "passed" and ok.report.correct_cut_by_truncation == 0
+
+
+def test_filter_that_drops_live_groups_is_rejected(tmp_path, evidence):
+    out = backtest(evidence, harness(tmp_path, "f", {"group_filter": "only_dead"}, {"group_filter.py": KEEP_DEAD_ONLY}))
+    assert out.label == "backtest_rejected" and "scores disagree" in " ".join(out.reasons)
+
+
+def test_a_knob_a_backtest_cannot_see_passes_with_a_note(tmp_path, evidence):
+    out = backtest(evidence, harness(tmp_path, "lr", {"lr": "1.0e-4"}))
+    assert out.label == "passed" and out.report.unchanged
+    assert any("cannot see" in n for n in out.report.notes)
+
+
+@pytest.mark.parametrize("src, label, expect", [
+    ("def r(x):\n    return 1 / 0\n", "crash", "ZeroDivisionError"),
+    ("import torch\ndef r(x):\n    return torch.full((len(x.completions),), float('nan'))\n", "crash", "non-finite"),
+    ("import torch\ndef r(x):\n    return torch.zeros(3, 3)\n", "crash", "shape"),
+    ("def r(x):\n    while True:\n        pass\n", "timeout", "killed after"),
+])
+def test_broken_candidate_is_a_labelled_failure_with_its_log(tmp_path, evidence, src, label, expect):
+    out = backtest(evidence, harness(tmp_path, "b", {"reward": "r"}, {"reward.py": src}), timeout_s=20)
+    assert out.label == label and out.report is None
+    assert expect in " ".join(out.reasons) + out.log_tail
+    if label == "crash":
+        assert "Traceback" in out.log_tail
+
+
+@pytest.mark.parametrize("src, words", [
+    ("def r(x:\n    return x.scores\n", ["syntax error"]),
+    ("import socket\ndef r(x):\n    return x.scores\n", ["socket", "network"]),
+])
+def test_illegal_candidate_never_runs(tmp_path, evidence, src, words):
+    out = backtest(evidence, harness(tmp_path, "i", {"reward": "r"}, {"reward.py": src}))
+    assert out.label == "illegal"
+    assert all(w in " ".join(out.reasons) for w in words)
+
+
+def test_budget_is_checked_against_the_evidences_own_harness(tmp_path, evidence):
+    out = backtest(evidence, harness(tmp_path, "big", {"group_size": 16}))
+    assert out.label == "illegal" and "compute budget" in out.reasons[0]
+
+
+def test_cli_exit_codes_and_files(tmp_path, evidence, capsys):
+    cand = harness(tmp_path, "lp", {"reward": "length_pay"}, {"reward.py": LENGTH_PAY})
+    assert main(["backtest", "--evidence", str(evidence), "--harness", str(cand), "--out", str(tmp_path / "o")]) == 1
+    out, err = capsys.readouterr()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["label"] == "backtest_rejected" and result["ordering_violations"] == 0
+    assert err.strip().splitlines()[-1].startswith("evotrainer: rejected: backtest_rejected")
+    assert "tracks length" in (tmp_path / "o" / "backtest.md").read_text()
+    assert json.loads((tmp_path / "o" / "backtest.json").read_text())["label"] == "backtest_rejected"
+
+    pc = harness(tmp_path, "pc", {"reward": "partial_credit"})
+    assert main(["backtest", "--evidence", str(evidence), "--harness", str(pc)]) == 0
+    assert json.loads(capsys.readouterr()[0].strip().splitlines()[-1])["label"] == "passed"
+
+    assert main(["backtest", "--evidence", str(tmp_path / "none"), "--harness", str(pc)]) == 2
+    err = capsys.readouterr()[1].strip().splitlines()
+    assert len(err) == 1 and "no rollout evidence" in err[0]
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError, match="max_violation_rate"):
+        BacktestConfig(max_violation_rate=2).validate()

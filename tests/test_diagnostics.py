@@ -1,0 +1,206 @@
+"""Diagnostics: metric values on hand-made evidence, the rule engine, diagnostics a harness
+adds or revises (run in a worker), the health report, and diagnostic replay."""
+import json
+
+import pytest
+
+from evidence_factory import harness, write_train_dir
+from evotrainer.cli import main
+from evotrainer.diagnostics import Evidence, findings, measure
+from evotrainer.diagnostics.evidence import quantile, spearman
+from evotrainer.diagnostics.health import diagnose
+from evotrainer.diagnostics.load import harness_diagnostics
+from evotrainer.diagnostics.replay import replay, separation_auc
+from evotrainer.errors import HarnessFailed, UsageError
+from evotrainer.evidence import RolloutRecord
+
+BUILTIN = harness_diagnostics()
+
+
+def rec(step=1, group=0, score=0.0, reward=None, adv=0.0, completion="12", answer="12", length=3,
+        truncated=False, kept=True, logp=-0.5, ent=0.5, **extra):
+    return RolloutRecord(step=step, group_id=group, prompt_id="p", prompt="p", answer=answer, level=1,
+                         completion=completion, score=score, reward=score if reward is None else reward,
+                         advantage=adv, length=length, truncated=truncated, mean_logprob=logp, entropy=ent,
+                         kept=kept, **extra)
+
+
+def value(name, records, steps=()):
+    return BUILTIN[name](Evidence.of(records, steps))
+
+
+def test_signal_metrics_on_hand_made_groups():
+    dead = [rec(group=0, score=0.0) for _ in range(4)]
+    live = [rec(group=1, score=s, adv=a) for s, a in [(1, 1.5), (0, -0.5), (0, -0.5), (0, -0.5)]]
+    assert value("dead_group_ratio", dead + live) == 0.5
+    assert value("reward_spread", dead + live) == pytest.approx((0 + 0.4330127) / 2, abs=1e-6)
+    assert value("degenerate_advantage", dead + live) == 0.5
+    assert value("off_score_signal", dead + live) == 0.0
+    shaped = [rec(group=0, score=0.0, reward=r, adv=a) for r, a in [(0.1, -1), (0.3, 1), (0.1, -1), (0.3, 1)]]
+    assert value("off_score_signal", shaped + live) == pytest.approx(4 / 7)
+    assert value("majority_score_share", dead + live) == 7 / 8
+
+
+def test_behavior_and_efficiency_metrics():
+    rs = [rec(completion="12", answer="12", length=3), rec(completion="", length=1),
+          rec(completion="1a", length=3), rec(completion="12121212", length=9, truncated=True)]
+    assert value("format_failure_rate", rs) == 0.75  # empty, a letter, cut off
+    assert value("truncation_rate", rs) == 0.25
+    assert value("repetition_rate", rs) == pytest.approx((4 / 6) / 4)  # "12121212": 6 trigrams, 2 distinct
+    assert value("length_p50", rs) == 3 and value("length_p90", rs) == pytest.approx(quantile([1, 3, 3, 9], 0.9))
+    assert value("group_diversity", rs) == 1.0
+    assert value("mean_logprob", rs) == -0.5
+
+
+def test_agentic_and_kl_metrics_only_where_the_evidence_has_them():
+    plain = [rec()]
+    assert value("turns_mean", plain) is None and value("tool_failure_rate", plain) is None
+    assert value("kl", plain, [{"step": 1, "kl": 0.0}]) is None
+    agent = [rec(turns=6, tool_calls=10, tool_failures=2), rec(turns=4, tool_calls=10, tool_failures=4)]
+    assert value("turns_mean", agent) == 5 and value("tool_calls_mean", agent) == 10
+    assert value("tool_failure_rate", agent) == 0.3
+    two_steps = [rec(step=1), rec(step=2)]  # the last window of two steps is step 2
+    assert value("kl", two_steps, [{"step": 1, "kl": 0.2}, {"step": 2, "kl": 0.4}]) == pytest.approx(0.4)
+    sev = {f.diagnostic: f.severity for f in findings(BUILTIN, measure(BUILTIN, Evidence.of(agent)))}
+    assert sev["tool_failure_rate"] == "warning"
+
+
+def trend(reward_rise, score_rise, steps=10):
+    """Evidence whose mean reward and score move linearly over the steps."""
+    out = []
+    for s in range(1, steps + 1):
+        frac = (s - 1) / (steps - 1)
+        for g in range(4):
+            sc = 0.2 + score_rise * frac
+            out += [rec(step=s, group=g, score=float(i < 8 * sc), reward=float(i < 8 * sc) + reward_rise * frac)
+                    for i in range(8)]
+    return Evidence.of(out)
+
+
+def test_reward_rising_while_score_is_flat_is_a_blocking_finding():
+    hacked = trend(reward_rise=0.3, score_rise=0.0)
+    values = measure(BUILTIN, hacked)
+    assert values["reward_score_divergence"] == pytest.approx(0.3 * 0.8, abs=0.05)
+    found = {f.diagnostic: f for f in findings(BUILTIN, values)}
+    f = found["reward_score_divergence"]
+    assert f.severity == "critical" and f.blocking and "reward hacking" in f.suggest
+    honest = measure(BUILTIN, trend(reward_rise=0.0, score_rise=0.4))
+    assert honest["reward_score_divergence"] < 0.05 and honest["score_trend"] > 0.2
+    assert "reward_score_divergence" not in {f.diagnostic for f in findings(BUILTIN, honest)}
+
+
+def test_compound_rule_picks_the_intervention_family():
+    d = BUILTIN["dead_group_ratio"]
+    sparse = d.suggest({"majority_score_share": 0.8})
+    assert "more continuous" in sparse and "drop dead groups" in d.suggest({"majority_score_share": 0.4})
+    found = findings(BUILTIN, {"dead_group_ratio": 0.6, "majority_score_share": 0.9, "truncation_rate": 0.15})
+    assert [(f.diagnostic, f.severity) for f in found] == [("dead_group_ratio", "critical"), ("truncation_rate", "warning")]
+    assert found[0].suggest == sparse
+
+
+def test_health_report_flags_dead_groups_of_a_low_accuracy_run(tmp_path, capsys):
+    run = write_train_dir(tmp_path / "ref")
+    assert main(["diagnose", str(run)]) == 0
+    summary = json.loads(capsys.readouterr()[0].strip().splitlines()[-1])
+    assert summary["versions"][0]["findings"][0].startswith("warning: dead_group_ratio")
+    report = json.loads((run / "health.json").read_text())["reports"][0]
+    dead = [f for f in report["findings"] if f["diagnostic"] == "dead_group_ratio"][0]
+    # half the groups are nearly never solved: ~44% dead, past EvoTrainer's 30% warning line
+    assert dead["severity"] == "warning" and 0.3 < dead["value"] < 0.5 and "more continuous" in dead["suggest"]
+    md = (run / "health.md").read_text()
+    assert "| warning | `dead_group_ratio` (signal)" in md and "### Diagnostics" in md
+    assert {d["layer"] for d in report["diagnostics"]} >= {"score", "signal", "behavior", "efficiency", "model_state"}
+
+
+def test_run_directory_reports_every_version_and_bad_paths_are_usage_errors(tmp_path, capsys):
+    write_train_dir(tmp_path / "run" / "v0", steps=4)
+    write_train_dir(tmp_path / "run" / "v1", steps=4, seed=1)
+    assert [r["source"].rsplit("/", 1)[1] for r in diagnose(tmp_path / "run")] == ["v0", "v1"]
+    assert main(["diagnose", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr()[1].strip().splitlines()
+    assert len(err) == 1 and "no rollout evidence" in err[0]
+
+
+REVISED = '''\
+from evotrainer.diagnostics import Evidence, diagnostic
+from evotrainer.diagnostics.library import dead_group_ratio as _builtin
+
+
+@diagnostic("signal", warn=0.9, critical=0.95, suggest="revised: this task lives with dead groups")
+def dead_group_ratio(ev: Evidence):
+    """The built-in, with thresholds this harness chose."""
+    return _builtin.fn(ev)
+
+
+@diagnostic("behavior", warn=0.5, suggest="reward: stop long answers")
+def long_answers(ev: Evidence):
+    """Share of completions longer than their reference answer."""
+    return sum(len(r.completion) > len(r.answer) for r in ev.records) / len(ev.records)
+
+
+def answer_count(ev):
+    """Rollouts in the window (a plain function: reported, never a finding)."""
+    return len(ev.records)
+'''
+
+
+def test_harness_adds_and_revises_diagnostics(tmp_path):
+    run = write_train_dir(tmp_path / "ref", length_drift=0.9)
+    h = harness(tmp_path, "h", files={"diagnostics.py": REVISED})
+    report = diagnose(run, h)[0]  # has a diagnostics.py: computed in a worker
+    diags = {d["name"]: d for d in report["diagnostics"]}
+    assert diags["dead_group_ratio"]["thresholds"] == "warning > 0.9, critical > 0.95"
+    assert diags["long_answers"]["layer"] == "behavior" and diags["long_answers"]["value"] > 0.5
+    assert diags["answer_count"]["layer"] == "custom" and diags["answer_count"]["value"] == 16 * 8 * 3
+    found = {f["diagnostic"] for f in report["findings"]}
+    assert "long_answers" in found and "dead_group_ratio" not in found
+
+
+@pytest.mark.parametrize("src, label, expect", [
+    ("from evotrainer.diagnostics import diagnostic\n\n@diagnostic('signal')\ndef boom(ev):\n    return 1 / 0\n",
+     "crash", "ZeroDivisionError"),
+    ("from evotrainer.diagnostics import diagnostic\n\n@diagnostic('signal')\ndef spin(ev):\n    while True:\n        pass\n",
+     "timeout", "killed after"),
+    ("def broken(ev:\n    return 0\n", "illegal", "syntax error"),
+    ("import socket\n\ndef peek(ev):\n    return 0.0\n", "illegal", "network access"),
+    ("from evotrainer.diagnostics.health import load_evidence\n\ndef peek(ev):\n    return 0.0\n",
+     "illegal", "controller-side"),
+])
+def test_broken_or_illegal_diagnostics_are_labelled(tmp_path, src, label, expect):
+    run = write_train_dir(tmp_path / "ref", steps=3)
+    with pytest.raises(HarnessFailed) as e:
+        diagnose(run, harness(tmp_path, "h", files={"diagnostics.py": src}), timeout_s=20)
+    assert e.value.label == label and expect in str(e.value) + e.value.log_tail
+    if label == "crash":
+        assert "Traceback" in e.value.log_tail
+
+
+def test_separation_auc():
+    assert separation_auc([0.9, 0.8], [0.1, 0.2]) == 1.0
+    assert separation_auc([0.1], [0.9]) == 0.0 and separation_auc([0.1], [0.9], above=False) == 1.0
+    assert separation_auc([0.5], [0.5]) == 0.5 and separation_auc([], [1.0]) is None
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1)
+
+
+def length_pay(rows, step):
+    return [r["score"] + 0.5 * r["length"] / 9 for r in rows]
+
+
+def test_replay_keeps_a_diagnostic_that_separates_failed_versions(tmp_path, capsys):
+    held = [write_train_dir(tmp_path / f"ok{s}", seed=s, p_mixed=lambda t: 0.2 + 0.03 * t) for s in range(2)]
+    bad = [write_train_dir(tmp_path / f"hack{s}", seed=10 + s, reward_fn=length_pay, length_drift=0.8,
+                           p_mixed=lambda t: 0.35 - 0.02 * t) for s in range(2)]
+    labelled = [(d, "kept") for d in held] + [(d, "invalid") for d in bad]
+    r = replay("reward_score_divergence", labelled)
+    assert r.auc == 1.0 and r.kept
+    const = harness(tmp_path, "h", files={"diagnostics.py": "def constant(ev):\n    return 1.0\n"})
+    r = replay("constant", labelled, const)  # a harness's own diagnostic: replayed in a worker
+    assert r.auc == 0.5 and not r.kept
+    args = ["replay", "--diagnostic", "reward_length_coupling"] + [f"{d}={lab}" for d, lab in labelled]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr()[0].strip().splitlines()[-1])
+    assert out["auc"] == 1.0 and out["kept"] is True
+    with pytest.raises(UsageError, match="valid choices: kept"):
+        replay("kl", [(held[0], "great")])
+    with pytest.raises(UsageError, match="unknown diagnostic 'nope'"):
+        replay("nope", labelled)
