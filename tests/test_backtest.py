@@ -1,6 +1,7 @@
 """Backtests on cached rollouts: the verdict and its reasons, and broken or illegal
 candidates labelled without harming the caller."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -9,11 +10,8 @@ from evotrainer.backtest import BacktestConfig, backtest
 from evotrainer.backtest.analysis import dead_ratio, off_score_signal, ordering_violations
 from evotrainer.cli import main
 
-LENGTH_PAY = '''\
-def length_pay(r):
-    """Binary score plus half the completion's share of the token budget: the known hack."""
-    return r.scores + 0.5 * r.lengths.float() / r.max_new_tokens
-'''
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "harnesses"
+LENGTH_PAY, PARTIAL_CREDIT = EXAMPLES / "length_pay", EXAMPLES / "partial_credit"
 INVERTED = "def inverted(r):\n    return 1 - r.scores\n"
 KEEP_DEAD_ONLY = "def only_dead(rewards, scores):\n    return scores.max(dim=1).values == scores.min(dim=1).values\n"
 
@@ -33,7 +31,7 @@ def test_pure_statistics_on_a_hand_made_group():
 
 
 def test_partial_credit_removes_dead_groups_without_ordering_violations(tmp_path, evidence):
-    out = backtest(evidence, harness(tmp_path, "pc", {"reward": "partial_credit"}))
+    out = backtest(evidence, PARTIAL_CREDIT)
     rep = out.report
     assert out.label == "passed", out.reasons
     assert rep.ordering_violations == 0 and rep.pairs_compared > 100
@@ -45,7 +43,7 @@ def test_partial_credit_removes_dead_groups_without_ordering_violations(tmp_path
 
 
 def test_length_reward_is_rejected_though_it_orders_correct_above_wrong(tmp_path, evidence):
-    out = backtest(evidence, harness(tmp_path, "lp", {"reward": "length_pay"}, {"reward.py": LENGTH_PAY}))
+    out = backtest(evidence, LENGTH_PAY)
     rep = out.report
     assert out.label == "backtest_rejected"
     assert rep.ordering_violations == 0  # every correct answer still outranks every wrong one
@@ -88,7 +86,9 @@ def test_a_knob_a_backtest_cannot_see_passes_with_a_note(tmp_path, evidence):
     ("def r(x):\n    while True:\n        pass\n", "timeout", "killed after"),
 ])
 def test_broken_candidate_is_a_labelled_failure_with_its_log(tmp_path, evidence, src, label, expect):
-    out = backtest(evidence, harness(tmp_path, "b", {"reward": "r"}, {"reward.py": src}), timeout_s=20)
+    # a short deadline only where the code never ends: a crash needs time to import torch first
+    out = backtest(evidence, harness(tmp_path, "b", {"reward": "r"}, {"reward.py": src}),
+                   timeout_s=6 if label == "timeout" else 120)
     assert out.label == label and out.report is None
     assert expect in " ".join(out.reasons) + out.log_tail
     if label == "crash":
@@ -111,8 +111,7 @@ def test_budget_is_checked_against_the_evidences_own_harness(tmp_path, evidence)
 
 
 def test_cli_exit_codes_and_files(tmp_path, evidence, capsys):
-    cand = harness(tmp_path, "lp", {"reward": "length_pay"}, {"reward.py": LENGTH_PAY})
-    assert main(["backtest", "--evidence", str(evidence), "--harness", str(cand), "--out", str(tmp_path / "o")]) == 1
+    assert main(["backtest", "--evidence", str(evidence), "--harness", str(LENGTH_PAY), "--out", str(tmp_path / "o")]) == 1
     out, err = capsys.readouterr()
     result = json.loads(out.strip().splitlines()[-1])
     assert result["label"] == "backtest_rejected" and result["ordering_violations"] == 0
@@ -120,7 +119,7 @@ def test_cli_exit_codes_and_files(tmp_path, evidence, capsys):
     assert "tracks length" in (tmp_path / "o" / "backtest.md").read_text()
     assert json.loads((tmp_path / "o" / "backtest.json").read_text())["label"] == "backtest_rejected"
 
-    pc = harness(tmp_path, "pc", {"reward": "partial_credit"})
+    pc = PARTIAL_CREDIT
     assert main(["backtest", "--evidence", str(evidence), "--harness", str(pc)]) == 0
     assert json.loads(capsys.readouterr()[0].strip().splitlines()[-1])["label"] == "passed"
 

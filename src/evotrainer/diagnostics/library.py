@@ -19,18 +19,19 @@ from evotrainer.harness.filters import DEAD_STD
 ZERO_ADV = 1e-6
 
 
-def _step_means(ev: Evidence, field: str) -> list[float]:
-    by: dict[int, list[float]] = {}
-    for r in ev.records:
-        by.setdefault(r.step, []).append(float(getattr(r, field)))
-    return [sum(v) / len(v) for _, v in sorted(by.items())]
+def _first_last(ev: Evidence, field: str) -> tuple[float, float] | None:
+    """Mean of `field` over the first and the last window (None with fewer than 4 steps)."""
+    if len(ev.step_numbers) < 4:
+        return None
+    a = mean(v for v in ev.first.column(field) if v is not None)
+    b = mean(v for v in ev.last.column(field) if v is not None)
+    return None if a is None or b is None else (float(a), float(b))
 
 
 def _rise(ev: Evidence, field: str) -> float | None:
-    """Mean of `field` in the last window minus the first (None with fewer than 4 steps)."""
-    if len(ev.step_numbers) < 4:
-        return None
-    return mean(_step_means(ev.last, field)) - mean(_step_means(ev.first, field))
+    """Last window minus first."""
+    fl = _first_last(ev, field)
+    return None if fl is None else fl[1] - fl[0]
 
 
 def char_classes(text: str) -> set[str]:
@@ -193,11 +194,9 @@ def length_p90(ev: Evidence) -> float | None:
 @diagnostic("efficiency", warn=0.4, critical=0.7, scope="run",
             suggest="efficiency: overlong shaping or a length cap; check for a length hack or a collapse")
 def length_shift(ev: Evidence) -> float | None:
-    """|log(mean length last window / first window)|: 0.7 is a doubling or halving."""
-    if len(ev.step_numbers) < 4:
-        return None
-    a, b = mean(ev.first.column("length")), mean(ev.last.column("length"))
-    return abs(math.log(b / a)) if a and b else None
+    """abs(log(mean length in the last window / the first)): 0.7 is a doubling or halving."""
+    fl = _first_last(ev, "length")
+    return abs(math.log(fl[1] / fl[0])) if fl and fl[0] and fl[1] else None
 
 
 @register
@@ -231,10 +230,8 @@ def entropy_mean(ev: Evidence) -> float | None:
             suggest="exploration: raise the temperature, add an entropy bonus or a KL anchor")
 def entropy_drop(ev: Evidence) -> float | None:
     """1 - entropy of the last window / entropy of the first."""
-    if len(ev.step_numbers) < 4:
-        return None
-    a, b = mean(ev.first.column("entropy")), mean(ev.last.column("entropy"))
-    return 1 - b / a if a else None
+    fl = _first_last(ev, "entropy")
+    return 1 - fl[1] / fl[0] if fl and fl[0] else None
 
 
 @register
@@ -277,5 +274,5 @@ def tool_failure_rate(ev: Evidence) -> float | None:
 @diagnostic("agentic", warn=0.3, critical=0.6, scope="run", suggest="efficiency: a turn cap or an efficiency factor")
 def turns_rise(ev: Evidence) -> float | None:
     """Relative rise in turns per episode, first to last window."""
-    a, b = mean(_present(ev.first, "turns")), mean(_present(ev.last, "turns"))
-    return (b - a) / a if a and b is not None and len(ev.step_numbers) >= 4 else None
+    fl = _first_last(ev, "turns")
+    return (fl[1] - fl[0]) / fl[0] if fl and fl[0] else None
