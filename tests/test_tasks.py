@@ -91,20 +91,30 @@ def test_arith_test_subset_disjoint_from_full_val():
         assert not test & val, f"test(n={n}) shares {len(test & val)} problems with val"
 
 
-def test_arith_train_stream_never_yields_held_out():
-    task = get_task("arith", 2)  # 90*90 = 8100 problems, 1000 held out: ~12% of raw draws collide
-    held = task.held_out_ids(2)
-    assert len(held) == 1000
+def test_arith_train_stream_never_yields_held_out(monkeypatch):
+    task = get_task("arith", 2)  # 90*90 = 8100 problems, 1000 of them in val and test
+    held = {p.id for s in ("val", "test") for p in task.split(s)}
+    assert len(held) == 1000 and all(task.held_out(p) for s in ("val", "test") for p in task.split(s))
     # the test has teeth: plain draws at this level hit val/test often
     rng = random.Random(0)
     raw_hits = sum(task.generate(rng, 2).id in held for _ in range(3000))
     assert raw_hits > 100
+    # a training stream (what a worker runs beside harness code) never builds a split ...
+    monkeypatch.setattr(type(task), "split", lambda *a, **k: pytest.fail("the train stream built a split"))
     stream = task.train_stream(seed=0)
     drawn = [stream.draw(2) for _ in range(3000)]
+    # ... and still never yields a held-out problem, nor anything from the held-out pool
     assert all(p.level == 2 for p in drawn)
-    assert not {p.id for p in drawn} & held
+    assert not {p.id for p in drawn} & held and not any(task.held_out(p) for p in drawn)
     # batch() honours the per-item level
     assert [p.level for p in stream.batch([2, 3, 2])] == [2, 3, 2]
+
+
+def test_tiny_levels_still_have_disjoint_splits():
+    task = get_task("arith", 1)  # 100 problems: a held-out pool of about 25
+    val, test = task.split("val"), task.split("test")
+    assert len(val) == 12 and 5 <= len(test) <= 12  # the pool is hashed: test gets what val leaves
+    assert not {p.id for p in val} & {p.id for p in test}
 
 
 def test_arith_train_streams_seeded():

@@ -21,6 +21,7 @@ from evotrainer.errors import UsageError
 from evotrainer.evaluate import accuracy
 from evotrainer.policy import build_model, build_tokenizer, load_policy, save_policy
 from evotrainer.tasks import Task
+from evotrainer.tasks.base import HELD_OUT_SHARE
 
 DEFAULT_CACHE = Path.home() / ".cache" / "evotrainer"
 
@@ -49,7 +50,8 @@ class PretrainConfig:
 
 
 def cache_key(task: Task, cfg: PretrainConfig) -> str:
-    blob = json.dumps({"task": task.name, "target": task.target_level, "v": __version__, **asdict(cfg)},
+    blob = json.dumps({"task": task.name, "target": task.target_level, "v": __version__,
+                       "train_stream": f"outside the held-out pool (1/{HELD_OUT_SHARE})", **asdict(cfg)},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -2,9 +2,16 @@
 
 The verifier's output is the *score* (correct or not). It is fixed per task and never
 depends on the harness; the harness turns scores into *rewards* on its own.
+
+Which problems may ever be held out is decided by a stable hash of the problem id: one in
+`HELD_OUT_SHARE` belongs to the held-out pool, and validation and test are drawn from it
+only, while training streams skip it. So a training worker keeps its stream disjoint
+from validation and test without ever building either: harness code runs beside no
+held-out problem.
 """
 from __future__ import annotations
 
+import hashlib
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -12,6 +19,7 @@ from typing import Any, Iterator
 
 SPLIT_SEEDS = {"val": 10_000_001, "test": 20_000_002}  # train streams use the run's seed
 SPLITS = ("val", "test")
+HELD_OUT_SHARE = 4  # one problem in four belongs to the held-out pool (256 divides evenly)
 
 
 @dataclass(frozen=True)
@@ -49,16 +57,18 @@ class Task(ABC):
         if which not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {which!r}")
         level = self.target_level if level is None else level
-        # a small problem space (1-digit sums: 100 problems) keeps half of itself for training
-        full = min(self.split_size, self.problem_space(level) // 4)
+        # both splits must fit in the pool (1-digit sums: 100 problems, a pool of ~25)
+        full = min(self.split_size, self.problem_space(level) // HELD_OUT_SHARE // 2)
         n = full if n is None else min(n, full)
         # test excludes the *whole* validation split, so a test subset never meets validation
         exclude = set() if which == "val" else {p.id for p in self.split("val", level)}
         rng = random.Random(f"{self.name}/{which}/{level}/{SPLIT_SEEDS[which]}")
         return self._draw_unique(rng, level, full, exclude)[:n]
 
-    def held_out_ids(self, level: int) -> set[str]:
-        return {p.id for s in SPLITS for p in self.split(s, level)}
+    def held_out(self, problem: Problem) -> bool:
+        """Whether the problem is in the held-out pool (validation and test come from it only)."""
+        digest = hashlib.sha256(f"{self.name}/{problem.level}/{problem.id}".encode()).digest()
+        return digest[0] % HELD_OUT_SHARE == 0
 
     def train_stream(self, seed: int) -> "TrainStream":
         return TrainStream(self, seed)
@@ -68,29 +78,25 @@ class Task(ABC):
         while len(out) < n:
             p = self.generate(rng, level)
             tries += 1
-            if p.id not in seen:
+            if p.id not in seen and self.held_out(p):
                 seen.add(p.id)
                 out.append(p)
-            elif tries > 50 * n:  # tiny problem spaces (1-digit sums) run out of distinct items
+            if tries > 50 * HELD_OUT_SHARE * n:  # tiny problem spaces run out of distinct items
                 break
         return out
 
 
 class TrainStream:
-    """Endless training problems for any level, never one from validation or test."""
+    """Endless training problems for any level, never one from the held-out pool."""
 
     def __init__(self, task: Task, seed: int):
         self.task = task
         self.rng = random.Random(f"{task.name}/train/{seed}")
-        self._held: dict[int, set[str]] = {}
 
     def draw(self, level: int) -> Problem:
-        if level not in self._held:
-            self._held[level] = self.task.held_out_ids(level)
-        held = self._held[level]
         while True:
             p = self.task.generate(self.rng, level)
-            if p.id not in held or len(held) >= self.task.problem_space(level):
+            if not self.task.held_out(p):
                 return p
 
     def batch(self, levels: list[int]) -> list[Problem]:
