@@ -204,3 +204,14 @@ def test_replay_keeps_a_diagnostic_that_separates_failed_versions(tmp_path, caps
         replay("kl", [(held[0], "great")])
     with pytest.raises(UsageError, match="unknown diagnostic 'nope'"):
         replay("nope", labelled)
+
+
+def test_diagnostics_read_the_evidence_store_as_they_read_a_train_directory(tmp_path):
+    from evotrainer.diagnostics.health import load_evidence
+    from evotrainer.evidence import EvidenceStore
+    run = write_train_dir(tmp_path / "v0", steps=5)
+    store = EvidenceStore(tmp_path / "evidence.sqlite")
+    store.ingest("v0", run)
+    from_store = measure(BUILTIN, Evidence.of(store.query("v0")))
+    from_dir = measure(BUILTIN, Evidence.of(load_evidence(run).records))
+    assert from_store == from_dir and from_store["dead_group_ratio"] > 0.3
