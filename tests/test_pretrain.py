@@ -1,6 +1,8 @@
 import json
 
-from evotrainer.pretrain import PretrainConfig, pretrain
+import pytest
+
+from evotrainer.pretrain import PretrainConfig, PretrainFailed, pretrain
 from evotrainer.policy import load_policy
 from evotrainer.tasks import get_task
 
@@ -8,18 +10,21 @@ from evotrainer.tasks import get_task
 def test_pretrain_is_cached_and_deterministic(tmp_path):
     task = get_task("arith", 2)
     cfg = PretrainConfig(max_steps=4, check_every=2, probe_size=8, batch_size=16, target_acc=1.0)
-    path, meta = pretrain(task, cfg, tmp_path / "a")
+    with pytest.raises(PretrainFailed, match="short of target_acc 1"):  # a base RL cannot use is never cached
+        pretrain(task, cfg, tmp_path / "a")
+    assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())
+    path, meta = pretrain(task, cfg, tmp_path / "a", require_target=False)
     assert meta["steps"] == 4 and meta["sft_levels"] == [1, 2]
     assert json.loads((path / "base_meta.json").read_text()) == meta
     stamp = (path / "model.safetensors").stat().st_mtime_ns
-    again, meta2 = pretrain(task, cfg, tmp_path / "a")  # served from the cache, not retrained
+    again, meta2 = pretrain(task, cfg, tmp_path / "a", require_target=False)  # served from the cache, not retrained
     assert again == path and meta2 == meta and (path / "model.safetensors").stat().st_mtime_ns == stamp
-    other, _ = pretrain(task, cfg, tmp_path / "b")  # same config elsewhere: same weights
+    other, _ = pretrain(task, cfg, tmp_path / "b", require_target=False)  # same config elsewhere: same weights
     m1, _ = load_policy(path)
     m2, _ = load_policy(other)
     assert all((p1 == p2).all() for p1, p2 in zip(m1.parameters(), m2.parameters()))
     # a different config is a different cache entry
-    path3, _ = pretrain(task, PretrainConfig(**{**cfg.__dict__, "seed": 1}), tmp_path / "a")
+    path3, _ = pretrain(task, PretrainConfig(**{**cfg.__dict__, "seed": 1}), tmp_path / "a", require_target=False)
     assert path3 != path
 
 

@@ -52,7 +52,7 @@ def _base(args, task):
         from evotrainer.policy import load_policy
         load_policy(args.base)  # fail early, with the one-line error, if it is not a checkpoint
         return Path(args.base), None
-    cfg = PretrainConfig(target_acc=args.target_acc)
+    cfg = PretrainConfig(target_acc=args.target_acc, seed=args.base_seed)
     with _progress() as prog:
         bar = prog.add_task("pretrain base", total=cfg.max_steps, info="")
         path, meta = pretrain(task, cfg, args.cache_dir,
@@ -151,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--base", type=Path, default=None, help="start from this checkpoint instead of the cached base")
         sp.add_argument("--target-acc", type=float, default=PretrainConfig().target_acc,
                         help="the cached base's SFT stops at this greedy accuracy on a train-stream probe")
+        sp.add_argument("--base-seed", type=int, default=PretrainConfig().seed,
+                        help="seed of the cached base's SFT (initialisation and data order)")
 
     sp = sub.add_parser("pretrain", help="build (or reuse) the cached SFT base checkpoint")
     common(sp)
@@ -196,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     import transformers
+
+    from evotrainer.pretrain import PretrainFailed
     transformers.utils.logging.disable_progress_bar()  # our own progress bars say enough
     try:
         args = build_parser().parse_args(argv)
@@ -203,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"evotrainer: error: {e}", file=sys.stderr)
         return 2
-    except (RunFailed, HarnessFailed) as e:  # the work ran and failed (a harness bug, a timeout): exit 1
+    except (RunFailed, HarnessFailed, PretrainFailed) as e:  # the work ran and failed (a harness bug, a timeout): exit 1
         print(f"evotrainer: failed: {e}", file=sys.stderr)
         return 1
     except Rejected as e:

@@ -33,7 +33,10 @@ class PretrainConfig:
     target_acc: float = 0.25        # stop once probe accuracy on the target level reaches this
     max_steps: int = 1500
     batch_size: int = 128
-    lr: float = 3e-3
+    # 3e-3 (the prototype's) sat on a loss plateau of ~1.4 for 700+ steps on two seeds once
+    # the train stream changed order, and collapsed later; 1e-3 broke through by step ~300
+    # and climbed steadily (25% at ~480, 90% by 700), which a stop-at-target SFT needs.
+    lr: float = 1e-3
     warmup_steps: int = 20
     check_every: int = 10
     probe_size: int = 200
@@ -83,9 +86,18 @@ def sft_loss(model, ids, loss_mask) -> torch.Tensor:
     return (nll * m).sum() / m.sum()
 
 
+class PretrainFailed(RuntimeError):
+    """SFT ended without reaching its target accuracy: nothing was cached."""
+
+
 def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path = DEFAULT_CACHE,
-             progress=None) -> tuple[Path, dict]:
-    """Return (checkpoint path, metadata), training only if the cache has no such base."""
+             progress=None, require_target: bool = True) -> tuple[Path, dict]:
+    """Return (checkpoint path, metadata), training only if the cache has no such base.
+
+    A base that misses `target_acc` within `max_steps` would leave RL nothing to learn
+    from (every group dead), so it raises PretrainFailed instead of being cached, unless
+    `require_target` is False.
+    """
     try:
         cfg.validate()
     except ValueError as e:
@@ -121,6 +133,9 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
                 progress(step, loss.item(), probe_acc)
             if probe_acc >= cfg.target_acc:
                 break
+    if require_target and probe_acc < cfg.target_acc:
+        raise PretrainFailed(f"SFT reached probe accuracy {probe_acc:.2f} in {step} steps, short of target_acc "
+                             f"{cfg.target_acc:g}; nothing was cached (try another --base-seed or a lower --target-acc)")
     meta = {"task": task.name, "target_level": task.target_level, "sft_levels": levels,
             "steps": step, "probe_acc": probe_acc, "seconds": round(time.time() - t0, 1),
             "params": sum(p.numel() for p in model.parameters()), "config": asdict(cfg)}
