@@ -1,0 +1,144 @@
+"""The run configuration of `evotrainer run`: typed, loaded from YAML, validated before any work.
+
+    task: arith                  # required: arith or rg:<family>
+    level: 3                     # the task's target level (arith: digits)
+    harness: null                # root harness directory (default: the reference)
+    policy: continue             # continue: a version trains on from its parent's checkpoint
+                                 # restart: every version retrains from the base (published protocol)
+    seeds: [0, 1]                # training seeds, paired across versions
+    agent: rules
+    base:
+      target_acc: 0.25           # the cached base's SFT stops here
+      seed: 0
+      checkpoint: null           # or start from this checkpoint
+    budget:
+      trials: 8                  # versions proposed, whatever becomes of them
+      steps_per_segment: 50      # training steps a version adds (continue mode)
+      total_steps: 300           # the reference recipe's training budget (and restart mode's)
+      wall_clock_s: 3600
+      trial_timeout_s: 900       # a segment's worker is killed past this
+    gate:
+      z: 2.0                     # gain must exceed z standard errors of the paired differences
+      min_gain: 0.01             # and this absolute floor (about 2x the sampling error of 500 problems)
+      last_k: 2                  # average the last k evaluations of a segment, never one number
+
+Every key is checked: an unknown one, a wrong type or a negative budget is one line naming
+the key and what is allowed, raised before anything runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from evotrainer.errors import UsageError
+
+POLICIES = ("continue", "restart")
+AGENTS = ("rules",)
+
+
+@dataclass(frozen=True)
+class BaseConfig:
+    target_acc: float = 0.25
+    seed: int = 0
+    checkpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class Budget:
+    trials: int = 8
+    steps_per_segment: int = 50
+    total_steps: int = 300
+    wall_clock_s: float = 3600.0
+    trial_timeout_s: float = 900.0
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    z: float = 2.0
+    min_gain: float = 0.01
+    last_k: int = 2
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    task: str
+    level: int | None = None
+    harness: str | None = None
+    policy: str = "continue"
+    seeds: tuple[int, ...] = (0, 1)
+    agent: str = "rules"
+    base: BaseConfig = field(default_factory=BaseConfig)
+    budget: Budget = field(default_factory=Budget)
+    gate: GateConfig = field(default_factory=GateConfig)
+
+    def validate(self) -> "RunConfig":
+        def need(ok: bool, key: str, msg: str):
+            if not ok:
+                raise UsageError(f"config: '{key}' {msg}")
+        need(bool(self.task), "task", "must name a task (arith or rg:<family>)")
+        need(self.policy in POLICIES, "policy", f"must be one of {', '.join(POLICIES)}, got '{self.policy}'")
+        need(self.agent in AGENTS, "agent", f"must be one of {', '.join(AGENTS)}, got '{self.agent}'")
+        need(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds), "seeds",
+             f"must be distinct seeds, at least one, got {list(self.seeds)}")
+        need(0 < self.base.target_acc <= 1, "base.target_acc", f"must be in (0, 1], got {self.base.target_acc}")
+        b = self.budget
+        for key in ("trials", "steps_per_segment", "total_steps", "wall_clock_s", "trial_timeout_s"):
+            need(getattr(b, key) > 0, f"budget.{key}", f"must be > 0, got {getattr(b, key)}")
+        need(b.steps_per_segment <= b.total_steps, "budget.steps_per_segment",
+             f"must be <= budget.total_steps ({b.total_steps}), got {b.steps_per_segment}")
+        need(self.gate.z >= 0, "gate.z", f"must be >= 0, got {self.gate.z}")
+        need(self.gate.min_gain >= 0, "gate.min_gain", f"must be >= 0, got {self.gate.min_gain}")
+        need(self.gate.last_k >= 1, "gate.last_k", f"must be >= 1, got {self.gate.last_k}")
+        return self
+
+
+def load_config(path: Path | str) -> RunConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"no run config at '{path}'")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        line = getattr(getattr(e, "problem_mark", None), "line", None)
+        raise UsageError(f"{path}: malformed YAML{f' at line {line + 1}' if line is not None else ''}") from None
+    return config_from_dict(raw or {}).validate()
+
+
+def config_from_dict(raw, cls=RunConfig, prefix: str = ""):
+    """Build a (nested) config dataclass from plain data, naming the first bad key."""
+    if not isinstance(raw, dict):
+        raise UsageError(f"config: '{prefix.rstrip('.') or 'the file'}' must be a mapping, got {type(raw).__name__}")
+    fields_ = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in raw:
+        if key not in fields_:
+            raise UsageError(f"config: unknown key '{prefix}{key}'; valid keys: {', '.join(fields_)}")
+    missing = [n for n, f in fields_.items() if n not in raw and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise UsageError(f"config: missing key '{prefix}{missing[0]}'")
+    return cls(**{k: _coerce(v, hints[k], f"{prefix}{k}") for k, v in raw.items()})
+
+
+def _coerce(value, hint, key: str):
+    if dataclasses.is_dataclass(hint):
+        return config_from_dict(value, hint, f"{key}.")
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        hint = next(a for a in args if a is not type(None))
+        args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(value, list) or not all(type(v) is int for v in value):
+            raise UsageError(f"config: '{key}' must be a list of integers, got {value!r}")
+        return tuple(value)
+    ok = (type(value) is hint or (hint is float and type(value) is int))
+    if not ok:
+        raise UsageError(f"config: '{key}' must be {hint.__name__}, got {value!r}")
+    return hint(value)

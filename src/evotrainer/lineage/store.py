@@ -1,0 +1,140 @@
+"""The lineage store: append-only events and a trials table, in one SQLite file.
+
+The controller is the one writer. A trial is written whole or not at all: its row and
+its `trial_finished` event go in one transaction, so a controller killed at any moment
+leaves either a finished trial or a `trial_started` event with no row, which `pending()`
+returns for the resumed controller to run again under the same number. A trial number
+is the table's primary key, so a trial can never be recorded twice.
+
+The store knows no policy: it records what the controller decided, and answers queries.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    t REAL NOT NULL,
+    trial INTEGER,
+    kind TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS trials (
+    id INTEGER PRIMARY KEY,
+    version TEXT UNIQUE,
+    parents TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    hypothesis TEXT NOT NULL,
+    success_criterion TEXT NOT NULL,
+    patch TEXT NOT NULL,
+    backtest TEXT NOT NULL,
+    budgets TEXT NOT NULL,
+    fitness TEXT NOT NULL,
+    findings TEXT NOT NULL,
+    label TEXT NOT NULL,
+    reflection TEXT NOT NULL,
+    started REAL NOT NULL,
+    finished REAL NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS events_append_only_u BEFORE UPDATE ON events
+    BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS events_append_only_d BEFORE DELETE ON events
+    BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+"""
+LABELS = ("kept", "discarded", "invalid", "illegal", "backtest_rejected", "crash", "timeout", "oom")
+_JSON = ("parents", "backtest", "budgets", "fitness", "findings")
+
+
+@dataclass
+class TrialRecord:
+    id: int
+    version: str | None            # the harness version it created (None if refused before committing)
+    parents: list[str]             # one parent, or two for a crossover
+    agent: str                     # which trainer agent proposed it
+    hypothesis: str                # "changing X improves Y because Z"
+    success_criterion: str
+    patch: str                     # the exact diff to the parent's harness
+    label: str                     # one of LABELS
+    backtest: dict = field(default_factory=dict)
+    budgets: dict = field(default_factory=dict)    # steps, seconds spent
+    fitness: dict = field(default_factory=dict)    # {"val": {seed: acc}, "test": {seed: acc}}
+    findings: list = field(default_factory=list)   # health-report findings of its evidence
+    reflection: str = ""
+    started: float = 0.0
+    finished: float = 0.0
+
+    def __post_init__(self):
+        if self.label not in LABELS:
+            raise ValueError(f"unknown trial label '{self.label}'; valid choices: {', '.join(LABELS)}")
+
+
+COLUMNS = [f.name for f in fields(TrialRecord)]
+
+
+class LineageStore:
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.db = sqlite3.connect(self.path, isolation_level=None)  # explicit transactions only
+        self.db.execute("PRAGMA synchronous = FULL")
+        self.db.executescript(SCHEMA)
+
+    # ------------------------------------------------------------------ writing
+
+    def event(self, kind: str, trial: int | None = None, **data) -> None:
+        self.db.execute("INSERT INTO events (t, trial, kind, data) VALUES (?, ?, ?, ?)",
+                        (time.time(), trial, kind, json.dumps(data, sort_keys=True)))
+
+    def begin_trial(self, trial: int, **proposal) -> None:
+        """Record that trial `trial` started (what it will try, so a resume can redo it)."""
+        if self.finished(trial):
+            raise ValueError(f"trial {trial} is already recorded")
+        self.event("trial_started", trial, **proposal)
+
+    def finish_trial(self, rec: TrialRecord) -> None:
+        """The trial's row and its `trial_finished` event, in one transaction."""
+        row = asdict(rec)
+        values = [json.dumps(row[c], sort_keys=True) if c in _JSON else row[c] for c in COLUMNS]
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute(f"INSERT INTO trials ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                            values)
+            self.event("trial_finished", rec.id, label=rec.label, version=rec.version)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    # ------------------------------------------------------------------ reading
+
+    def trials(self) -> list[TrialRecord]:
+        rows = self.db.execute(f"SELECT {', '.join(COLUMNS)} FROM trials ORDER BY id").fetchall()
+        return [TrialRecord(**{c: json.loads(v) if c in _JSON else v for c, v in zip(COLUMNS, row)}) for row in rows]
+
+    def finished(self, trial: int) -> bool:
+        return self.db.execute("SELECT 1 FROM trials WHERE id = ?", (trial,)).fetchone() is not None
+
+    def pending(self) -> list[tuple[int, dict]]:
+        """Trials started and never finished, with what they set out to do, oldest first."""
+        rows = self.db.execute(
+            "SELECT trial, data FROM events WHERE kind = 'trial_started' AND trial NOT IN "
+            "(SELECT id FROM trials) ORDER BY id").fetchall()
+        latest = {t: json.loads(d) for t, d in rows}  # a trial restarted twice: its last start
+        return sorted(latest.items())
+
+    def next_trial(self) -> int:
+        row = self.db.execute("SELECT MAX(x) FROM (SELECT MAX(id) AS x FROM trials UNION ALL "
+                              "SELECT MAX(trial) FROM events WHERE kind = 'trial_started')").fetchone()
+        return (row[0] or 0) + 1
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        sql = "SELECT id, t, trial, kind, data FROM events" + (" WHERE kind = ?" if kind else "") + " ORDER BY id"
+        return [{"id": i, "t": t, "trial": tr, "kind": k, **json.loads(d)}
+                for i, t, tr, k, d in self.db.execute(sql, (kind,) if kind else ())]
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,53 @@
+"""The run config: every key checked before any work, one line naming the key."""
+import pytest
+
+from evotrainer.config import RunConfig, config_from_dict, load_config
+from evotrainer.errors import UsageError
+
+
+def load(tmp_path, text):
+    p = tmp_path / "run.yaml"
+    p.write_text(text)
+    return load_config(p)
+
+
+def test_a_full_config_loads_with_types(tmp_path):
+    cfg = load(tmp_path, "task: arith\nlevel: 3\npolicy: restart\nseeds: [0, 1, 2]\n"
+                         "base: {target_acc: 0.1, checkpoint: null}\nbudget: {trials: 4, wall_clock_s: 600}\n"
+                         "gate: {z: 1}\n")
+    assert cfg.policy == "restart" and cfg.seeds == (0, 1, 2) and cfg.base.target_acc == 0.1
+    assert cfg.budget.trials == 4 and cfg.budget.wall_clock_s == 600.0 and cfg.gate.z == 1.0
+    assert cfg.budget.steps_per_segment == 50  # untouched defaults stay
+    assert load(tmp_path, "task: rg:chain_sum\n") == RunConfig(task="rg:chain_sum")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("task: arith\nturbo: true\n", ["unknown key 'turbo'", "budget"]),
+    ("task: arith\nbudget: {trails: 3}\n", ["unknown key 'budget.trails'", "trials"]),
+    ("level: 3\n", ["missing key 'task'"]),
+    ("task: arith\nbudget: {trials: -1}\n", ["'budget.trials' must be > 0, got -1"]),
+    ("task: arith\nbudget: {wall_clock_s: 0}\n", ["'budget.wall_clock_s' must be > 0"]),
+    ("task: arith\nbudget: {steps_per_segment: 500}\n", ["'budget.steps_per_segment' must be <= budget.total_steps"]),
+    ("task: arith\nseeds: [0, 0]\n", ["'seeds' must be distinct"]),
+    ("task: arith\nseeds: 3\n", ["'seeds' must be a list of integers"]),
+    ("task: arith\npolicy: greedy\n", ["'policy' must be one of continue, restart"]),
+    ("task: arith\nbudget: {trials: many}\n", ["'budget.trials' must be int, got 'many'"]),
+    ("task: arith\nbudget: 3\n", ["'budget' must be a mapping"]),
+    ("task: arith\ngate: {last_k: 0}\n", ["'gate.last_k' must be >= 1"]),
+    ("task: [arith\n", ["malformed YAML"]),
+])
+def test_bad_config_is_one_line_naming_the_key(tmp_path, text, words):
+    with pytest.raises(UsageError) as e:
+        load(tmp_path, text)
+    msg = str(e.value)
+    assert "\n" not in msg and all(w in msg for w in words), msg
+
+
+def test_missing_file():
+    with pytest.raises(UsageError, match="no run config at"):
+        load_config("/nonexistent/run.yaml")
+
+
+def test_bool_is_not_an_int():
+    with pytest.raises(UsageError, match="'budget.trials' must be int, got True"):
+        config_from_dict({"task": "arith", "budget": {"trials": True}})
