@@ -1,0 +1,1 @@
+"""The evolution loop: gates and statistics (pure), and the controller around them."""

@@ -1,0 +1,49 @@
+"""Statistics for comparisons that have to survive RL noise: paired seeds, averaged
+evaluations, and a bootstrap confidence interval. Pure functions over plain numbers.
+
+One greedy evaluation at one checkpoint spread up to 16 points across seeds
+(shared/MEASUREMENTS.md), so nothing here compares single numbers.
+"""
+from __future__ import annotations
+
+import math
+import random
+from typing import Mapping, Sequence
+
+
+def average_last(evals: Sequence[float], k: int) -> float:
+    """Mean of the last k evaluations of a run (k >= 1)."""
+    if not evals:
+        raise ValueError("no evaluations to average")
+    tail = list(evals)[-k:]
+    return sum(tail) / len(tail)
+
+
+def paired_differences(a: Mapping[int, float], b: Mapping[int, float]) -> list[float]:
+    """a[s] - b[s] for every seed both have, in seed order."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        raise ValueError(f"no seed in common: {sorted(a)} vs {sorted(b)}")
+    return [a[s] - b[s] for s in seeds]
+
+
+def mean_se(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error (nan with one value: one seed says nothing about spread)."""
+    n = len(xs)
+    m = sum(xs) / n
+    if n < 2:
+        return m, math.nan
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    return m, sd / math.sqrt(n)
+
+
+def bootstrap_ci(xs: Sequence[float], level: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of xs (paired differences, one per seed)."""
+    if not xs:
+        raise ValueError("no values")
+    rng = random.Random(seed)
+    n = len(xs)
+    means = sorted(sum(rng.choice(xs) for _ in range(n)) / n for _ in range(n_boot))
+    lo = means[int((1 - level) / 2 * n_boot)]
+    hi = means[min(int((1 + level) / 2 * n_boot), n_boot - 1)]
+    return lo, hi
