@@ -6,9 +6,9 @@ group size and token budget the evidence was sampled under), checkpoint/ (Huggin
 format), checkpoints/step-N every `eval_every` steps, metrics.jsonl (one line per step),
 evidence.jsonl (one line per rollout) and harness/ (a copy of the harness that ran).
 
-`train_run` is the controller side: it checks the harness statically, evaluates the base,
-runs the segment in a worker with a hard deadline, then evaluates the saved checkpoints
-with the evaluator (which imports no harness code) and writes summary.json.
+`train_run` is the controller side: it checks the harness statically, runs the segment in
+a worker with a hard deadline, then has the evaluator score the base and the saved
+checkpoints in a process of its own (it imports no harness code), and writes summary.json.
 """
 from __future__ import annotations
 
@@ -18,17 +18,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from evotrainer.evaluate import accuracy
 from evotrainer.executors import WorkerResult, run_in_worker
 from evotrainer.harness import REFERENCE, inspect_harness
-from evotrainer.policy import load_policy
 from evotrainer.tasks import Task
 
 
 class TrainingFailed(RuntimeError):
-    def __init__(self, result: WorkerResult, out: Path):
+    def __init__(self, result: WorkerResult, out: Path, stage: str = "training"):
         self.result = result
-        super().__init__(f"training {result.label}: {result.error} (log tail in {out / 'worker.log'})")
+        super().__init__(f"{stage} {result.label}: {result.error} (log tail in {out / 'worker.log'})")
 
 
 def train_segment(task: str, level: int | None, harness: str, base: str, out: str, seed: int,
@@ -37,7 +35,7 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
     from evotrainer.evidence import EvidenceWriter
     from evotrainer.harness import load_harness
     from evotrainer.inner import GRPOTrainer
-    from evotrainer.policy import save_policy
+    from evotrainer.policy import load_policy, save_policy
     from evotrainer.tasks import get_task
 
     out_dir = Path(out)
@@ -89,23 +87,27 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     out.mkdir(parents=True, exist_ok=True)
     knobs = inspect_harness(harness_dir)
     steps = knobs.steps if steps is None else steps
-    val_set, test_set = task.split("val"), task.split("test")
-    model, tok = load_policy(base)
-    base_val, base_test = accuracy(model, tok, task, val_set), accuracy(model, tok, task, test_set)
     follow = _metrics_follower(out / "metrics.jsonl", on_step) if on_step else None
+    level = task.target_level or None
     result = run_in_worker("evotrainer.train:train_segment", dict(
-        task=task.name, level=task.target_level or None, harness=str(harness_dir or REFERENCE),
+        task=task.name, level=level, harness=str(harness_dir or REFERENCE),
         base=str(base), out=str(out), seed=seed, steps=steps), timeout_s=timeout_s, on_poll=follow)
     (out / "worker.log").write_text(result.log_tail)
     if not result.ok:
         raise TrainingFailed(result, out)
-    evals = [{"step": 0, "val": base_val}]
-    for ckpt in sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name[5:])):
-        m, _ = load_policy(ckpt)
-        evals.append({"step": int(ckpt.name[5:]), "val": accuracy(m, tok, task, val_set)})
-    model, _ = load_policy(out / "checkpoint")
-    val, test = accuracy(model, tok, task, val_set), accuracy(model, tok, task, test_set)
-    evals.append({"step": steps, "val": val})
+    # the evaluator: a process of its own that loads checkpoints and the verifier only
+    saved = sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name[5:]))
+    jobs = {str(base): ["val", "test"], **{str(c): ["val"] for c in saved}, str(out / "checkpoint"): ["val", "test"]}
+    ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
+                       dict(task=task.name, level=level, jobs=jobs), timeout_s=timeout_s)
+    if not ev.ok:
+        (out / "worker.log").write_text(ev.log_tail)
+        raise TrainingFailed(ev, out, stage="evaluation")
+    acc = ev.value
+    base_val, base_test = acc[str(base)]["val"], acc[str(base)]["test"]
+    val, test = acc[str(out / "checkpoint")]["val"], acc[str(out / "checkpoint")]["test"]
+    evals = [{"step": 0, "val": base_val}, *({"step": int(c.name[5:]), "val": acc[str(c)]["val"]} for c in saved),
+             {"step": steps, "val": val}]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     summary = {
         "task": task.name, "level": task.target_level, "seed": seed, "steps": steps,

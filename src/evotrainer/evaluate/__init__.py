@@ -2,6 +2,6 @@
 
 Imports only policy and tasks: fitness never passes through harness code.
 """
-from evotrainer.evaluate.greedy import accuracy, evaluate_checkpoint
+from evotrainer.evaluate.greedy import accuracy, evaluate_checkpoint, evaluate_checkpoints
 
-__all__ = ["accuracy", "evaluate_checkpoint"]
+__all__ = ["accuracy", "evaluate_checkpoint", "evaluate_checkpoints"]

@@ -28,3 +28,20 @@ def evaluate_checkpoint(path: Path, task: Task, split: str, level: int | None = 
     model, tok = load_policy(path)
     with torch.inference_mode():
         return accuracy(model, tok, task, task.split(split, level))
+
+
+def evaluate_checkpoints(task: str, level: int | None, jobs: dict[str, list[str]]) -> dict[str, dict[str, float]]:
+    """Evaluator process entry point: {checkpoint: {split: accuracy}} for {checkpoint: [splits]}.
+
+    Loads only checkpoints and the task (no harness code), so it runs in a process of its
+    own, apart from the controller and from every training worker.
+    """
+    from evotrainer.tasks import get_task
+    t = get_task(task, level)
+    sets = {s: t.split(s) for s in sorted({s for splits in jobs.values() for s in splits})}
+    out = {}
+    for ckpt, splits in jobs.items():
+        model, tok = load_policy(ckpt)
+        with torch.inference_mode():
+            out[ckpt] = {s: accuracy(model, tok, t, sets[s]) for s in splits}
+    return out
