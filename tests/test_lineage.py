@@ -13,7 +13,7 @@ from evotrainer.lineage import LineageStore, TrialRecord
 
 
 def record(n, label="kept", **kw):
-    return TrialRecord(id=n, version=f"v{n}", parents=[f"v{n - 1}"], agent="rules", hypothesis=f"h{n}",
+    return TrialRecord(id=n, version=f"v{n}", parents=[f"v{n - 1}"], agent="rules", intervention="x", depth=1, hypothesis=f"h{n}",
                        success_criterion="val +2", patch="diff", label=label,
                        fitness={"val": {"0": 0.5, "1": 0.6}}, **kw)
 
@@ -58,14 +58,14 @@ WRITER = textwrap.dedent('''
     store = LineageStore(sys.argv[1])
     for n, proposal in store.pending():          # resume: redo what was cut off, same number
         store.finish_trial(TrialRecord(id=n, version=f"v{n}", parents=[], agent="rules",
-                                       hypothesis=proposal["hypothesis"], success_criterion="",
+                                       intervention="x", depth=1, hypothesis=proposal["hypothesis"], success_criterion="",
                                        patch="", label="kept"))
     n = store.next_trial()
     while n <= int(sys.argv[2]):
         store.begin_trial(n, hypothesis=f"h{n}")
         time.sleep(0.05)                          # "training": most kills land inside a trial
         store.finish_trial(TrialRecord(id=n, version=f"v{n}", parents=[], agent="rules",
-                                       hypothesis=f"h{n}", success_criterion="", patch="", label="kept"))
+                                       intervention="x", depth=1, hypothesis=f"h{n}", success_criterion="", patch="", label="kept"))
         n += 1
 ''')
 

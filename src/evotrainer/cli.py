@@ -1,4 +1,4 @@
-"""One entry point: `evotrainer pretrain | train | diagnose | backtest | replay`.
+"""One entry point: `evotrainer pretrain | train | diagnose | backtest | replay | run | resume | status | lineage`.
 
 Bad input (unknown task or slot, malformed knobs, missing checkpoint) prints one line
 naming the problem and the valid choices and exits with code 2, without a traceback.
@@ -139,6 +139,57 @@ def cmd_replay(args) -> dict:
     return replay(args.diagnostic, labelled, args.harness, args.min_auc, timeout_s=args.timeout).to_dict()
 
 
+def _run_loop(cfg, out: Path) -> dict:
+    from rich.console import Console
+
+    from evotrainer.evolve.controller import ControlFailed, Controller
+    from evotrainer.evolve.report import status
+    console = Console(stderr=True)
+
+    def show(kind, data):
+        if kind == "trial_finished":
+            val = data.get("val") or {}
+            mean = f" val {sum(val.values()) / len(val):.3f}" if val else ""
+            console.print(f"trial {data['trial']} {data['version']} [{data['intervention']}]: {data['label']}{mean}")
+        elif kind in ("trial_started", "stopped", "trial_resumed"):
+            console.print(f"{kind.replace('_', ' ')}: {', '.join(f'{k} {v}' for k, v in data.items())}")
+    try:
+        Controller(cfg, out, on_event=show).run()
+    except ControlFailed as e:
+        raise RunFailed(str(e)) from None
+    return status(out)
+
+
+def cmd_run(args) -> dict:
+    from evotrainer.config import load_config
+    cfg = load_config(args.config)  # every key checked before any work
+    if (args.out / "lineage.sqlite").exists():
+        raise UsageError(f"'{args.out}' already holds a run; continue it with `evotrainer resume {args.out}`")
+    return _run_loop(cfg, args.out)
+
+
+def cmd_resume(args) -> dict:
+    from evotrainer.config import load_config
+    from evotrainer.evolve.report import open_run
+    open_run(args.run).close()
+    return _run_loop(load_config(args.run / "config.yaml"), args.run)
+
+
+def cmd_status(args) -> dict:
+    from evotrainer.evolve.report import status
+    st = status(args.run)
+    if not args.json:
+        print("\n".join(f"{k}: {v}" for k, v in st.items()), file=sys.stderr)
+    return st
+
+
+def cmd_lineage(args) -> dict:
+    from evotrainer.evolve.report import lineage_tree
+    tree = lineage_tree(args.run)
+    print(tree, file=sys.stderr)
+    return {"lines": len(tree.splitlines())}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from evotrainer.pretrain import DEFAULT_CACHE, PretrainConfig
     p = _Parser(prog="evotrainer", description=__doc__.splitlines()[0])
@@ -193,6 +244,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--min-auc", type=float, default=0.8, help="separation needed to keep the diagnostic")
     sp.add_argument("--timeout", type=float, default=600.0)
     sp.set_defaults(fn=cmd_replay)
+
+    sp = sub.add_parser("run", help="evolve the harness with the policy, as the run config says")
+    sp.add_argument("config", type=Path, help="run config (YAML)")
+    sp.add_argument("--out", type=Path, required=True, help="the run directory (lineage, versions, evidence)")
+    sp.set_defaults(fn=cmd_run)
+    sp = sub.add_parser("resume", help="continue a run that was stopped or killed")
+    sp.add_argument("run", type=Path)
+    sp.set_defaults(fn=cmd_resume)
+    sp = sub.add_parser("status", help="trials, labels, best version and time spent of a run")
+    sp.add_argument("run", type=Path)
+    sp.add_argument("--json", action="store_true", help="only the JSON line")
+    sp.set_defaults(fn=cmd_status)
+    sp = sub.add_parser("lineage", help="the version tree of a run, with labels and fitness")
+    sp.add_argument("run", type=Path)
+    sp.set_defaults(fn=cmd_lineage)
     return p
 
 

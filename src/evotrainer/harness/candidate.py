@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from evotrainer.harness.legality import check_harness, check_patch
+from evotrainer.harness.legality import check_harness, check_patch, check_patch_paths
 from evotrainer.harness.versions import HarnessRepo
 
 
@@ -33,6 +33,21 @@ def propose(repo: HarnessRepo, parent: str, patch: str, version: str, message: s
     if reasons:
         return Candidate(None, "illegal", reasons)
     repo.create_child(parent, patch, version, message or version)
+    return vet(repo, parent, version)
+
+
+def propose_files(repo: HarnessRepo, parent: str, files: dict[str, str | None], version: str,
+                  message: str = "") -> Candidate:
+    """The same for whole files written into (str) or removed from (None) the parent's harness."""
+    reasons = check_patch_paths(list(files))
+    if reasons:
+        return Candidate(None, "illegal", reasons)
+    repo.create_child_from_files(parent, files, version, message or version)
+    return vet(repo, parent, version)
+
+
+def vet(repo: HarnessRepo, parent: str, version: str) -> Candidate:
+    """Label an already committed child: its files checked against its parent's."""
     with tempfile.TemporaryDirectory(prefix="evotrainer-vet-") as tmp:
         parent_dir = repo.checkout(parent, Path(tmp) / "parent")
         child_dir = repo.checkout(version, Path(tmp) / "child")

@@ -29,6 +29,8 @@ CREATE TABLE IF NOT EXISTS trials (
     version TEXT UNIQUE,
     parents TEXT NOT NULL,
     agent TEXT NOT NULL,
+    intervention TEXT NOT NULL,
+    depth INTEGER NOT NULL,
     hypothesis TEXT NOT NULL,
     success_criterion TEXT NOT NULL,
     patch TEXT NOT NULL,
@@ -56,6 +58,8 @@ class TrialRecord:
     version: str | None            # the harness version it created (None if refused before committing)
     parents: list[str]             # one parent, or two for a crossover
     agent: str                     # which trainer agent proposed it
+    intervention: str              # catalog name (or "root")
+    depth: int                     # segments of training behind its checkpoints
     hypothesis: str                # "changing X improves Y because Z"
     success_criterion: str
     patch: str                     # the exact diff to the parent's harness

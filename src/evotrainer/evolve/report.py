@@ -1,0 +1,57 @@
+"""What `status` and `lineage` print: read-only views of a run's lineage store."""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from evotrainer.errors import UsageError
+from evotrainer.lineage import LineageStore
+
+
+def open_run(run_dir: Path | str) -> LineageStore:
+    path = Path(run_dir) / "lineage.sqlite"
+    if not path.is_file():
+        raise UsageError(f"no run at '{run_dir}' (expected lineage.sqlite from `evotrainer run`)")
+    return LineageStore(path)
+
+
+def status(run_dir: Path | str) -> dict:
+    store = open_run(run_dir)
+    trials, events = store.trials(), store.events()
+    wall = events[-1]["t"] - events[0]["t"] if events else 0.0
+    train = sum(t.budgets.get("train_s", 0.0) for t in trials)
+    evaluate = sum(t.budgets.get("eval_s", 0.0) for t in trials)
+    kept = [t for t in trials if t.label == "kept"]
+    best = max(kept, key=lambda t: sum(t.fitness["val"].values()) / len(t.fitness["val"]), default=None)
+    last = events[-1]["kind"] if events else None
+    return {
+        "trials": len(trials), "labels": dict(Counter(t.label for t in trials)),
+        "pending": [n for n, _ in store.pending()],
+        "best": None if best is None else {"version": best.version, "depth": best.depth,
+                                           "val": best.fitness["val"], "test": best.fitness["test"]},
+        "state": "finished" if last in ("run_finished", "stopped") else "running or interrupted",
+        "wall_s": round(wall, 1), "train_s": round(train, 1), "eval_s": round(evaluate, 1),
+        # everything that is neither training nor evaluation: agents, backtests, git, bookkeeping
+        "framework_overhead": round(1 - (train + evaluate) / wall, 4) if wall > 0 else None,
+    }
+
+
+def lineage_tree(run_dir: Path | str) -> str:
+    """The version tree: each version under its parent, with its label and fitness."""
+    trials = open_run(run_dir).trials()
+    children: dict[str | None, list] = {}
+    for t in trials:
+        children.setdefault(t.parents[0] if t.parents else None, []).append(t)
+    lines: list[str] = []
+
+    def walk(parent, indent):
+        for t in children.get(parent, []):
+            val = t.fitness.get("val") or {}
+            mean = f"val {sum(val.values()) / len(val):.3f}" if val else "not trained"
+            gain = f", gain {t.fitness['gain']:+.3f}" if "gain" in t.fitness else ""
+            lines.append(f"{'  ' * indent}{t.version or '(refused)'} #{t.id} [{t.intervention}] {t.label}: "
+                         f"{mean}{gain}, depth {t.depth}")
+            if t.version and t.version != parent:
+                walk(t.version, indent + 1)
+    walk(None, 0)
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""The evolution loop end to end on a tiny budget: a run killed with SIGKILL mid-trial resumes
+with no lost and no duplicated trial; bad configs are refused before any work."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from evotrainer.cli import main
+from evotrainer.harness import REFERENCE
+from evotrainer.harness.versions import HarnessRepo
+from evotrainer.lineage import LineageStore
+
+
+@pytest.fixture
+def tiny_run(tmp_path, ckpt):
+    """A run config over a small root harness and a random-init base: plumbing, not learning."""
+    root = shutil.copytree(REFERENCE, tmp_path / "root")
+    text = (root / "knobs.yaml").read_text()
+    for old, new in [("prompts_per_step: 64", "prompts_per_step: 4"), ("group_size: 8", "group_size: 4"),
+                     ("eval_every: 50", "eval_every: 1")]:
+        text = text.replace(old, new)
+    (root / "knobs.yaml").write_text(text)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"task: arith\nlevel: 1\nharness: {root}\nseeds: [0]\nbase: {{checkpoint: {ckpt}}}\n"
+                   "budget: {trials: 2, steps_per_segment: 2, total_steps: 6, trial_timeout_s: 120}\n")
+    return cfg, tmp_path / "run"
+
+
+def cli(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "evotrainer.cli", *map(str, args)], start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def test_sigkill_mid_trial_then_resume_completes_every_trial_once(tiny_run):
+    cfg, run = tiny_run
+    p = cli("run", cfg, "--out", run)
+    deadline = time.time() + 240
+    while time.time() < deadline:  # wait until trial 1 is under way, then kill everything
+        db = run / "lineage.sqlite"
+        if db.exists():
+            store = LineageStore(db)
+            started = [n for n, _ in store.pending()]
+            store.close()
+            if 1 in started:
+                break
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.2)
+    time.sleep(1.5)  # inside the trial: backtest or training
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    store = LineageStore(run / "lineage.sqlite")
+    assert [t.id for t in store.trials()] == [0] and [n for n, _ in store.pending()] == [1]
+    store.close()
+
+    r = cli("resume", run)
+    out, err = r.communicate(timeout=400)
+    assert r.returncode == 0, err.decode()[-2000:]
+    store = LineageStore(run / "lineage.sqlite")
+    trials = store.trials()
+    assert [t.id for t in trials] == [0, 1, 2] and store.pending() == []
+    assert [t.version for t in trials] == ["v0", "v1", "v2"]
+    assert HarnessRepo(run / "harness-repo").versions() == ["v0", "v1", "v2"]  # the resumed child is not made twice
+    assert [e["trial"] for e in store.events("trial_resumed")] == [1]
+    assert all(t.label in ("kept", "discarded") for t in trials)
+    st = json.loads(out.decode().strip().splitlines()[-1])
+    assert st["trials"] == 3 and st["state"] == "finished" and 0 <= st["framework_overhead"] < 1
+
+
+def test_bad_config_is_refused_before_any_work(tmp_path, capsys, tiny_run):
+    cfg, run = tiny_run
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(cfg.read_text().replace("trials: 2", "trials: -2"))
+    assert main(["run", str(bad), "--out", str(run)]) == 2
+    err = capsys.readouterr()[1].strip().splitlines()
+    assert len(err) == 1 and "'budget.trials' must be > 0" in err[0]
+    assert not run.exists()
+    assert main(["status", str(tmp_path / "nothing")]) == 2
