@@ -141,6 +141,7 @@ def cmd_replay(args) -> dict:
 
 def _run_loop(cfg, out: Path) -> dict:
     from rich.console import Console
+    from rich.markup import escape
 
     from evotrainer.evolve.controller import ControlFailed, Controller
     from evotrainer.evolve.report import status
@@ -150,9 +151,10 @@ def _run_loop(cfg, out: Path) -> dict:
         if kind == "trial_finished":
             val = data.get("val") or {}
             mean = f" val {sum(val.values()) / len(val):.3f}" if val else ""
-            console.print(f"trial {data['trial']} {data['version']} [{data['intervention']}]: {data['label']}{mean}")
+            console.print(escape(f"trial {data['trial']} {data['version']} [{data['intervention']}]: "
+                                 f"{data['label']}{mean}"))
         elif kind in ("trial_started", "stopped", "trial_resumed"):
-            console.print(f"{kind.replace('_', ' ')}: {', '.join(f'{k} {v}' for k, v in data.items())}")
+            console.print(escape(f"{kind.replace('_', ' ')}: {', '.join(f'{k} {v}' for k, v in data.items())}"))
     try:
         Controller(cfg, out, on_event=show).run()
     except ControlFailed as e:

@@ -42,7 +42,7 @@ from evotrainer.executors import run_in_worker
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.candidate import Candidate, propose_files, vet
 from evotrainer.harness.knobs import load_knobs
-from evotrainer.harness.versions import HarnessRepo
+from evotrainer.harness.versions import HarnessRepo, PatchError
 from evotrainer.lineage import LineageStore, TrialRecord
 from evotrainer.tasks import get_task
 
@@ -199,7 +199,11 @@ class Controller:
                    intervention=proposal["intervention"], depth=parent.depth + 1,
                    hypothesis=proposal["hypothesis"], success_criterion=proposal["success_criterion"], started=t0)
 
-        cand = self._candidate(parent.version, version, proposal)
+        try:
+            cand = self._candidate(parent.version, version, proposal)
+        except PatchError as e:  # the proposal changes nothing: recorded, never run
+            return self._finish(TrialRecord(**{**rec, "version": None}, patch="", label="discarded",
+                                            reflection=str(e), finished=time.time()))
         patch = self.repo.diff(parent.version, version) if cand.version else ""
         if not cand.legal:
             return self._finish(TrialRecord(**rec, patch=patch, label="illegal", reflection="; ".join(cand.reasons),
