@@ -51,3 +51,12 @@ def test_tiny_gain_below_the_absolute_floor_is_discarded():
 def test_blocking_finding_makes_it_invalid_however_well_it_scores():
     d = gate({0: 0.9, 1: 0.9}, {0: 0.5, 1: 0.5}, ["reward_score_divergence = 0.18"], cfg=CFG)
     assert d.label == "invalid" and d.reasons == ("blocking finding: reward_score_divergence = 0.18",)
+
+
+def test_controller_time_adds_up_sessions_not_the_gap_between_a_kill_and_a_resume():
+    from evotrainer.evolve.report import controller_seconds
+    ev = [{"kind": "session_started", "t": 0}, {"kind": "x", "t": 10},
+          {"kind": "session_started", "t": 1000}, {"kind": "x", "t": 1005}]
+    assert controller_seconds(ev) == 15
+    assert controller_seconds([]) == 0.0
+    assert controller_seconds([{"kind": "run_started", "t": 5}, {"kind": "x", "t": 9}]) == 4  # a log from before sessions

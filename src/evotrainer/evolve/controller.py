@@ -86,6 +86,7 @@ class Controller:
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> None:
+        self.store.event("session_started")  # status adds up sessions: time between a kill and a resume is not ours
         self._setup()
         t_end = time.time() + self.cfg.budget.wall_clock_s
         for n, proposal in self.store.pending():  # resume: redo what a kill cut off, same number
