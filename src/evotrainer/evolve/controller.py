@@ -112,8 +112,10 @@ class Controller:
 
     def _setup(self) -> None:
         cfg_file = self.run_dir / "config.yaml"
-        if not cfg_file.exists():
-            cfg_file.write_text(yaml.safe_dump(_plain(dataclasses.asdict(self.cfg)), sort_keys=False))
+        if not cfg_file.exists():  # written aside and renamed: resume always finds a whole config
+            tmp = cfg_file.with_suffix(".yaml.tmp")
+            tmp.write_text(yaml.safe_dump(_plain(dataclasses.asdict(self.cfg)), sort_keys=False))
+            tmp.rename(cfg_file)
         repo_dir = self.run_dir / "harness-repo"
         if not repo_dir.exists():  # built aside and renamed: a kill never leaves half a repo
             tmp = self.run_dir / "harness-repo.tmp"
@@ -128,8 +130,8 @@ class Controller:
         self.base = started[0]["base"]
 
     def _base_checkpoint(self) -> str:
-        if self.cfg.base.checkpoint:
-            return self.cfg.base.checkpoint
+        if self.cfg.base.checkpoint:  # absolute: a resume may start from another directory
+            return str(Path(self.cfg.base.checkpoint).resolve())
         from evotrainer.pretrain import PretrainConfig, pretrain
         path, _ = pretrain(self.task, PretrainConfig(target_acc=self.cfg.base.target_acc, seed=self.cfg.base.seed))
         return str(path)
