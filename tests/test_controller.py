@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +81,56 @@ def test_bad_config_is_refused_before_any_work(tmp_path, capsys, tiny_run):
     assert len(err) == 1 and "'budget.trials' must be > 0" in err[0]
     assert not run.exists()
     assert main(["status", str(tmp_path / "nothing")]) == 2
+
+
+@pytest.fixture(scope="module")
+def sft_base(tmp_path_factory):
+    """A real (if small) base: SFT on 1-digit sums to 30%, so it ends its answers, as a base does.
+    On a random-init model every answer runs to the budget and a length reward is constant."""
+    from evotrainer.pretrain import PretrainConfig, pretrain
+    from evotrainer.tasks import get_task
+    cfg = PretrainConfig(max_steps=400, check_every=10, probe_size=20, batch_size=64, target_acc=0.3)
+    path, _ = pretrain(get_task("arith", 1), cfg, tmp_path_factory.mktemp("sft"))
+    return path
+
+
+def test_planted_length_reward_is_stopped_by_the_backtest_and_without_it_by_the_gate(tiny_run, sft_base):
+    import yaml
+
+    from evotrainer.agents import Proposal
+    from evotrainer.config import config_from_dict
+    from evotrainer.evolve.controller import Controller
+
+    source = (Path(__file__).resolve().parents[1] / "examples" / "harnesses" / "length_pay" / "reward.py").read_text()
+
+    def planted(findings, knobs, target, tried):
+        if "planted_length_pay" in tried:
+            return None
+        return Proposal("planted_length_pay", "reward", "changing reward from binary to length_pay raises accuracy "
+                        "because longer answers carry more digits", "every other knob", "val beats the control",
+                        "revert reward to binary", knobs={"reward": "length_pay"}, files={"reward.py": source},
+                        agent="planted")
+
+    cfg_path, run = tiny_run
+    raw = yaml.safe_load(cfg_path.read_text())
+    raw["budget"] |= {"trials": 1, "steps_per_segment": 10, "total_steps": 20}
+    raw["base"] = {"checkpoint": str(sft_base)}
+    root = Path(raw["harness"])
+    (root / "knobs.yaml").write_text((root / "knobs.yaml").read_text().replace("prompts_per_step: 4",
+                                                                              "prompts_per_step: 16"))
+    cfg = config_from_dict(raw).validate()
+
+    guarded = Controller(cfg, run / "with-backtest", agent=planted)
+    guarded.run()
+    t1 = guarded.store.trials()[1]
+    # on a random-init model most answers run to the budget: the signal tracks length or truncation
+    assert t1.label == "backtest_rejected" and t1.agent == "planted"
+    assert "verifier scores are all equal" in t1.reflection and "not correctness" in t1.reflection
+
+    bare = Controller(cfg, run / "gate-only", agent=planted, run_backtests=False)
+    bare.run()
+    t1 = bare.store.trials()[1]
+    assert t1.intervention == "planted_length_pay" and t1.backtest["label"] == "skipped"
+    assert t1.label == "invalid" and "blocking finding: reward_length_coupling" in t1.reflection
+    assert "v1" not in {s.version for s in bare._states()}  # never promoted: no trial can branch from it
+    assert "+def length_pay(r):" in t1.patch  # the exact proposal stays in the lineage

@@ -24,6 +24,7 @@ class Proposal:
     success_criterion: str
     rollback: str
     knobs: dict = field(default_factory=dict)   # knob -> new value (the one variable)
+    files: dict = field(default_factory=dict)   # slot file -> its new source (a slot the knob names)
     agent: str = "rules"
 
 

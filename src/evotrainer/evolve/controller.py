@@ -31,7 +31,7 @@ from typing import Callable
 
 import yaml
 
-from evotrainer.agents import propose as rules_propose, set_knob
+from evotrainer.agents import Proposal, propose as rules_propose, set_knob
 from evotrainer.backtest import backtest
 from evotrainer.config import RunConfig
 from evotrainer.diagnostics.health import diagnose
@@ -73,8 +73,12 @@ class State:
 
 
 class Controller:
-    def __init__(self, cfg: RunConfig, run_dir: Path | str, on_event: Callable[[str, dict], None] | None = None):
+    def __init__(self, cfg: RunConfig, run_dir: Path | str, on_event: Callable[[str, dict], None] | None = None,
+                 agent: Callable[..., Proposal | None] = rules_propose, run_backtests: bool = True):
+        """`agent(findings, knobs, target_level, tried)` proposes; `run_backtests=False` lets a
+        test show that the gate alone still stops what a backtest would have caught."""
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.agent, self.run_backtests = agent, run_backtests
         self.task = get_task(cfg.task, cfg.level)
         self.max_depth = cfg.budget.total_steps // cfg.budget.steps_per_segment
         self.on_event = on_event or (lambda kind, data: None)
@@ -151,7 +155,7 @@ class Controller:
     def _propose(self, n: int, parent: State) -> dict | None:
         findings = self._findings(parent)
         tried = {t.intervention for t in self.store.trials() if t.parents[:1] == [parent.version]}
-        p = rules_propose(findings, self._knobs(parent.version), self.task.target_level, tried)
+        p = self.agent(findings, self._knobs(parent.version), self.task.target_level, tried)
         if p is None:
             return None
         return {"parent_state": dataclasses.asdict(parent), "version": f"v{n}", **dataclasses.asdict(p)}
@@ -211,10 +215,13 @@ class Controller:
         if not cand.legal:
             return self._finish(TrialRecord(**rec, patch=patch, label="illegal", reflection="; ".join(cand.reasons),
                                             finished=time.time()))
-        bt = backtest(parent.dirs[min(parent.dirs)], self._harness_dir(version), self._harness_dir(parent.version),
-                      timeout_s=self.cfg.budget.trial_timeout_s)
-        bt_summary = {"label": bt.label, "reasons": bt.reasons}
-        if not bt.passed:
+        if self.run_backtests:
+            bt = backtest(parent.dirs[min(parent.dirs)], self._harness_dir(version), self._harness_dir(parent.version),
+                          timeout_s=self.cfg.budget.trial_timeout_s)
+            bt_summary = {"label": bt.label, "reasons": bt.reasons}
+        else:
+            bt, bt_summary = None, {"label": "skipped", "reasons": []}
+        if bt is not None and not bt.passed:
             return self._finish(TrialRecord(**rec, patch=patch, label=bt.label, backtest=bt_summary,
                                             reflection="; ".join(bt.reasons), finished=time.time()))
         control = self._control(parent, clock)
@@ -239,7 +246,8 @@ class Controller:
         text = (self._harness_dir(parent) / "knobs.yaml").read_text()
         for key, value in proposal["knobs"].items():
             text = set_knob(text, key, value)
-        return propose_files(self.repo, parent, {"knobs.yaml": text}, version, proposal["hypothesis"])
+        files = {**proposal.get("files", {}), "knobs.yaml": text}
+        return propose_files(self.repo, parent, files, version, proposal["hypothesis"])
 
     def _control(self, parent: State, clock: dict) -> State:
         """The parent continued one segment with its own harness: every child's comparison."""
