@@ -35,6 +35,7 @@ from evotrainer.agents import Proposal, propose as rules_propose, set_knob
 from evotrainer.backtest import backtest
 from evotrainer.config import RunConfig
 from evotrainer.diagnostics.health import diagnose
+from evotrainer.diagnostics.spec import SEVERITIES
 from evotrainer.evidence import EvidenceStore
 from evotrainer.evolve.gate import gate
 from evotrainer.evolve.stats import average_last
@@ -161,12 +162,12 @@ class Controller:
         return {"parent_state": dataclasses.asdict(parent), "version": f"v{n}", **dataclasses.asdict(p)}
 
     def _findings(self, state: State) -> list[dict]:
-        """The worst finding per diagnostic over the state's seeds."""
+        """The worst finding per diagnostic over the state's seeds, critical and blocking first."""
         worst: dict[str, dict] = {}
         for d in state.dirs.values():
             for f in diagnose(d)[0]["findings"]:
-                if f["diagnostic"] not in worst or (f["severity"], f["value"]) > (worst[f["diagnostic"]]["severity"],
-                                                                                 worst[f["diagnostic"]]["value"]):
+                kept = worst.get(f["diagnostic"])
+                if kept is None or SEVERITIES.index(f["severity"]) > SEVERITIES.index(kept["severity"]):
                     worst[f["diagnostic"]] = f
         return sorted(worst.values(), key=lambda f: (f["severity"] != "critical", not f["blocking"]))
 
