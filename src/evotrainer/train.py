@@ -64,6 +64,11 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
     return {"steps": steps, "harness_hash": h.content_hash[:12]}
 
 
+def saved_checkpoints(out: Path) -> list[Path]:
+    """A train directory's checkpoints/step-N, in step order (the final one is checkpoint/)."""
+    return sorted(Path(out, "checkpoints").glob("step-*"), key=lambda p: int(p.name[5:]))
+
+
 def _metrics_follower(path: Path, on_step: Callable[[dict], None]) -> Callable[[], None]:
     """Call on_step for each new line of a growing metrics.jsonl."""
     seen = [0]
@@ -96,7 +101,7 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     if not result.ok:
         raise TrainingFailed(result, out)
     # the evaluator: a process of its own that loads checkpoints and the verifier only
-    saved = sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name[5:]))
+    saved = saved_checkpoints(out)
     jobs = {str(base): ["val", "test"], **{str(c): ["val"] for c in saved}, str(out / "checkpoint"): ["val", "test"]}
     ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
                        dict(task=task.name, level=level, jobs=jobs), timeout_s=timeout_s)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from evotrainer.diagnostics.evidence import Evidence
 from evotrainer.diagnostics.spec import LAYERS, findings, measure, windows
-from evotrainer.errors import HarnessFailed, UsageError
+from evotrainer.errors import UsageError
 from evotrainer.evidence.records import read_evidence
 
 HEALTH_JSON, HEALTH_MD = "health.json", "health.md"
@@ -112,8 +112,7 @@ def diagnose(path: Path | str, harness_dir: Path | str | None = None, timeout_s:
     that ran. Its diagnostics.py, if any, is checked for legality and then run only in
     a worker; a refusal or failure raises HarnessFailed with its label.
     """
-    from evotrainer.executors import run_in_worker
-    from evotrainer.harness.legality import check_harness
+    from evotrainer.diagnostics.load import run_diagnostics
     reports = []
     for d in evidence_dirs(path):
         h = Path(harness_dir) if harness_dir is not None else d / "harness"
@@ -121,15 +120,7 @@ def diagnose(path: Path | str, harness_dir: Path | str | None = None, timeout_s:
             if harness_dir is not None:
                 raise UsageError(f"not a harness directory: '{h}' has no knobs.yaml")
             h = None
-        if h is None or not (h / "diagnostics.py").is_file():
-            reports.append(health_of(str(d), None if h is None else str(h)))
-            continue
-        verdict = check_harness(h)
-        if not verdict.legal:
-            raise HarnessFailed("illegal", "; ".join(verdict.reasons))
-        res = run_in_worker("evotrainer.diagnostics.health:health_of",
-                            {"evidence_dir": str(d), "harness_dir": str(h)}, timeout_s=timeout_s)
-        if not res.ok:
-            raise HarnessFailed(res.label, f"diagnostics of {h}: {res.error}", res.log_tail)
-        reports.append(res.value)
+        reports.append(run_diagnostics("evotrainer.diagnostics.health:health_of",
+                                       {"evidence_dir": str(d), "harness_dir": None if h is None else str(h)},
+                                       h, timeout_s))
     return reports

@@ -7,9 +7,13 @@ so this runs only in a worker process.
 """
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from evotrainer.diagnostics.spec import DIAGNOSTICS, LAYERS, Diagnostic
+from evotrainer.errors import HarnessFailed
+from evotrainer.executors import run_in_worker
+from evotrainer.harness.legality import check_harness
 from evotrainer.harness.load import exec_harness_file, public_functions
 
 
@@ -28,3 +32,22 @@ def harness_diagnostics(harness_dir: Path | str | None = None) -> dict[str, Diag
             reg.register(name)(Diagnostic(name, "custom", fn, summary=doc[0] if doc else ""))
     diags = {n: reg.get(n) for n in reg.names()}
     return dict(sorted(diags.items(), key=lambda kv: LAYERS.index(kv[1].layer)))
+
+
+def run_diagnostics(target: str, kwargs: dict, harness_dir: Path | str | None, timeout_s: float):
+    """Call `target(**kwargs)` ("module:function"), a computation over a harness's diagnostics.
+
+    With no diagnostics.py in the harness it runs only our own code, in place. Otherwise
+    the harness is checked for legality and the call runs in a worker; a refusal or a
+    failure raises HarnessFailed with its label and the log tail.
+    """
+    if harness_dir is None or not (Path(harness_dir) / "diagnostics.py").is_file():
+        module, _, name = target.partition(":")
+        return getattr(importlib.import_module(module), name)(**kwargs)
+    verdict = check_harness(harness_dir)
+    if not verdict.legal:
+        raise HarnessFailed("illegal", "; ".join(verdict.reasons))
+    res = run_in_worker(target, kwargs, timeout_s=timeout_s)
+    if not res.ok:
+        raise HarnessFailed(res.label, f"diagnostics of {harness_dir}: {res.error}", res.log_tail)
+    return res.value

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from evotrainer.errors import HarnessFailed, UsageError
+from evotrainer.errors import UsageError
 
 HELD_UP = ("kept",)
 FAILED = ("discarded", "invalid", "crash", "timeout", "oom")
@@ -55,8 +55,7 @@ def replay_values(harness_dir: str | None, name: str, evidence_dirs: list[str]) 
 def replay(name: str, labelled: list[tuple[Path, str]], harness_dir: Path | str | None = None,
            min_auc: float = 0.8, timeout_s: float = 600.0) -> ReplayResult:
     """Replay diagnostic `name` over (evidence dir, outcome label) pairs; keep it if AUC >= min_auc."""
-    from evotrainer.executors import run_in_worker
-    from evotrainer.harness.legality import check_harness
+    from evotrainer.diagnostics.load import run_diagnostics
     for d, label in labelled:
         if label not in HELD_UP + FAILED:
             raise UsageError(f"unknown outcome label '{label}' for {d}; valid choices: {', '.join(HELD_UP + FAILED)}")
@@ -64,16 +63,7 @@ def replay(name: str, labelled: list[tuple[Path, str]], harness_dir: Path | str 
             raise UsageError(f"no rollout evidence at '{d}' (expected evidence.jsonl)")
     args = {"harness_dir": None if harness_dir is None else str(harness_dir), "name": name,
             "evidence_dirs": [str(d) for d, _ in labelled]}
-    if harness_dir is not None and (Path(harness_dir) / "diagnostics.py").is_file():
-        verdict = check_harness(harness_dir)
-        if not verdict.legal:
-            raise HarnessFailed("illegal", "; ".join(verdict.reasons))
-        res = run_in_worker("evotrainer.diagnostics.replay:replay_values", args, timeout_s=timeout_s)
-        if not res.ok:
-            raise HarnessFailed(res.label, f"diagnostics of {harness_dir}: {res.error}", res.log_tail)
-        out = res.value
-    else:
-        out = replay_values(**args)  # built-in diagnostics only: our own code
+    out = run_diagnostics("evotrainer.diagnostics.replay:replay_values", args, harness_dir, timeout_s)
     if "error" in out:
         raise UsageError(out["error"])
     rows = [{"dir": str(d), "label": lab, "value": v, "severity": s}

@@ -46,10 +46,11 @@ from evotrainer.harness.knobs import load_knobs
 from evotrainer.harness.versions import HarnessRepo, PatchError
 from evotrainer.lineage import LineageStore, TrialRecord
 from evotrainer.tasks import get_task
+from evotrainer.train import saved_checkpoints
 
 
 class ControlFailed(RuntimeError):
-    """The parent's own harness failed to continue: the run cannot judge anything."""
+    """The control (the parent's own harness) or the evaluator failed: nothing can be judged."""
 
 
 @dataclass
@@ -73,6 +74,18 @@ class State:
         return cls(d["version"], d["depth"], ints(d["dirs"]), ints(d["val"]), ints(d["test"]))
 
 
+@dataclass
+class Clock:
+    """What one trial spent: training steps over all seeds (its control's too, where it paid
+    for it) and seconds training and evaluating; the rest of its time is the framework's."""
+    train_s: float = 0.0
+    eval_s: float = 0.0
+    steps: int = 0
+
+    def budgets(self) -> dict:
+        return {"steps": self.steps, "train_s": round(self.train_s, 2), "eval_s": round(self.eval_s, 2)}
+
+
 class Controller:
     def __init__(self, cfg: RunConfig, run_dir: Path | str, on_event: Callable[[str, dict], None] | None = None,
                  agent: Callable[..., Proposal | None] = rules_propose, run_backtests: bool = True):
@@ -87,6 +100,7 @@ class Controller:
         self.store = LineageStore(self.run_dir / "lineage.sqlite")
         self.repo: HarnessRepo | None = None
         self.base: str | None = None
+        self._findings_of: dict[tuple, list[dict]] = {}  # a state is diagnosed once, as child and as parent
 
     # ------------------------------------------------------------------ the loop
 
@@ -163,13 +177,18 @@ class Controller:
 
     def _findings(self, state: State) -> list[dict]:
         """The worst finding per diagnostic over the state's seeds, critical and blocking first."""
+        key = tuple(sorted(state.dirs.items()))
+        if key in self._findings_of:
+            return self._findings_of[key]
         worst: dict[str, dict] = {}
         for d in state.dirs.values():
             for f in diagnose(d)[0]["findings"]:
                 kept = worst.get(f["diagnostic"])
                 if kept is None or SEVERITIES.index(f["severity"]) > SEVERITIES.index(kept["severity"]):
                     worst[f["diagnostic"]] = f
-        return sorted(worst.values(), key=lambda f: (f["severity"] != "critical", not f["blocking"]))
+        found = sorted(worst.values(), key=lambda f: (f["severity"] != "critical", not f["blocking"]))
+        self._findings_of[key] = found
+        return found
 
     def _knobs(self, version: str):
         return load_knobs(self._harness_dir(version) / "knobs.yaml")
@@ -189,12 +208,12 @@ class Controller:
         root = State("v0", 0, {}, {}, {})
         if 0 not in dict(self.store.pending()):
             self.store.begin_trial(0, intervention="root", version="v0")
-        t0, clock = time.time(), {"train_s": 0.0, "eval_s": 0.0}
+        t0, clock = time.time(), Clock()
         state = self._segment("v0", root, self.run_dir / "versions" / "v0", clock)
         self._finish(TrialRecord(
             id=0, version="v0", parents=[], agent="-", intervention="root", depth=1,
             hypothesis="the root harness, trained one segment from the base", success_criterion="-", patch="",
-            label="kept", fitness=self._fitness(state), budgets=self._budgets(clock, 1),
+            label="kept", fitness=self._fitness(state), budgets=clock.budgets(),
             findings=self._findings(state), started=t0, finished=time.time()), state)
 
     def _trial(self, n: int, parent: State, proposal: dict) -> None:
@@ -202,7 +221,7 @@ class Controller:
             self.store.begin_trial(n, **proposal)
         # shown, not stored: the store's own trial_started record (begin_trial) carries the proposal
         self.on_event("trial_started", {"trial": n, "intervention": proposal["intervention"], "parent": parent.version})
-        t0, clock, version = time.time(), {"train_s": 0.0, "eval_s": 0.0}, proposal["version"]
+        t0, clock, version = time.time(), Clock(), proposal["version"]
         rec = dict(id=n, version=version, parents=[parent.version], agent=proposal["agent"],
                    intervention=proposal["intervention"], depth=parent.depth + 1,
                    hypothesis=proposal["hypothesis"], success_criterion=proposal["success_criterion"], started=t0)
@@ -230,7 +249,7 @@ class Controller:
             child = self._segment(version, parent, self.run_dir / "versions" / version, clock)
         except SegmentFailed as e:
             return self._finish(TrialRecord(**rec, patch=patch, label=e.label, backtest=bt_summary,
-                                            budgets=self._budgets(clock, 1), reflection=e.detail,
+                                            budgets=clock.budgets(), reflection=e.detail,
                                             finished=time.time()))
         findings = self._findings(child)
         blocking = [f"{f['diagnostic']} = {f['value']:g}" for f in findings if f["blocking"]]
@@ -238,7 +257,7 @@ class Controller:
         fitness = self._fitness(child) | {"control_val": control.val, "gain": decision.gain,
                                           "threshold": decision.threshold}
         self._finish(TrialRecord(**rec, patch=patch, label=decision.label, backtest=bt_summary, fitness=fitness,
-                                 budgets=self._budgets(clock, 1), findings=findings,
+                                 budgets=clock.budgets(), findings=findings,
                                  reflection="; ".join(decision.reasons), finished=time.time()), child)
 
     def _candidate(self, parent: str, version: str, proposal: dict) -> Candidate:
@@ -250,7 +269,7 @@ class Controller:
         files = {**proposal.get("files", {}), "knobs.yaml": text}
         return propose_files(self.repo, parent, files, version, proposal["hypothesis"])
 
-    def _control(self, parent: State, clock: dict) -> State:
+    def _control(self, parent: State, clock: Clock) -> State:
         """The parent continued one segment with its own harness: every child's comparison."""
         for e in self.store.events("control_finished"):
             if (e["state"]["version"], e["state"]["depth"]) == (parent.version, parent.depth + 1):
@@ -273,7 +292,7 @@ class Controller:
 
     # ------------------------------------------------------------------ training and evaluation
 
-    def _segment(self, version: str, parent: State, out_root: Path, clock: dict) -> State:
+    def _segment(self, version: str, parent: State, out_root: Path, clock: Clock) -> State:
         """One segment per seed from the parent's checkpoints (the base for the root), then evaluation."""
         depth, harness = parent.depth + 1, self._harness_dir(version)
         dirs = {}
@@ -286,8 +305,9 @@ class Controller:
                 base=parent.checkpoint(seed) if parent.dirs else self.base, out=str(out),
                 seed=1000 * seed + depth, steps=self.cfg.budget.steps_per_segment),
                 timeout_s=self.cfg.budget.trial_timeout_s)
-            clock["train_s"] += time.time() - t
-            (out / "worker.log").parent.mkdir(parents=True, exist_ok=True)
+            clock.train_s += time.time() - t
+            clock.steps += self.cfg.budget.steps_per_segment
+            out.mkdir(parents=True, exist_ok=True)
             (out / "worker.log").write_text(res.log_tail)
             if not res.ok:
                 raise SegmentFailed(res.label, f"seed {seed}: {res.error}")
@@ -295,12 +315,11 @@ class Controller:
         t = time.time()
         jobs = {}
         for seed, d in dirs.items():
-            saved = sorted(Path(d, "checkpoints").glob("step-*"), key=lambda p: int(p.name[5:]))
-            jobs |= {str(c): ["val"] for c in saved} | {str(Path(d, "checkpoint")): ["val", "test"]}
+            jobs |= {str(c): ["val"] for c in saved_checkpoints(Path(d))} | {str(Path(d, "checkpoint")): ["val", "test"]}
         ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
                            dict(task=self.task.name, level=self.task.target_level or None, jobs=jobs),
                            timeout_s=self.cfg.budget.trial_timeout_s)
-        clock["eval_s"] += time.time() - t
+        clock.eval_s += time.time() - t
         if not ev.ok:
             raise ControlFailed(f"the evaluator failed: {ev.label}: {ev.error}")
         val, test = {}, {}
@@ -319,10 +338,6 @@ class Controller:
 
     def _fitness(self, state: State) -> dict:
         return {"val": state.val, "test": state.test, "state": dataclasses.asdict(state)}
-
-    def _budgets(self, clock: dict, segments: int) -> dict:
-        return {"steps": segments * self.cfg.budget.steps_per_segment * len(self.cfg.seeds),
-                "train_s": round(clock["train_s"], 2), "eval_s": round(clock["eval_s"], 2)}
 
     def _event(self, kind: str, trial: int | None = None, **data) -> None:
         self.store.event(kind, trial, **data)
