@@ -27,7 +27,8 @@ def tiny_run(tmp_path, ckpt):
         text = text.replace(old, new)
     (root / "knobs.yaml").write_text(text)
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(f"task: arith\nlevel: 1\nharness: {root}\nseeds: [0]\nbase: {{checkpoint: {ckpt}}}\n"
+    cfg.write_text(f"task: arith\nlevel: 1\nharness: {root}\nseeds: [0]\nfinal_seeds: [100]\n"
+                   f"base: {{checkpoint: {ckpt}}}\n"
                    "budget: {trials: 2, steps_per_segment: 2, total_steps: 6, trial_timeout_s: 120}\n")
     return cfg, tmp_path / "run"
 
@@ -70,6 +71,35 @@ def test_sigkill_mid_trial_then_resume_completes_every_trial_once(tiny_run):
     assert all(t.label in ("kept", "discarded") for t in trials)
     st = json.loads(out.decode().strip().splitlines()[-1])
     assert st["trials"] == 3 and st["state"] == "finished" and 0 <= st["framework_overhead"] < 1
+    # the final comparison: the winner's schedule and the reference, replayed on the fresh seed
+    final = json.loads((run / "final.json").read_text())
+    assert st["final"]["seeds"] == [100] and len(final["schedule"]) == 3  # total 6 steps / 2 per segment
+    assert (run / "final" / "evolved" / "seed-100" / "segment-3" / "checkpoint").is_dir()
+    assert len((run / "final" / "reference" / "seed-100" / "segment-1" / "metrics.jsonl").read_text().splitlines()) == 6
+    assert "evolved - reference, test" in final["table"]
+
+
+def test_restart_mode_trains_every_version_from_the_base_against_its_parent(tiny_run):
+    import yaml
+
+    from evotrainer.config import config_from_dict
+    from evotrainer.evolve.controller import Controller
+    cfg_path, run = tiny_run
+    raw = yaml.safe_load(cfg_path.read_text()) | {"policy": "restart", "final_seeds": []}
+    raw["budget"] |= {"trials": 2}
+    ctl = Controller(config_from_dict(raw).validate(), run)
+    ctl.run()
+    trials = ctl.store.trials()
+    assert [t.id for t in trials] == [0, 1, 2] and not (run / "controls").exists()
+    for t in trials:
+        if t.version and t.label not in ("illegal", "backtest_rejected"):  # trained: the whole budget, from the base
+            metrics = (run / "versions" / t.version / "seed-0" / "metrics.jsonl").read_text().splitlines()
+            assert len(metrics) == 6
+            assert json.loads((run / "versions" / t.version / "seed-0" / "run.json").read_text())["seed"] == 1
+    for t in trials[1:]:
+        if "control_val" in t.fitness:  # the control is the parent itself, trained with the same seed
+            parent = next(p for p in trials if p.version == t.parents[0])
+            assert t.fitness["control_val"] == parent.fitness["val"]
 
 
 def test_bad_config_is_refused_before_any_work(tmp_path, capsys, tiny_run):
@@ -115,6 +145,7 @@ def test_planted_length_reward_is_stopped_by_the_backtest_and_without_it_by_the_
     raw = yaml.safe_load(cfg_path.read_text())
     raw["budget"] |= {"trials": 1, "steps_per_segment": 10, "total_steps": 20}
     raw["base"] = {"checkpoint": str(sft_base)}
+    raw["final_seeds"] = []
     root = Path(raw["harness"])
     (root / "knobs.yaml").write_text((root / "knobs.yaml").read_text().replace("prompts_per_step: 4",
                                                                               "prompts_per_step: 16"))

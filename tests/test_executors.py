@@ -79,3 +79,31 @@ def test_broken_harness_code_is_a_labelled_failure_not_a_crash_of_the_caller(tmp
     assert expect in (r.error or "") + r.log_tail
     if label == "crash":
         assert "Traceback" in r.log_tail
+
+
+def test_pool_runs_workers_side_by_side_and_keeps_the_calls_order():
+    from evotrainer.executors import Call, run_all
+    calls = [Call("worker_targets:interval", {"seconds": 1.0}) for _ in range(2)] + [Call("worker_targets:add", {"a": 1, "b": 1})]
+    (a, b, c) = run_all(calls, workers=2, timeout_s=60, cwd=HERE)
+    assert a.ok and b.ok and c.value == 2
+    (s1, e1), (s2, e2) = a.value, b.value
+    assert s2 < e1 and s1 < e2  # the two sleeps overlapped: two workers ran at once
+
+
+def test_pool_with_one_worker_runs_them_in_turn():
+    from evotrainer.executors import Call, run_all
+    a, b = run_all([Call("worker_targets:interval", {"seconds": 0.3})] * 2, workers=1, timeout_s=60, cwd=HERE)
+    assert a.value[1] <= b.value[0]
+
+
+def test_pool_times_out_one_worker_and_keeps_the_others_results():
+    from evotrainer.executors import Call, run_all
+    slow, fast = run_all([Call("worker_targets:sleep_forever"), Call("worker_targets:add", {"a": 2, "b": 2})],
+                         workers=2, timeout_s=3, cwd=HERE)
+    assert slow.label == "timeout" and fast.ok and fast.value == 4
+
+
+def test_pool_caps_each_workers_threads():
+    from evotrainer.executors import Call, run_all
+    (r,) = run_all([Call("worker_targets:torch_threads")], workers=1, timeout_s=120, cwd=HERE, threads=1)
+    assert r.value == (1, "1")

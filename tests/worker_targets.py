@@ -30,3 +30,20 @@ def hog():
 
 def hard_exit():
     os._exit(7)
+
+
+def interval(seconds):
+    """(start, end) of a short sleep, so a test can see whether two workers overlapped."""
+    t0 = time.time()
+    time.sleep(seconds)
+    return t0, time.time()
+
+
+def torch_threads():
+    import torch
+    return torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+
+
+def sleep_forever():
+    while True:
+        time.sleep(0.05)

@@ -52,7 +52,7 @@ def _base(args, task):
         from evotrainer.policy import load_policy
         load_policy(args.base)  # fail early, with the one-line error, if it is not a checkpoint
         return Path(args.base), None
-    cfg = PretrainConfig(target_acc=args.target_acc, seed=args.base_seed)
+    cfg = PretrainConfig(target_acc=args.target_acc, seed=args.base_seed, warm_start=args.warm_start)
     with _progress() as prog:
         bar = prog.add_task("pretrain base", total=cfg.max_steps, info="")
         path, meta = pretrain(task, cfg, args.cache_dir,
@@ -155,6 +155,11 @@ def _run_loop(cfg, out: Path) -> dict:
                                  f"{data['label']}{mean}"))
         elif kind in ("trial_started", "stopped", "trial_resumed"):
             console.print(escape(f"{kind.replace('_', ' ')}: {', '.join(f'{k} {v}' for k, v in data.items())}"))
+        elif kind == "final_started":
+            console.print(escape(f"final comparison: winner {data['winner']} (schedule {' -> '.join(data['schedule'])}) "
+                                 f"and the reference, replayed from the base on fresh seeds {data['seeds']}"))
+        elif kind == "final_finished":
+            console.print(escape(data["table"]))
     try:
         Controller(cfg, out, on_event=show).run()
     except ControlFailed as e:
@@ -206,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the cached base's SFT stops at this greedy accuracy on a train-stream probe")
         sp.add_argument("--base-seed", type=int, default=PretrainConfig().seed,
                         help="seed of the cached base's SFT (initialisation and data order)")
+        sp.add_argument("--warm-start", type=int, default=0, metavar="LEVEL",
+                        help="continue SFT from the default base for this lower level (0: from scratch)")
 
     sp = sub.add_parser("pretrain", help="build (or reuse) the cached SFT base checkpoint")
     common(sp)

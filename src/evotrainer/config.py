@@ -6,10 +6,13 @@
     policy: continue             # continue: a version trains on from its parent's checkpoint
                                  # restart: every version retrains from the base (published protocol)
     seeds: [0, 1]                # training seeds, paired across versions
+    final_seeds: [100, 101, 102] # fresh seeds of the final comparison (never used by the search)
+    workers: 0                   # training workers at once (0: one per core, at most one per job)
     agent: rules
     base:
       target_acc: 0.25           # the cached base's SFT stops here
       seed: 0
+      warm_start: 0              # 0: SFT from scratch; N: continue from the level-N base
       checkpoint: null           # or start from this checkpoint
     budget:
       trials: 8                  # versions proposed, whatever becomes of them
@@ -45,6 +48,7 @@ AGENTS = ("rules",)
 class BaseConfig:
     target_acc: float = 0.25
     seed: int = 0
+    warm_start: int = 0
     checkpoint: str | None = None
 
 
@@ -71,6 +75,8 @@ class RunConfig:
     harness: str | None = None
     policy: str = "continue"
     seeds: tuple[int, ...] = (0, 1)
+    final_seeds: tuple[int, ...] = (100, 101, 102)
+    workers: int = 0
     agent: str = "rules"
     base: BaseConfig = field(default_factory=BaseConfig)
     budget: Budget = field(default_factory=Budget)
@@ -85,6 +91,11 @@ class RunConfig:
         need(self.agent in AGENTS, "agent", f"must be one of {', '.join(AGENTS)}, got '{self.agent}'")
         need(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds), "seeds",
              f"must be distinct seeds, at least one, got {list(self.seeds)}")
+        need(len(set(self.final_seeds)) == len(self.final_seeds) and not set(self.final_seeds) & set(self.seeds),
+             "final_seeds", f"must be distinct and never used by the search (seeds {list(self.seeds)}), "
+             f"got {list(self.final_seeds)}")
+        need(self.workers >= 0, "workers", f"must be >= 0 (0: one per core), got {self.workers}")
+        need(self.base.warm_start >= 0, "base.warm_start", f"must be >= 0 (0: from scratch), got {self.base.warm_start}")
         need(0 < self.base.target_acc <= 1, "base.target_acc", f"must be in (0, 1], got {self.base.target_acc}")
         b = self.budget
         for key in ("trials", "steps_per_segment", "total_steps", "wall_clock_s", "trial_timeout_s"):

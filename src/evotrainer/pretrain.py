@@ -20,7 +20,7 @@ from evotrainer import __version__
 from evotrainer.errors import UsageError
 from evotrainer.evaluate import accuracy
 from evotrainer.policy import build_model, build_tokenizer, load_policy, save_policy
-from evotrainer.tasks import Task
+from evotrainer.tasks import Task, get_task
 from evotrainer.tasks.base import HELD_OUT_SHARE
 
 DEFAULT_CACHE = Path.home() / ".cache" / "evotrainer"
@@ -30,6 +30,12 @@ DEFAULT_CACHE = Path.home() / ".cache" / "evotrainer"
 class PretrainConfig:
     seed: int = 0
     levels: tuple[int, ...] = ()    # SFT mix; empty: target level and the one below it
+    # 0: SFT from a fresh initialisation. N: continue from the default base for level N
+    # (built or reused first). A target longer than anything a model saw is out of reach for a
+    # 1M-parameter model from scratch (4-digit from scratch: 1% after 1500 steps), but continued
+    # SFT from the 3-digit base on a 2/3/4 mix reaches a few percent on 4-digit within ~200
+    # steps (shared/MEASUREMENTS.md): a weak base on the target, where the harness matters.
+    warm_start: int = 0
     target_acc: float = 0.25        # stop once probe accuracy on the target level reaches this
     max_steps: int = 1500
     batch_size: int = 128
@@ -50,11 +56,14 @@ class PretrainConfig:
             raise ValueError(f"target_acc must be in (0, 1], got {self.target_acc}")
         if self.max_steps < 1 or self.batch_size < 1:
             raise ValueError("max_steps and batch_size must be positive")
+        if self.warm_start < 0:
+            raise ValueError(f"warm_start must be 0 (fresh) or a level, got {self.warm_start}")
 
 
 def cache_key(task: Task, cfg: PretrainConfig) -> str:
+    fields = {k: v for k, v in asdict(cfg).items() if k != "warm_start" or v}  # older bases keep their keys
     blob = json.dumps({"task": task.name, "target": task.target_level, "v": __version__,
-                       "train_stream": f"outside the held-out pool (1/{HELD_OUT_SHARE})", **asdict(cfg)},
+                       "train_stream": f"outside the held-out pool (1/{HELD_OUT_SHARE})", **fields},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -108,9 +117,18 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
         return out, json.loads(meta_file.read_text())
     t0 = time.time()
     torch.manual_seed(cfg.seed)
-    tok = build_tokenizer()
-    model = build_model(len(tok), cfg.hidden, cfg.layers, cfg.heads, cfg.ffn, seed=cfg.seed)
-    levels = list(cfg.levels) or sorted({max(min(task.levels), task.target_level - 1), task.target_level})
+    if cfg.warm_start:
+        if cfg.warm_start not in task.levels or cfg.warm_start >= task.target_level:
+            raise UsageError(f"warm_start must be a level below the target {task.target_level}, "
+                             f"one of {[lv for lv in task.levels if lv < task.target_level]}")
+        start, _ = pretrain(get_task(task.name, cfg.warm_start), PretrainConfig(seed=cfg.seed), cache_dir, progress)
+        model, tok = load_policy(start)
+    else:
+        tok = build_tokenizer()
+        model = build_model(len(tok), cfg.hidden, cfg.layers, cfg.heads, cfg.ffn, seed=cfg.seed)
+    first = cfg.warm_start or task.target_level
+    levels = list(cfg.levels) or [lv for lv in task.levels if first - 1 <= lv <= task.target_level] \
+        or [task.target_level]
     stream = task.train_stream(cfg.seed)
     probe_stream = task.train_stream(cfg.seed + 1_000_003)
     probe = [probe_stream.draw(task.target_level) for _ in range(cfg.probe_size)]
@@ -136,7 +154,7 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
     if require_target and probe_acc < cfg.target_acc:
         raise PretrainFailed(f"SFT reached probe accuracy {probe_acc:.2f} in {step} steps, short of target_acc "
                              f"{cfg.target_acc:g}; nothing was cached (try another --base-seed or a lower --target-acc)")
-    meta = {"task": task.name, "target_level": task.target_level, "sft_levels": levels,
+    meta = {"task": task.name, "target_level": task.target_level, "sft_levels": levels, "warm_start": cfg.warm_start,
             "steps": step, "probe_acc": probe_acc, "seconds": round(time.time() - t0, 1),
             "params": sum(p.numel() for p in model.parameters()), "config": asdict(cfg)}
     tmp = out.with_name(out.name + ".tmp")

@@ -64,6 +64,19 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
     return {"steps": steps, "harness_hash": h.content_hash[:12]}
 
 
+def train_schedule(task: str, level: int | None, harnesses: list[str], base: str, out: str, seed: int,
+                   steps: int) -> dict:
+    """Worker entry point: one segment of `steps` per harness, each from the last one's
+    checkpoint, in OUT/segment-1, segment-2, ... (the seed of segment d is 1000*seed + d,
+    as in the search). The last segment's directory holds the result."""
+    start = base
+    for d, harness in enumerate(harnesses, 1):
+        seg = Path(out) / f"segment-{d}"
+        train_segment(task, level, harness, start, str(seg), 1000 * seed + d, steps)
+        start = str(seg / "checkpoint")
+    return {"last": str(Path(out) / f"segment-{len(harnesses)}")}
+
+
 def saved_checkpoints(out: Path) -> list[Path]:
     """A train directory's checkpoints/step-N, in step order (the final one is checkpoint/)."""
     return sorted(Path(out, "checkpoints").glob("step-*"), key=lambda p: int(p.name[5:]))

@@ -1,8 +1,8 @@
-"""The controller: the evolution loop of shared/DESIGN.md, in continue mode.
+"""The controller: the evolution loop of shared/DESIGN.md.
 
-A *state* is a harness version at a lineage depth (segments of training behind it) with
-one checkpoint per seed. Trial 0 trains the root harness for one segment from the base.
-Each later trial:
+A *state* is a harness version at a lineage depth with one checkpoint per seed. In
+`continue` mode (population-based training) depth counts segments of training behind the
+state; trial 0 trains the root harness one segment from the base, and each later trial:
 
     select parent (best state with segments left) -> diagnose it -> the agent proposes one
     intervention -> legality -> backtest on the parent's rollouts -> train the child one
@@ -10,8 +10,12 @@ Each later trial:
     gate against the control (the parent continued unchanged, same segment seeds) ->
     kept / discarded / invalid, written to the lineage in one transaction.
 
-Child and control at the same depth use the same segment seed per run seed, so they see
-the same prompts and sampling noise: the gain is paired. Controls are states too, so the
+In `restart` mode (the published protocol) every version trains from the base for the
+whole budget and its control is its parent, trained from the base with the same seeds.
+
+Child and control use the same segment seed per run seed, so they see the same prompts
+and sampling noise: the gain is paired. Every training job of a step (child and control,
+all seeds) runs in one pool of worker processes, and one evaluator process scores them. Controls are states too, so the
 lineage deepens even when children fail. Everything is recorded before it is relied on;
 a killed controller resumes with `run()` again: pending trials are redone under their
 number and with the proposal they started with, and finished work is never repeated.
@@ -23,6 +27,8 @@ tag per version), harnesses/vN (checkouts), versions/vN/seed-S and controls/vN-d
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -37,9 +43,10 @@ from evotrainer.config import RunConfig
 from evotrainer.diagnostics.health import diagnose
 from evotrainer.diagnostics.spec import SEVERITIES
 from evotrainer.evidence import EvidenceStore
+from evotrainer.evolve.final import compare, extend, schedule, table, winner
 from evotrainer.evolve.gate import gate
 from evotrainer.evolve.stats import average_last
-from evotrainer.executors import run_in_worker
+from evotrainer.executors import Call, run_all, run_in_worker
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.candidate import Candidate, propose_files, vet
 from evotrainer.harness.knobs import load_knobs
@@ -94,7 +101,8 @@ class Controller:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.agent, self.run_backtests = agent, run_backtests
         self.task = get_task(cfg.task, cfg.level)
-        self.max_depth = cfg.budget.total_steps // cfg.budget.steps_per_segment
+        # continue mode: segments to the reference's total steps; restart mode: every state is whole
+        self.max_depth = 1 if cfg.policy == "restart" else cfg.budget.total_steps // cfg.budget.steps_per_segment
         self.on_event = on_event or (lambda kind, data: None)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.store = LineageStore(self.run_dir / "lineage.sqlite")
@@ -114,6 +122,10 @@ class Controller:
                 self._trial(n, State.of(proposal["parent_state"]), proposal)
         if not self.store.finished(0):
             self._root()
+        self._search(t_end)
+        self.final()
+
+    def _search(self, t_end: float) -> None:
         while (n := self.store.next_trial()) <= self.cfg.budget.trials:
             if time.time() > t_end:
                 self._event("stopped", reason="wall-clock budget spent")
@@ -128,6 +140,63 @@ class Controller:
                 continue
             self._trial(n, parent, proposal)
         self._event("run_finished", trials=len(self.store.trials()))
+
+    # ------------------------------------------------------------------ the final comparison
+
+    def final(self) -> dict | None:
+        """Replay the winner's harness schedule from the base with `final_seeds`, beside the
+        root harness (the reference recipe) trained the same total steps with the same seeds;
+        written to final.json and final.md and recorded as `final_finished`. Done once."""
+        done = self.store.events("final_finished")
+        if done or not self.cfg.final_seeds:
+            return done[-1] if done else None
+        win = winner(self._states())
+        if self.restart:
+            harnesses, steps = [win.version], self.cfg.budget.total_steps
+        else:
+            harnesses = extend(schedule(self.store.trials(), win.version, win.depth), self.max_depth)
+            steps = self.cfg.budget.steps_per_segment
+        self._event("final_started", winner=f"{win.version}@{win.depth}", schedule=harnesses,
+                    seeds=list(self.cfg.final_seeds))
+        clock, root, calls, where = Clock(), self.run_dir / "final", [], []
+        for arm, sched, arm_steps in (("reference", ["v0"], self.cfg.budget.total_steps), ("evolved", harnesses, steps)):
+            for seed in self.cfg.final_seeds:
+                out = root / arm / f"seed-{seed}"
+                shutil.rmtree(out, ignore_errors=True)
+                calls.append(Call("evotrainer.train:train_schedule", dict(
+                    task=self.task.name, level=self.task.target_level or None, base=self.base, out=str(out),
+                    harnesses=[str(self._harness_dir(v)) for v in sched], seed=seed, steps=arm_steps)))
+                where.append((arm, seed, out / f"segment-{len(sched)}"))
+        t = time.time()
+        workers = self.cfg.workers or min(os.cpu_count() or 1, len(calls))
+        results = run_all(calls, workers, timeout_s=self.cfg.budget.trial_timeout_s * len(harnesses),
+                          threads=max(1, (os.cpu_count() or 1) // workers))
+        clock.train_s += time.time() - t
+        for (arm, seed, _), res in zip(where, results):
+            if not res.ok:
+                raise ControlFailed(f"the final comparison's {arm} run, seed {seed}, failed: {res.label}: {res.error}")
+        t = time.time()
+        k = self.cfg.gate.last_k
+        last = {(arm, seed): [str(c) for c in [*saved_checkpoints(d), d / "checkpoint"][-k:]] for arm, seed, d in where}
+        jobs = {self.base: ["val", "test"]} | {c: ["val", "test"] for cs in last.values() for c in cs}
+        ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
+                           dict(task=self.task.name, level=self.task.target_level or None, jobs=jobs),
+                           timeout_s=self.cfg.budget.trial_timeout_s)
+        clock.eval_s += time.time() - t
+        if not ev.ok:
+            raise ControlFailed(f"the evaluator failed: {ev.label}: {ev.error}")
+        score = {arm: {} for arm in ("reference", "evolved")}
+        for (arm, seed), cs in last.items():
+            score[arm][seed] = {split: sum(ev.value[c][split] for c in cs) / len(cs) for split in ("val", "test")}
+        result = {"winner": f"{win.version}@{win.depth}", "schedule": harnesses, "seeds": list(self.cfg.final_seeds),
+                  "total_steps": self.cfg.budget.total_steps, "base": ev.value[self.base],
+                  "comparison": compare(score["reference"], score["evolved"]), "budgets": clock.budgets()}
+        result["table"] = table(result["base"], result["comparison"], self.cfg.final_seeds)
+        (self.run_dir / "final.json").write_text(json.dumps(result, indent=2))
+        (self.run_dir / "final.md").write_text(f"# Final comparison\n\nwinner {result['winner']}, schedule "
+                                               f"{' -> '.join(harnesses)}\n\n```\n{result['table']}\n```\n")
+        self._event("final_finished", **result)
+        return result
 
     def _setup(self) -> None:
         cfg_file = self.run_dir / "config.yaml"
@@ -144,7 +213,9 @@ class Controller:
         self.repo = HarnessRepo(repo_dir)
         started = self.store.events("run_started")
         if not started:
-            self._event("run_started", base=self._base_checkpoint(), max_depth=self.max_depth)
+            t = time.time()
+            base = self._base_checkpoint()
+            self._event("run_started", base=base, base_s=round(time.time() - t, 2), max_depth=self.max_depth)
             started = self.store.events("run_started")
         self.base = started[0]["base"]
 
@@ -152,7 +223,8 @@ class Controller:
         if self.cfg.base.checkpoint:  # absolute: a resume may start from another directory
             return str(Path(self.cfg.base.checkpoint).resolve())
         from evotrainer.pretrain import PretrainConfig, pretrain
-        path, _ = pretrain(self.task, PretrainConfig(target_acc=self.cfg.base.target_acc, seed=self.cfg.base.seed))
+        b = self.cfg.base
+        path, _ = pretrain(self.task, PretrainConfig(target_acc=b.target_acc, seed=b.seed, warm_start=b.warm_start))
         return str(path)
 
     # ------------------------------------------------------------------ states and proposals
@@ -164,7 +236,8 @@ class Controller:
 
     def _select_parent(self) -> State | None:
         exhausted = {(e["version"], e["depth"]) for e in self.store.events("parent_exhausted")}
-        open_ = [s for s in self._states() if s.depth < self.max_depth and (s.version, s.depth) not in exhausted]
+        open_ = [s for s in self._states()  # restart mode: a state is whole, any may be a parent
+                 if (self.restart or s.depth < self.max_depth) and (s.version, s.depth) not in exhausted]
         return max(open_, key=lambda s: (s.mean_val, s.depth, s.version), default=None)
 
     def _propose(self, n: int, parent: State) -> dict | None:
@@ -209,7 +282,9 @@ class Controller:
         if 0 not in dict(self.store.pending()):
             self.store.begin_trial(0, intervention="root", version="v0")
         t0, clock = time.time(), Clock()
-        state = self._segment("v0", root, self.run_dir / "versions" / "v0", clock)
+        (state,) = self._train([Segment("v0", root, 1, self.run_dir / "versions" / "v0")], clock)
+        if isinstance(state, SegmentFailed):
+            raise ControlFailed(f"the root harness failed: {state}")
         self._finish(TrialRecord(
             id=0, version="v0", parents=[], agent="-", intervention="root", depth=1,
             hypothesis="the root harness, trained one segment from the base", success_criterion="-", patch="",
@@ -244,9 +319,8 @@ class Controller:
         if bt is not None and not bt.passed:
             return self._finish(TrialRecord(**rec, patch=patch, label=bt.label, backtest=bt_summary,
                                             reflection="; ".join(bt.reasons), finished=time.time()))
-        control = self._control(parent, clock)
         try:
-            child = self._segment(version, parent, self.run_dir / "versions" / version, clock)
+            control, child = self._train_against_control(parent, version, clock)
         except SegmentFailed as e:
             return self._finish(TrialRecord(**rec, patch=patch, label=e.label, backtest=bt_summary,
                                             budgets=clock.budgets(), reflection=e.detail,
@@ -269,19 +343,31 @@ class Controller:
         files = {**proposal.get("files", {}), "knobs.yaml": text}
         return propose_files(self.repo, parent, files, version, proposal["hypothesis"])
 
-    def _control(self, parent: State, clock: Clock) -> State:
-        """The parent continued one segment with its own harness: every child's comparison."""
+    def _train_against_control(self, parent: State, version: str, clock: Clock) -> tuple[State, State]:
+        """Train the child and, where not trained yet, its control; return (control, child).
+
+        Continue mode: the control is the parent continued one segment with its own harness,
+        shared by every child of that parent. Restart mode: the control is the parent itself."""
+        child_seg = Segment(version, self._start_of(parent), parent.depth + 1, self.run_dir / "versions" / version)
+        if self.restart:
+            (child,) = self._train([child_seg], clock)
+            return parent, _raise_failed(child)
         for e in self.store.events("control_finished"):
             if (e["state"]["version"], e["state"]["depth"]) == (parent.version, parent.depth + 1):
-                return State.of(e["state"])
-        out = self.run_dir / "controls" / f"{parent.version}-d{parent.depth + 1}"
-        try:
-            state = self._segment(parent.version, parent, out, clock)
-        except SegmentFailed as e:
-            raise ControlFailed(f"the control of {parent.version} failed: {e.label}: {e.detail}") from None
-        self._ingest(f"{parent.version}-d{state.depth}", state)
-        self._event("control_finished", state=dataclasses.asdict(state))
-        return state
+                (child,) = self._train([child_seg], clock)
+                return State.of(e["state"]), _raise_failed(child)
+        control_seg = Segment(parent.version, parent, parent.depth + 1,
+                              self.run_dir / "controls" / f"{parent.version}-d{parent.depth + 1}")
+        child, control = self._train([child_seg, control_seg], clock)
+        if isinstance(control, SegmentFailed):
+            raise ControlFailed(f"the control of {parent.version} failed: {control}") from None
+        self._ingest(f"{parent.version}-d{control.depth}", control)
+        self._event("control_finished", state=dataclasses.asdict(control))
+        return control, _raise_failed(child)
+
+    def _start_of(self, parent: State) -> State:
+        """Where a child of `parent` starts: the parent's checkpoints, or the base in restart mode."""
+        return State(parent.version, 0, {}, {}, {}) if self.restart else parent
 
     def _finish(self, rec: TrialRecord, state: State | None = None) -> None:
         if state is not None:
@@ -292,41 +378,75 @@ class Controller:
 
     # ------------------------------------------------------------------ training and evaluation
 
-    def _segment(self, version: str, parent: State, out_root: Path, clock: Clock) -> State:
-        """One segment per seed from the parent's checkpoints (the base for the root), then evaluation."""
-        depth, harness = parent.depth + 1, self._harness_dir(version)
-        dirs = {}
-        for seed in self.cfg.seeds:
-            out = out_root / f"seed-{seed}"
-            shutil.rmtree(out, ignore_errors=True)  # a resumed segment starts clean
-            t = time.time()
-            res = run_in_worker("evotrainer.train:train_segment", dict(
-                task=self.task.name, level=self.task.target_level or None, harness=str(harness),
-                base=parent.checkpoint(seed) if parent.dirs else self.base, out=str(out),
-                seed=1000 * seed + depth, steps=self.cfg.budget.steps_per_segment),
-                timeout_s=self.cfg.budget.trial_timeout_s)
-            clock.train_s += time.time() - t
-            clock.steps += self.cfg.budget.steps_per_segment
+    @property
+    def restart(self) -> bool:
+        return self.cfg.policy == "restart"
+
+    @property
+    def segment_steps(self) -> int:
+        return self.cfg.budget.total_steps if self.restart else self.cfg.budget.steps_per_segment
+
+    def _train(self, segments: list["Segment"], clock: Clock) -> list["State | SegmentFailed"]:
+        """Train every segment on every seed in one pool of workers, then evaluate them all in
+        one evaluator process. A segment whose worker failed on any seed comes back as
+        SegmentFailed; the others as States at their depth."""
+        calls, where = [], []
+        for i, sg in enumerate(segments):
+            for seed in self.cfg.seeds:
+                out = sg.out_root / f"seed-{seed}"
+                shutil.rmtree(out, ignore_errors=True)  # a resumed segment starts clean
+                # paired: every version at a depth sees the same prompts per seed (restart: one depth)
+                segment_seed = 1000 * seed + (1 if self.restart else sg.depth)
+                calls.append(Call("evotrainer.train:train_segment", dict(
+                    task=self.task.name, level=self.task.target_level or None,
+                    harness=str(self._harness_dir(sg.version)),
+                    base=sg.start.checkpoint(seed) if sg.start.dirs else self.base, out=str(out),
+                    seed=segment_seed, steps=self.segment_steps)))
+                where.append((i, seed, out))
+        t = time.time()
+        workers = self.cfg.workers or min(os.cpu_count() or 1, len(calls))
+        results = run_all(calls, workers, timeout_s=self.cfg.budget.trial_timeout_s,
+                          threads=max(1, (os.cpu_count() or 1) // workers))
+        clock.train_s += time.time() - t
+        clock.steps += self.segment_steps * len(calls)
+        failed: dict[int, SegmentFailed] = {}
+        dirs: dict[int, dict[int, str]] = {i: {} for i in range(len(segments))}
+        for (i, seed, out), res in zip(where, results):
             out.mkdir(parents=True, exist_ok=True)
             (out / "worker.log").write_text(res.log_tail)
             if not res.ok:
-                raise SegmentFailed(res.label, f"seed {seed}: {res.error}")
-            dirs[seed] = str(out)
+                failed.setdefault(i, SegmentFailed(res.label, f"seed {seed}: {res.error}"))
+            dirs[i][seed] = str(out)
+        scores = self._evaluate([dirs[i] for i in range(len(segments)) if i not in failed], clock)
+        out = []
+        for i, sg in enumerate(segments):
+            out.append(failed[i] if i in failed else State(sg.version, sg.depth, dirs[i], *scores.pop(0)))
+        return out
+
+    def _evaluate(self, dir_sets: list[dict[int, str]], clock: Clock) -> list[tuple[dict, dict]]:
+        """(val, test) per seed for each set of train directories, from one evaluator process:
+        validation averages the last evaluations of a segment, test is the final checkpoint's."""
+        if not dir_sets:
+            return []
         t = time.time()
         jobs = {}
-        for seed, d in dirs.items():
-            jobs |= {str(c): ["val"] for c in saved_checkpoints(Path(d))} | {str(Path(d, "checkpoint")): ["val", "test"]}
+        for dirs in dir_sets:
+            for d in dirs.values():
+                jobs |= {str(c): ["val"] for c in saved_checkpoints(Path(d))} | {str(Path(d, "checkpoint")): ["val", "test"]}
         ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
                            dict(task=self.task.name, level=self.task.target_level or None, jobs=jobs),
                            timeout_s=self.cfg.budget.trial_timeout_s)
         clock.eval_s += time.time() - t
         if not ev.ok:
             raise ControlFailed(f"the evaluator failed: {ev.label}: {ev.error}")
-        val, test = {}, {}
-        for seed, d in dirs.items():
-            seq = [ev.value[k]["val"] for k in jobs if k.startswith(d + "/")]  # saved steps, then the final
-            val[seed], test[seed] = average_last(seq, self.cfg.gate.last_k), ev.value[str(Path(d, "checkpoint"))]["test"]
-        return State(version, depth, dirs, val, test)
+        out = []
+        for dirs in dir_sets:
+            val, test = {}, {}
+            for seed, d in dirs.items():
+                seq = [ev.value[k]["val"] for k in jobs if k.startswith(d + "/")]  # saved steps, then the final
+                val[seed], test[seed] = average_last(seq, self.cfg.gate.last_k), ev.value[str(Path(d, "checkpoint"))]["test"]
+            out.append((val, test))
+        return out
 
     def _ingest(self, name: str, state: State) -> None:
         store = EvidenceStore(self.run_dir / "evidence.sqlite")
@@ -344,10 +464,25 @@ class Controller:
         self.on_event(kind, data)
 
 
+@dataclass(frozen=True)
+class Segment:
+    """`version` trained on from `start`'s checkpoints (the base where it has none) to lineage `depth`."""
+    version: str
+    start: State
+    depth: int
+    out_root: Path
+
+
 class SegmentFailed(RuntimeError):
     def __init__(self, label: str, detail: str):
         self.label, self.detail = label, detail
         super().__init__(f"{label}: {detail}")
+
+
+def _raise_failed(x: "State | SegmentFailed") -> State:
+    if isinstance(x, SegmentFailed):
+        raise x
+    return x
 
 
 def _plain(x):

@@ -19,8 +19,11 @@ def status(run_dir: Path | str) -> dict:
     store = open_run(run_dir)
     trials, events = store.trials(), store.events()
     wall = controller_seconds(events)
-    train = sum(t.budgets.get("train_s", 0.0) for t in trials)
-    evaluate = sum(t.budgets.get("eval_s", 0.0) for t in trials)
+    final = store.events("final_finished")
+    # building the base is training too (SFT), and so is the final comparison's replay
+    spent = [t.budgets for t in trials] + [f["budgets"] for f in final]
+    train = sum(b.get("train_s", 0.0) for b in spent) + sum(e.get("base_s", 0.0) for e in store.events("run_started"))
+    evaluate = sum(b.get("eval_s", 0.0) for b in spent)
     kept = [t for t in trials if t.label == "kept"]
     best = max(kept, key=lambda t: sum(t.fitness["val"].values()) / len(t.fitness["val"]), default=None)
     last = events[-1]["kind"] if events else None
@@ -29,7 +32,11 @@ def status(run_dir: Path | str) -> dict:
         "pending": [n for n, _ in store.pending()],
         "best": None if best is None else {"version": best.version, "depth": best.depth,
                                            "val": best.fitness["val"], "test": best.fitness["test"]},
-        "state": "finished" if last in ("run_finished", "stopped") else "running or interrupted",
+        "state": "finished" if last in ("final_finished", "run_finished", "stopped") else "running or interrupted",
+        "final": None if not final else {
+            "winner": final[-1]["winner"], "seeds": final[-1]["seeds"],
+            **{f"{split}_difference": {k: final[-1]["comparison"][split]["difference"][k] for k in ("mean", "ci")}
+               for split in ("val", "test")}},
         "wall_s": round(wall, 1), "train_s": round(train, 1), "eval_s": round(evaluate, 1),
         # everything that is neither training nor evaluation: agents, backtests, git, bookkeeping
         # (while a trial is in flight its training is not counted yet, so this reads high)

@@ -15,6 +15,9 @@ def main(job_dir: str) -> int:
     if job["memory_mb"]:
         limit = job["memory_mb"] * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if job.get("threads"):
+        import torch  # every target here uses torch; cap it before the target builds anything
+        torch.set_num_threads(job["threads"])
     try:
         module, _, name = job["target"].partition(":")
         value = getattr(importlib.import_module(module), name)(**job["kwargs"])

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,48 +40,98 @@ class WorkerResult:
         return self.label == "ok"
 
 
+@dataclass(frozen=True)
+class Call:
+    """One job for `run_all`: `target(**kwargs)` in a worker of its own."""
+    target: str
+    kwargs: dict = field(default_factory=dict)
+
+
 def run_in_worker(target: str, kwargs: dict | None = None, timeout_s: float = 600.0,
                   memory_mb: int | None = 8192, cwd: Path | None = None,
-                  on_poll: Callable[[], None] | None = None, poll_s: float = 0.5) -> WorkerResult:
+                  on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
+                  threads: int | None = None) -> WorkerResult:
     """Run `target(**kwargs)` in a fresh process; `on_poll` runs in the caller while it waits."""
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="evotrainer-worker-") as tmp:
-        tmp = Path(tmp)
-        (tmp / "job.pkl").write_bytes(pickle.dumps({"target": target, "kwargs": kwargs or {},
-                                                    "memory_mb": memory_mb}))
-        log = open(tmp / "log.txt", "w+b")
-        proc = subprocess.Popen([sys.executable, "-m", "evotrainer.executors.child", str(tmp)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=cwd, start_new_session=True)  # its own process group
-        killed = False
-        try:
-            while proc.poll() is None:
-                if time.monotonic() - t0 > timeout_s:
-                    killed = True
-                    break
-                if on_poll:
-                    on_poll()
-                try:
-                    proc.wait(timeout=min(poll_s, max(timeout_s - (time.monotonic() - t0), 0.01)))
-                except subprocess.TimeoutExpired:
-                    pass
-        finally:
-            _kill_group(proc)
+    return run_all([Call(target, kwargs or {})], 1, timeout_s, memory_mb, cwd, on_poll, poll_s, threads)[0]
+
+
+def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memory_mb: int | None = 8192,
+            cwd: Path | None = None, on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
+            threads: int | None = None) -> list[WorkerResult]:
+    """Run the calls, at most `workers` at a time, each in its own process group with its own
+    deadline (`timeout_s` from its own start) and memory limit; results in the calls' order.
+
+    `threads` caps each worker's intra-op threads (OMP/MKL and torch), so that `workers`
+    processes share the cores instead of oversubscribing them."""
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    results: list[WorkerResult | None] = [None] * len(calls)
+    waiting, running = list(enumerate(calls)), []
+    try:
+        while waiting or running:
+            while waiting and len(running) < workers:
+                i, call = waiting.pop(0)
+                running.append((i, _Job(call, memory_mb, cwd, threads)))
+            for i, job in [r for r in running if r[1].done(timeout_s)]:
+                results[i] = job.finish(timeout_s)
+                running.remove((i, job))
             if on_poll:
                 on_poll()
-        log.seek(0)
-        tail = log.read().decode("utf-8", "replace")[-TAIL_CHARS:]
-        log.close()
-        seconds = time.monotonic() - t0
+            if running and not any(j.done(timeout_s) for _, j in running):
+                time.sleep(min(poll_s, 0.1))  # a finished worker is noticed within 0.1 s
+    finally:  # the caller died or was interrupted: no worker outlives it
+        for i, job in running:
+            results[i] = job.finish(timeout_s)
+        if on_poll:
+            on_poll()
+    return results
+
+
+class _Job:
+    """One started worker: its process group, its scratch directory and its log."""
+
+    def __init__(self, call: Call, memory_mb: int | None, cwd: Path | None, threads: int | None):
+        self.t0 = time.monotonic()
+        self._tmp = tempfile.TemporaryDirectory(prefix="evotrainer-worker-")
+        self.dir = Path(self._tmp.name)
+        (self.dir / "job.pkl").write_bytes(pickle.dumps({"target": call.target, "kwargs": call.kwargs,
+                                                         "memory_mb": memory_mb, "threads": threads}))
+        env = dict(os.environ)
+        if threads:  # read by the OpenMP/MKL runtimes when torch loads; the child also calls set_num_threads
+            env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        self.log = open(self.dir / "log.txt", "w+b")
+        self.proc = subprocess.Popen([sys.executable, "-m", "evotrainer.executors.child", str(self.dir)],
+                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+                                     cwd=cwd, env=env, start_new_session=True)  # its own process group
+
+    def done(self, timeout_s: float) -> bool:
+        return self.proc.poll() is not None or time.monotonic() - self.t0 > timeout_s
+
+    def finish(self, timeout_s: float) -> WorkerResult:
+        was_running = self.proc.poll() is None
+        killed = was_running and time.monotonic() - self.t0 > timeout_s
+        _kill_group(self.proc)  # also reaps grandchildren a finished worker left behind
+        self.log.seek(0)
+        tail = self.log.read().decode("utf-8", "replace")[-TAIL_CHARS:]
+        self.log.close()
+        seconds = time.monotonic() - self.t0
+        try:
+            return self._label(killed, was_running, tail, seconds, timeout_s)
+        finally:
+            self._tmp.cleanup()
+
+    def _label(self, killed: bool, was_running: bool, tail: str, seconds: float, timeout_s: float) -> WorkerResult:
         if killed:
             return WorkerResult("timeout", error=f"killed after {timeout_s:g} s", log_tail=tail, seconds=seconds)
-        result_file = tmp / "result.pkl"
+        if was_running:  # the caller was interrupted (Ctrl-C, an exception) and took its workers down with it
+            return WorkerResult("crash", error="stopped: the caller was interrupted", log_tail=tail, seconds=seconds)
+        result_file = self.dir / "result.pkl"
         if result_file.exists():
             out = pickle.loads(result_file.read_bytes())
             return WorkerResult(out["label"], out.get("value"), out.get("error"), tail, seconds)
-        if proc.returncode == -signal.SIGKILL:  # not us: the kernel's OOM killer
+        if self.proc.returncode == -signal.SIGKILL:  # not us: the kernel's OOM killer
             return WorkerResult("oom", error="killed by SIGKILL (out of memory)", log_tail=tail, seconds=seconds)
-        return WorkerResult("crash", error=f"worker exited with code {proc.returncode}", log_tail=tail,
+        return WorkerResult("crash", error=f"worker exited with code {self.proc.returncode}", log_tail=tail,
                             seconds=seconds)
 
 
