@@ -23,7 +23,7 @@ def tiny_run(tmp_path, ckpt):
     root = shutil.copytree(REFERENCE, tmp_path / "root")
     text = (root / "knobs.yaml").read_text()
     for old, new in [("prompts_per_step: 64", "prompts_per_step: 4"), ("group_size: 8", "group_size: 4"),
-                     ("eval_every: 50", "eval_every: 1")]:
+                     ("eval_every: 25", "eval_every: 1")]:
         text = text.replace(old, new)
     (root / "knobs.yaml").write_text(text)
     cfg = tmp_path / "run.yaml"
@@ -165,3 +165,31 @@ def test_planted_length_reward_is_stopped_by_the_backtest_and_without_it_by_the_
     assert t1.label == "invalid" and "blocking finding: reward_length_coupling" in t1.reflection
     assert "v1" not in {s.version for s in bare._states()}  # never promoted: no trial can branch from it
     assert "+def length_pay(r):" in t1.patch  # the exact proposal stays in the lineage
+
+
+def test_unplanted_partial_credit_on_a_longer_target_is_invalid(tmp_path, sft_base):
+    """shared/MEASUREMENTS.md: per-digit partial credit on a target longer than anything the base
+    saw raises its shaped reward while exact match stays 0. Nobody plants it here: the rules
+    agent proposes it for the dead groups, the backtest passes it (its extra signal tracks
+    closeness to the answer), and only the gate, on the trained evidence, can stop it."""
+    from evotrainer.config import config_from_dict
+    from evotrainer.evolve.controller import Controller
+    root = shutil.copytree(REFERENCE, tmp_path / "root")
+    text = (root / "knobs.yaml").read_text()
+    (root / "knobs.yaml").write_text(text.replace("prompts_per_step: 64", "prompts_per_step: 16")
+                                     .replace("eval_every: 25", "eval_every: 15"))
+    cfg = config_from_dict({"task": "arith", "level": 3, "harness": str(root), "seeds": [0], "final_seeds": [],
+                            "base": {"checkpoint": str(sft_base)},  # trained on 1-digit sums only
+                            "budget": {"trials": 1, "steps_per_segment": 30, "total_steps": 60,
+                                       "trial_timeout_s": 300}}).validate()
+    ctl = Controller(cfg, tmp_path / "run")
+    ctl.run()
+    t1 = ctl.store.trials()[1]
+    assert t1.intervention == "partial_credit" and t1.agent == "rules" and t1.backtest["label"] == "passed"
+    assert t1.label == "invalid" and "blocking finding: reward_score_divergence" in t1.reflection
+    metrics = [json.loads(line) for line in
+               (tmp_path / "run" / "versions" / "v1" / "seed-0" / "metrics.jsonl").read_text().splitlines()]
+    first, last = metrics[:6], metrics[-6:]
+    rise = sum(m["reward_mean"] for m in last) / 6 - sum(m["reward_mean"] for m in first) / 6
+    assert rise > 0.03 and all(m["score_mean"] == 0 for m in metrics)  # shaped reward up, exact match flat at 0
+    assert "v1" not in {s.version for s in ctl._states()}  # never a parent, never the winner

@@ -60,3 +60,14 @@ def test_controller_time_adds_up_sessions_not_the_gap_between_a_kill_and_a_resum
     assert controller_seconds(ev) == 15
     assert controller_seconds([]) == 0.0
     assert controller_seconds([{"kind": "run_started", "t": 5}, {"kind": "x", "t": 9}]) == 4  # a log from before sessions
+
+
+def test_noise_floor_is_the_rms_of_paired_differences_between_runs_of_one_harness():
+    from evotrainer.evolve.stats import noise_floor
+    run = {0: 0.50, 1: 0.40}
+    assert noise_floor(run, []) == 0.0
+    assert noise_floor(run, [{0: 0.53, 1: 0.36}]) == pytest.approx(((0.03 ** 2 + 0.04 ** 2) / 2) ** 0.5)
+    # a measured floor raises the bar that two agreeing seeds alone would set
+    quiet = gate({0: 0.52, 1: 0.52}, {0: 0.50, 1: 0.50}, cfg=CFG)
+    noisy = gate({0: 0.52, 1: 0.52}, {0: 0.50, 1: 0.50}, cfg=CFG, noise_sd=0.05)
+    assert quiet.label == "kept" and noisy.label == "discarded" and noisy.threshold > 0.07

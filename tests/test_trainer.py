@@ -7,7 +7,7 @@ import yaml
 
 from evotrainer.harness import REFERENCE, load_harness
 from evotrainer.inner import GRPOTrainer
-from evotrainer.inner.grpo import SlotError
+from evotrainer.harness.rollouts import SlotError
 from evotrainer.policy import build_model, build_tokenizer
 from evotrainer.tasks import get_task
 

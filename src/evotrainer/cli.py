@@ -155,6 +155,9 @@ def _run_loop(cfg, out: Path) -> dict:
                                  f"{data['label']}{mean}"))
         elif kind in ("trial_started", "stopped", "trial_resumed"):
             console.print(escape(f"{kind.replace('_', ' ')}: {', '.join(f'{k} {v}' for k, v in data.items())}"))
+        elif kind == "base_progress" and data["step"] % 100 == 0:
+            console.print(f"building the base: SFT step {data['step']}, loss {data['loss']:.3f}, "
+                          f"probe accuracy {data['probe_acc']:.2f}")
         elif kind == "final_started":
             console.print(escape(f"final comparison: winner {data['winner']} (schedule {' -> '.join(data['schedule'])}) "
                                  f"and the reference, replayed from the base on fresh seeds {data['seeds']}"))
@@ -187,6 +190,8 @@ def cmd_status(args) -> dict:
     st = status(args.run)
     if not args.json:
         print("\n".join(f"{k}: {v}" for k, v in st.items()), file=sys.stderr)
+        if (args.run / "final.md").exists():
+            print((args.run / "final.md").read_text(), file=sys.stderr)
     return st
 
 

@@ -24,6 +24,8 @@
       z: 2.0                     # gain must exceed z standard errors of the paired differences
       min_gain: 0.01             # and this absolute floor (about 2x the sampling error of 500 problems)
       last_k: 2                  # average the last k evaluations of a segment, never one number
+      replicas: 1                # re-runs of the root segment on other data that measure the
+                                 # noise floor of a paired difference (0: the seeds' own spread)
 
 Every key is checked: an unknown one, a wrong type or a negative budget is one line naming
 the key and what is allowed, raised before anything runs.
@@ -66,6 +68,7 @@ class GateConfig:
     z: float = 2.0
     min_gain: float = 0.01
     last_k: int = 2
+    replicas: int = 1
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ class RunConfig:
         need(self.gate.z >= 0, "gate.z", f"must be >= 0, got {self.gate.z}")
         need(self.gate.min_gain >= 0, "gate.min_gain", f"must be >= 0, got {self.gate.min_gain}")
         need(self.gate.last_k >= 1, "gate.last_k", f"must be >= 1, got {self.gate.last_k}")
+        need(self.gate.replicas >= 0, "gate.replicas", f"must be >= 0, got {self.gate.replicas}")
         return self
 
 

@@ -20,7 +20,7 @@ import torch
 
 from evotrainer.evidence.records import RolloutRecord, read_evidence
 from evotrainer.harness import Rollouts, load_harness
-from evotrainer.inner.grpo import check_output
+from evotrainer.harness.rollouts import check_output
 from evotrainer.tasks.base import Problem
 
 

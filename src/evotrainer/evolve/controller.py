@@ -45,7 +45,7 @@ from evotrainer.diagnostics.spec import SEVERITIES
 from evotrainer.evidence import EvidenceStore
 from evotrainer.evolve.final import compare, extend, schedule, table, winner
 from evotrainer.evolve.gate import gate
-from evotrainer.evolve.stats import average_last
+from evotrainer.evolve.stats import average_last, noise_floor
 from evotrainer.executors import Call, run_all, run_in_worker
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.candidate import Candidate, propose_files, vet
@@ -224,7 +224,9 @@ class Controller:
             return str(Path(self.cfg.base.checkpoint).resolve())
         from evotrainer.pretrain import PretrainConfig, pretrain
         b = self.cfg.base
-        path, _ = pretrain(self.task, PretrainConfig(target_acc=b.target_acc, seed=b.seed, warm_start=b.warm_start))
+        path, _ = pretrain(self.task, PretrainConfig(target_acc=b.target_acc, seed=b.seed, warm_start=b.warm_start),
+                           progress=lambda step, loss, acc: self.on_event(
+                               "base_progress", {"step": step, "loss": loss, "probe_acc": acc}))
         return str(path)
 
     # ------------------------------------------------------------------ states and proposals
@@ -282,13 +284,20 @@ class Controller:
         if 0 not in dict(self.store.pending()):
             self.store.begin_trial(0, intervention="root", version="v0")
         t0, clock = time.time(), Clock()
-        (state,) = self._train([Segment("v0", root, 1, self.run_dir / "versions" / "v0")], clock)
-        if isinstance(state, SegmentFailed):
-            raise ControlFailed(f"the root harness failed: {state}")
+        # replicas: the root again on other data (segment seeds offset), to measure the noise floor
+        segments = [Segment("v0", root, 1, self.run_dir / "versions" / "v0")] + [
+            Segment("v0", root, 1, self.run_dir / "noise" / f"replica-{i + 1}", seed_offset=500 + i)
+            for i in range(self.cfg.gate.replicas)]
+        state, *replicas = self._train(segments, clock)
+        for s in (state, *replicas):
+            if isinstance(s, SegmentFailed):
+                raise ControlFailed(f"the root harness failed: {s}")
+        noise = noise_floor(state.val, [r.val for r in replicas])
         self._finish(TrialRecord(
             id=0, version="v0", parents=[], agent="-", intervention="root", depth=1,
             hypothesis="the root harness, trained one segment from the base", success_criterion="-", patch="",
-            label="kept", fitness=self._fitness(state), budgets=clock.budgets(),
+            label="kept", fitness=self._fitness(state) | {"noise_sd": noise, "replicas": [r.val for r in replicas]},
+            budgets=clock.budgets(),
             findings=self._findings(state), started=t0, finished=time.time()), state)
 
     def _trial(self, n: int, parent: State, proposal: dict) -> None:
@@ -327,12 +336,17 @@ class Controller:
                                             finished=time.time()))
         findings = self._findings(child)
         blocking = [f"{f['diagnostic']} = {f['value']:g}" for f in findings if f["blocking"]]
-        decision = gate(child.val, control.val, blocking, self.cfg.gate)
+        decision = gate(child.val, control.val, blocking, self.cfg.gate, noise_sd=self._noise_sd())
         fitness = self._fitness(child) | {"control_val": control.val, "gain": decision.gain,
                                           "threshold": decision.threshold}
         self._finish(TrialRecord(**rec, patch=patch, label=decision.label, backtest=bt_summary, fitness=fitness,
                                  budgets=clock.budgets(), findings=findings,
                                  reflection="; ".join(decision.reasons), finished=time.time()), child)
+
+    def _noise_sd(self) -> float:
+        """The noise floor the root trial measured (sd of a paired difference between runs of one harness)."""
+        root = next(t for t in self.store.trials() if t.id == 0)
+        return root.fitness.get("noise_sd", 0.0)
 
     def _candidate(self, parent: str, version: str, proposal: dict) -> Candidate:
         if version in self.repo.versions():  # a resumed trial: the child was committed before the kill
@@ -396,7 +410,7 @@ class Controller:
                 out = sg.out_root / f"seed-{seed}"
                 shutil.rmtree(out, ignore_errors=True)  # a resumed segment starts clean
                 # paired: every version at a depth sees the same prompts per seed (restart: one depth)
-                segment_seed = 1000 * seed + (1 if self.restart else sg.depth)
+                segment_seed = 1000 * seed + (1 if self.restart else sg.depth) + sg.seed_offset
                 calls.append(Call("evotrainer.train:train_segment", dict(
                     task=self.task.name, level=self.task.target_level or None,
                     harness=str(self._harness_dir(sg.version)),
@@ -471,6 +485,7 @@ class Segment:
     start: State
     depth: int
     out_root: Path
+    seed_offset: int = 0     # other data for the same version: a replica that measures noise
 
 
 class SegmentFailed(RuntimeError):

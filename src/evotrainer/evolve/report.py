@@ -32,6 +32,8 @@ def status(run_dir: Path | str) -> dict:
         "pending": [n for n, _ in store.pending()],
         "best": None if best is None else {"version": best.version, "depth": best.depth,
                                            "val": best.fitness["val"], "test": best.fitness["test"]},
+        # sd of a paired difference between re-runs of the root harness: what the gate's bar is built on
+        "noise_sd": next((t.fitness.get("noise_sd") for t in trials if t.id == 0), None),
         "state": "finished" if last in ("final_finished", "run_finished", "stopped") else "running or interrupted",
         "final": None if not final else {
             "winner": final[-1]["winner"], "seeds": final[-1]["seeds"],

@@ -27,6 +27,14 @@ def paired_differences(a: Mapping[int, float], b: Mapping[int, float]) -> list[f
     return [a[s] - b[s] for s in seeds]
 
 
+def noise_floor(run: Mapping[int, float], replicas: Sequence[Mapping[int, float]]) -> float:
+    """Standard deviation of a paired difference between two runs of the *same* harness,
+    seed by seed (their true difference is 0, so the root mean square of the observed ones
+    estimates it); 0.0 with no replica."""
+    diffs = [d for r in replicas for d in paired_differences(r, run)]
+    return math.sqrt(sum(d * d for d in diffs) / len(diffs)) if diffs else 0.0
+
+
 def mean_se(xs: Sequence[float]) -> tuple[float, float]:
     """Mean and standard error (nan with one value: one seed says nothing about spread)."""
     n = len(xs)

@@ -25,3 +25,18 @@ class Rollouts:
 
     def grouped(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(self.num_groups, self.group_size)
+
+
+class SlotError(RuntimeError):
+    """A harness slot returned something the trainer cannot use."""
+
+
+def check_output(name: str, x, shape) -> torch.Tensor:
+    """What a slot returned, if it is a finite tensor of the shape the trainer needs."""
+    if not isinstance(x, torch.Tensor):
+        raise SlotError(f"{name} returned {type(x).__name__}, expected a tensor of shape {tuple(shape)}")
+    if tuple(x.shape) != tuple(shape):
+        raise SlotError(f"{name} returned shape {tuple(x.shape)}, expected {tuple(shape)}")
+    if x.is_floating_point() and not torch.isfinite(x).all():
+        raise SlotError(f"{name} returned non-finite values")
+    return x

@@ -20,14 +20,11 @@ from evotrainer.evidence import RolloutRecord
 from evotrainer.harness import Harness, Rollouts
 from evotrainer.harness.curriculum import CurriculumState
 from evotrainer.harness.filters import DEAD_STD
+from evotrainer.harness.rollouts import SlotError, check_output
 from evotrainer.inner.logprobs import completion_logprobs
 from evotrainer.harness.losses import POLICY_LOSSES
 from evotrainer.policy.generate import Generation, decode, encode_prompts, generate, select_rows
 from evotrainer.tasks import Task
-
-
-class SlotError(RuntimeError):
-    """A harness slot returned something the trainer cannot use."""
 
 
 @dataclass
@@ -49,16 +46,6 @@ class StepMetrics:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def check_output(name: str, x, shape) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise SlotError(f"{name} returned {type(x).__name__}, expected a tensor of shape {tuple(shape)}")
-    if tuple(x.shape) != tuple(shape):
-        raise SlotError(f"{name} returned shape {tuple(x.shape)}, expected {tuple(shape)}")
-    if x.is_floating_point() and not torch.isfinite(x).all():
-        raise SlotError(f"{name} returned non-finite values")
-    return x
 
 
 class GRPOTrainer:
