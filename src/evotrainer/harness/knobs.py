@@ -66,7 +66,7 @@ class Knobs:
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
-    eval_every: int = 50
+    eval_every: int = 25
 
     def validate(self) -> "Knobs":
         def need(ok: bool, msg: str):
