@@ -167,29 +167,19 @@ class Controller:
                     task=self.task.name, level=self.task.target_level or None, base=self.base, out=str(out),
                     harnesses=[str(self._harness_dir(v)) for v in sched], seed=seed, steps=arm_steps)))
                 where.append((arm, seed, out / f"segment-{len(sched)}"))
-        t = time.time()
-        workers = self.cfg.workers or min(os.cpu_count() or 1, len(calls))
-        results = run_all(calls, workers, timeout_s=self.cfg.budget.trial_timeout_s * len(harnesses),
-                          threads=max(1, (os.cpu_count() or 1) // workers))
-        clock.train_s += time.time() - t
+        results = self._pool(calls, clock, self.cfg.budget.trial_timeout_s * len(harnesses))
         for (arm, seed, _), res in zip(where, results):
             if not res.ok:
                 raise ControlFailed(f"the final comparison's {arm} run, seed {seed}, failed: {res.label}: {res.error}")
-        t = time.time()
         k = self.cfg.gate.last_k
         last = {(arm, seed): [str(c) for c in [*saved_checkpoints(d), d / "checkpoint"][-k:]] for arm, seed, d in where}
-        jobs = {self.base: ["val", "test"]} | {c: ["val", "test"] for cs in last.values() for c in cs}
-        ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
-                           dict(task=self.task.name, level=self.task.target_level or None, jobs=jobs),
-                           timeout_s=self.cfg.budget.trial_timeout_s)
-        clock.eval_s += time.time() - t
-        if not ev.ok:
-            raise ControlFailed(f"the evaluator failed: {ev.label}: {ev.error}")
+        acc = self._evaluator({self.base: ["val", "test"]} | {c: ["val", "test"] for cs in last.values() for c in cs},
+                              clock)
         score = {arm: {} for arm in ("reference", "evolved")}
         for (arm, seed), cs in last.items():
-            score[arm][seed] = {split: sum(ev.value[c][split] for c in cs) / len(cs) for split in ("val", "test")}
+            score[arm][seed] = {split: sum(acc[c][split] for c in cs) / len(cs) for split in ("val", "test")}
         result = {"winner": f"{win.version}@{win.depth}", "schedule": harnesses, "seeds": list(self.cfg.final_seeds),
-                  "total_steps": self.cfg.budget.total_steps, "base": ev.value[self.base],
+                  "total_steps": self.cfg.budget.total_steps, "base": acc[self.base],
                   "comparison": compare(score["reference"], score["evolved"]), "budgets": clock.budgets()}
         result["table"] = table(result["base"], result["comparison"], self.cfg.final_seeds)
         (self.run_dir / "final.json").write_text(json.dumps(result, indent=2))
@@ -417,11 +407,7 @@ class Controller:
                     base=sg.start.checkpoint(seed) if sg.start.dirs else self.base, out=str(out),
                     seed=segment_seed, steps=self.segment_steps)))
                 where.append((i, seed, out))
-        t = time.time()
-        workers = self.cfg.workers or min(os.cpu_count() or 1, len(calls))
-        results = run_all(calls, workers, timeout_s=self.cfg.budget.trial_timeout_s,
-                          threads=max(1, (os.cpu_count() or 1) // workers))
-        clock.train_s += time.time() - t
+        results = self._pool(calls, clock, self.cfg.budget.trial_timeout_s)
         clock.steps += self.segment_steps * len(calls)
         failed: dict[int, SegmentFailed] = {}
         dirs: dict[int, dict[int, str]] = {i: {} for i in range(len(segments))}
@@ -442,25 +428,40 @@ class Controller:
         validation averages the last evaluations of a segment, test is the final checkpoint's."""
         if not dir_sets:
             return []
-        t = time.time()
         jobs = {}
         for dirs in dir_sets:
             for d in dirs.values():
                 jobs |= {str(c): ["val"] for c in saved_checkpoints(Path(d))} | {str(Path(d, "checkpoint")): ["val", "test"]}
+        acc = self._evaluator(jobs, clock)
+        out = []
+        for dirs in dir_sets:
+            val, test = {}, {}
+            for seed, d in dirs.items():
+                seq = [acc[k]["val"] for k in jobs if k.startswith(d + "/")]  # saved steps, then the final
+                val[seed], test[seed] = average_last(seq, self.cfg.gate.last_k), acc[str(Path(d, "checkpoint"))]["test"]
+            out.append((val, test))
+        return out
+
+    def _evaluator(self, jobs: dict[str, list[str]], clock: Clock) -> dict[str, dict[str, float]]:
+        """Accuracy per checkpoint and split, from the evaluator: a process of its own that
+        loads checkpoints and the task's verifier, and no harness code."""
+        t = time.time()
         ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
                            dict(task=self.task.name, level=self.task.target_level or None, jobs=jobs),
                            timeout_s=self.cfg.budget.trial_timeout_s)
         clock.eval_s += time.time() - t
         if not ev.ok:
             raise ControlFailed(f"the evaluator failed: {ev.label}: {ev.error}")
-        out = []
-        for dirs in dir_sets:
-            val, test = {}, {}
-            for seed, d in dirs.items():
-                seq = [ev.value[k]["val"] for k in jobs if k.startswith(d + "/")]  # saved steps, then the final
-                val[seed], test[seed] = average_last(seq, self.cfg.gate.last_k), ev.value[str(Path(d, "checkpoint"))]["test"]
-            out.append((val, test))
-        return out
+        return ev.value
+
+    def _pool(self, calls: list[Call], clock: Clock, timeout_s: float) -> list:
+        """Training calls in one pool: `workers` at once (default one per core, at most one per
+        call), each capped to its share of the cores' threads."""
+        t = time.time()
+        workers = self.cfg.workers or min(os.cpu_count() or 1, len(calls))
+        results = run_all(calls, workers, timeout_s=timeout_s, threads=max(1, (os.cpu_count() or 1) // workers))
+        clock.train_s += time.time() - t
+        return results
 
     def _ingest(self, name: str, state: State) -> None:
         store = EvidenceStore(self.run_dir / "evidence.sqlite")
