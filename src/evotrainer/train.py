@@ -64,15 +64,21 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
     return {"steps": steps, "harness_hash": h.content_hash[:12]}
 
 
+def segment_seed(seed: int, depth: int) -> int:
+    """The data and sampling seed of run seed `seed`'s segment at lineage depth `depth`:
+    every version at one depth sees the same prompts per seed, so their gains are paired."""
+    return 1000 * seed + depth
+
+
 def train_schedule(task: str, level: int | None, harnesses: list[str], base: str, out: str, seed: int,
                    steps: int) -> dict:
     """Worker entry point: one segment of `steps` per harness, each from the last one's
-    checkpoint, in OUT/segment-1, segment-2, ... (the seed of segment d is 1000*seed + d,
+    checkpoint, in OUT/segment-1, segment-2, ... (segment d seeded by `segment_seed(seed, d)`,
     as in the search). The last segment's directory holds the result."""
     start = base
     for d, harness in enumerate(harnesses, 1):
         seg = Path(out) / f"segment-{d}"
-        train_segment(task, level, harness, start, str(seg), 1000 * seed + d, steps)
+        train_segment(task, level, harness, start, str(seg), segment_seed(seed, d), steps)
         start = str(seg / "checkpoint")
     return {"last": str(Path(out) / f"segment-{len(harnesses)}")}
 

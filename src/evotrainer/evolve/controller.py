@@ -53,7 +53,7 @@ from evotrainer.harness.knobs import load_knobs
 from evotrainer.harness.versions import HarnessRepo, PatchError
 from evotrainer.lineage import LineageStore, TrialRecord
 from evotrainer.tasks import get_task
-from evotrainer.train import saved_checkpoints
+from evotrainer.train import saved_checkpoints, segment_seed
 
 
 class ControlFailed(RuntimeError):
@@ -400,12 +400,12 @@ class Controller:
                 out = sg.out_root / f"seed-{seed}"
                 shutil.rmtree(out, ignore_errors=True)  # a resumed segment starts clean
                 # paired: every version at a depth sees the same prompts per seed (restart: one depth)
-                segment_seed = 1000 * seed + (1 if self.restart else sg.depth) + sg.seed_offset
+                seg_seed = segment_seed(seed, 1 if self.restart else sg.depth) + sg.seed_offset
                 calls.append(Call("evotrainer.train:train_segment", dict(
                     task=self.task.name, level=self.task.target_level or None,
                     harness=str(self._harness_dir(sg.version)),
                     base=sg.start.checkpoint(seed) if sg.start.dirs else self.base, out=str(out),
-                    seed=segment_seed, steps=self.segment_steps)))
+                    seed=seg_seed, steps=self.segment_steps)))
                 where.append((i, seed, out))
         results = self._pool(calls, clock, self.cfg.budget.trial_timeout_s)
         clock.steps += self.segment_steps * len(calls)
