@@ -126,3 +126,35 @@ def test_skipping_zero_advantage_rows_gives_the_same_update_as_the_full_batch(tm
     g_slow = torch.cat([p.grad.flatten() for p in slow.model.parameters()])
     assert g_fast.norm() > 0
     assert (g_fast - g_slow).norm() / g_fast.norm() < 1e-4
+
+
+def test_resumed_optimizer_continues_adams_moments_and_steps_under_its_own_knobs(tmp_path):
+    a = tiny_trainer(tmp_path, {"reward": "digit_share", "lr": 1e-3}, {"reward.py": DIGITS})
+    for _ in range(3):
+        a.step()
+    state = a.optimizer_state()
+    assert state["steps"] == 3
+    h = make_harness(tmp_path / "child", {"prompts_per_step": 8, "group_size": 8, "reward": "digit_share",
+                                          "lr": 5e-4, "adam_beta2": 0.99, "warmup_steps": 4}, {"reward.py": DIGITS})
+    b = GRPOTrainer(a.model, a.tok, get_task("arith", 1), h, seed=1)
+    b.resume_optimizer(state)
+    p = next(a.model.parameters())
+    assert a.opt.state[p]["exp_avg"].abs().sum() > 0
+    assert torch.equal(b.opt.state[p]["exp_avg"], a.opt.state[p]["exp_avg"])  # the moments carry over
+    assert int(b.opt.state[p]["step"]) == 3                                   # and Adam's bias correction
+    group = b.opt.param_groups[0]                                              # the knobs are the child's
+    assert group["betas"] == (h.knobs.adam_beta1, 0.99) and group["weight_decay"] == h.knobs.weight_decay
+    m, _ = b.step()
+    assert m.lr == 5e-4  # warm-up counts the 3 steps before: step 4 of 4 is at full rate, not 1/4
+    assert b.optimizer_state()["steps"] == 4
+
+
+def test_a_schedule_of_segments_carries_the_optimizer_from_one_to_the_next(tmp_path, ckpt):
+    from evotrainer.train import OPTIMIZER_FILE, train_schedule
+    assert not (ckpt / OPTIMIZER_FILE).exists()  # the base starts a fresh AdamW
+    h = make_harness(tmp_path, {"prompts_per_step": 2, "group_size": 2})
+    train_schedule("arith", 1, [str(h.path)] * 2, str(ckpt), str(tmp_path / "out"), seed=0, steps=2)
+    for d, steps in ((1, 2), (2, 4)):
+        state = torch.load(tmp_path / "out" / f"segment-{d}" / "checkpoint" / OPTIMIZER_FILE, weights_only=True)
+        assert state["steps"] == steps
+        assert {int(s["step"]) for s in state["optimizer"]["state"].values()} == {steps}

@@ -3,7 +3,7 @@
 `train_segment` runs in a worker process (it loads, and so runs, the harness's code; it
 holds no validation or test data): it trains, and writes to OUT run.json (task, seed,
 group size and token budget the evidence was sampled under), checkpoint/ (Hugging Face
-format), checkpoints/step-N every `eval_every` steps, metrics.jsonl (one line per step),
+format, plus optimizer.pt: AdamW's state, which the next segment continues), checkpoints/step-N every `eval_every` steps, metrics.jsonl (one line per step),
 evidence.jsonl (one line per rollout) and harness/ (a copy of the harness that ran).
 
 `train_run` is the controller side: it checks the harness statically, runs the segment in
@@ -23,6 +23,9 @@ from evotrainer.harness import REFERENCE, inspect_harness
 from evotrainer.tasks import Task
 
 
+OPTIMIZER_FILE = "optimizer.pt"
+
+
 class TrainingFailed(RuntimeError):
     def __init__(self, result: WorkerResult, out: Path, stage: str = "training"):
         self.result = result
@@ -32,6 +35,8 @@ class TrainingFailed(RuntimeError):
 def train_segment(task: str, level: int | None, harness: str, base: str, out: str, seed: int,
                   steps: int) -> dict:
     """Worker entry point: plain arguments in, a plain dict out."""
+    import torch
+
     from evotrainer.evidence import EvidenceWriter
     from evotrainer.harness import load_harness
     from evotrainer.inner import GRPOTrainer
@@ -44,6 +49,9 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
     shutil.copytree(h.path, out_dir / "harness", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
     model, tok = load_policy(base)
     trainer = GRPOTrainer(model, tok, get_task(task, level), h, seed=seed)
+    carried = Path(base, OPTIMIZER_FILE)
+    if carried.exists():  # a segment after the first: Adam goes on where the parent's stopped
+        trainer.resume_optimizer(torch.load(carried, weights_only=True))
     # what the evidence was sampled under: backtests re-score it against these
     (out_dir / "run.json").write_text(json.dumps({
         "task": task, "level": level, "seed": seed, "steps": steps, "group_size": h.knobs.group_size,
@@ -61,6 +69,7 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
                 save_policy(model, tok, out_dir / "checkpoints" / f"step-{m.step}")
     evidence.close()
     save_policy(model, tok, out_dir / "checkpoint")
+    torch.save(trainer.optimizer_state(), out_dir / "checkpoint" / OPTIMIZER_FILE)
     return {"steps": steps, "harness_hash": h.content_hash[:12]}
 
 

@@ -53,6 +53,7 @@ class GRPOTrainer:
         self.model, self.tok, self.task, self.harness = model, tok, task, harness
         self.k = k = harness.knobs
         self.seed, self.step_no = seed, 0
+        self.steps_before = 0  # steps this policy trained before this trainer (see resume_optimizer)
         # the task fixes the budget; a harness may only truncate below it
         self.T = min(k.max_new_tokens, task.max_new_tokens) if k.max_new_tokens else task.max_new_tokens
         torch.manual_seed(seed)
@@ -66,6 +67,22 @@ class GRPOTrainer:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         self.recent = defaultdict(lambda: deque(maxlen=8))  # level -> recent mean scores
         model.train()
+
+    # -- optimizer state across segments --------------------------------------------------
+    def optimizer_state(self) -> dict:
+        return {"optimizer": self.opt.state_dict(), "steps": self.steps_before + self.step_no}
+
+    def resume_optimizer(self, state: dict) -> None:
+        """Continue AdamW's moments and step count from the segment before, as population-based
+        training copies optimizer state with the weights. Without it every segment restarts Adam,
+        whose first bias-corrected updates are full-size sign steps: measured on 3-digit addition,
+        3 segments of 50 steps ended 6.6 points below one run of 150. The hyperparameters
+        (lr, betas, weight decay) stay this harness's own."""
+        self.opt.load_state_dict(state["optimizer"])
+        for group in self.opt.param_groups:
+            group.update(lr=self.k.lr, betas=(self.k.adam_beta1, self.k.adam_beta2),
+                         weight_decay=self.k.weight_decay)
+        self.steps_before = int(state["steps"])
 
     # -- one step -----------------------------------------------------------------------
     def _levels(self) -> list[int]:
@@ -96,7 +113,8 @@ class GRPOTrainer:
         rows, gen, texts, scores = self.sample()
         t_gen = time.perf_counter() - t0
         B = len(rows)
-        lr = k.lr * min(1.0, self.step_no / k.warmup_steps) if k.warmup_steps else k.lr
+        done = self.steps_before + self.step_no  # warm-up counts the policy's steps, not this segment's
+        lr = k.lr * min(1.0, done / k.warmup_steps) if k.warmup_steps else k.lr
         for group in self.opt.param_groups:
             group["lr"] = lr
         ro = Rollouts(rows, texts, scores, gen.lengths, gen.truncated, G, self.T)
