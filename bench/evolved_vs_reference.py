@@ -34,8 +34,11 @@ def bench(config: Path, seeds: int, out: Path) -> dict:
     raw = yaml.safe_load(config.read_text())
     first = 200  # far from any search seed
     raw["final_seeds"] = list(range(first, first + seeds))
-    cfg = config_from_dict(raw).validate()
     run = out / config.stem
+    # a skill library of its own, empty at the start: the bench measures the search alone,
+    # not whatever the user's library learned before
+    raw.setdefault("search", {})["skills"] = str(run / "skills.sqlite")
+    cfg = config_from_dict(raw).validate()
     Controller(cfg, run, on_event=lambda kind, data: kind in ("trial_finished", "final_started") and
                print(f"  {config.stem}: {kind} {data.get('trial', '')} {data.get('label', '')}", flush=True)).run()
     final = json.loads((run / "final.json").read_text())

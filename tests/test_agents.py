@@ -1,14 +1,22 @@
 """The rules agent and its catalog on hand-made findings and knobs."""
 import yaml
 
-from evotrainer.agents import CATALOG, propose, set_knob
+from evotrainer.agents import CATALOG, AgentContext, Escalation, propose, propose_random, set_knob
 from evotrainer.agents.rules import family_of
+from evotrainer.evolve.skills import SkillLibrary
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.knobs import Knobs, knobs_from_dict, load_knobs
 
 REF = load_knobs(REFERENCE / "knobs.yaml")
 DEAD = {"diagnostic": "dead_group_ratio", "severity": "critical", "evidence": "dead_group_ratio = 0.957 (last window)",
         "suggest": "reward: make the reward more continuous (partial credit), most groups share one score"}
+
+
+def ctx(findings, knobs=None, tried=(), **kw):
+    return AgentContext(findings=findings, knobs=knobs or REF, root_knobs=REF, target_level=3,
+                        tried=frozenset(tried), **kw)
+
+
 HACK = {"diagnostic": "reward_score_divergence", "severity": "critical", "evidence": "reward_score_divergence = 0.18",
         "suggest": "reward hacking: simplify the reward back towards the verifier score"}
 
@@ -19,30 +27,34 @@ def test_family_of_a_suggestion():
 
 
 def test_dead_groups_get_partial_credit_with_the_evidence_in_the_hypothesis():
-    p = propose([DEAD], REF, 3)
+    p = propose(ctx([DEAD]))
     assert p.intervention == "partial_credit" and p.knobs == {"reward": "partial_credit"}
     assert p.hypothesis.startswith("changing reward from binary to partial_credit")
     assert "dead_group_ratio = 0.957" in p.hypothesis and p.rollback == "revert reward to binary"
-    assert p.frozen and p.success_criterion
+    assert p.frozen and p.success_criterion and p.trigger == "dead_group_ratio:critical"
 
 
 def test_tried_ideas_are_skipped_and_the_agent_moves_to_the_next_family():
-    p = propose([DEAD], REF, 3, tried={"partial_credit"})
+    p = propose(ctx([DEAD], tried={"partial_credit"}))
     assert p.intervention == "drop_dead"  # reward spent: the fixed order's next family
 
 
 def test_a_hack_is_answered_by_subtracting():
     shaped = Knobs(reward="partial_credit")
-    assert propose([HACK, DEAD], shaped, 3).intervention == "binary_reward"
+    assert propose(ctx([HACK, DEAD], shaped)).intervention == "binary_reward"
 
 
 def test_every_proposal_is_one_legal_knob_change_and_the_catalog_runs_dry():
     tried, k = set(), REF
-    while (p := propose([], k, 3, tried)) is not None:
-        assert len(p.knobs) == 1
+    while (p := propose(ctx([], k, tried))) is not None:
+        # one variable: one knob, or the group size at equal rollouts per step
+        assert len(p.knobs) == 1 or set(p.knobs) == {"group_size", "prompts_per_step"}
+        assert p.knobs["group_size"] * p.knobs["prompts_per_step"] == REF.group_size * REF.prompts_per_step \
+            if "group_size" in p.knobs else True
         knobs_from_dict({**yaml.safe_load((REFERENCE / "knobs.yaml").read_text()), **p.knobs})  # valid knob values
         tried.add(p.intervention)
-    assert tried == set(CATALOG.names()) - {"binary_reward"}  # the reference already pays the verifier score
+    # the reference already pays the verifier score and trains on one level
+    assert tried == set(CATALOG.names()) - {"binary_reward", "frontier_curriculum"}
 
 
 def test_set_knob_keeps_comments_and_order():
@@ -50,3 +62,40 @@ def test_set_knob_keeps_comments_and_order():
     assert set_knob(text, "reward", "partial_credit") == "# recipe\nreward: partial_credit\nlr: 3.0e-4  # tuned\n"
     assert set_knob(text, "train_levels", [2, 3]).endswith("train_levels: [2, 3]\n")
     assert yaml.safe_load(set_knob(text, "lr", 1.5e-4))["lr"] == 1.5e-4
+
+
+def test_the_skill_library_reorders_the_rules_by_what_the_same_finding_led_to(tmp_path):
+    lib = SkillLibrary(tmp_path / "skills.sqlite")
+    assert propose(ctx([DEAD], skills=lib.skills())).intervention == "partial_credit"  # no evidence: the rules
+    for trial, (name, label, gain) in enumerate([("partial_credit", "discarded", -0.02),
+                                                 ("partial_credit", "invalid", 0.01),
+                                                 ("clip_higher", "kept", 0.04)]):
+        lib.record(run="r", trial=trial, task="arith", trigger="dead_group_ratio:critical", intervention=name,
+                   family="x", patch={}, expected="", label=label, gain=gain)
+    p = propose(ctx([DEAD], skills=lib.skills()))
+    assert p.intervention == "clip_higher"           # held before on this signature
+    # the measured loser goes last, not out: with everything else tried it is still proposed
+    others = set(CATALOG.names()) - {"partial_credit"}
+    assert propose(ctx([DEAD], tried=others, skills=lib.skills())).intervention == "partial_credit"
+    # a skill learned on another finding does not steer this one
+    other = {**DEAD, "diagnostic": "entropy_collapse"}
+    assert propose(ctx([other], skills=lib.skills())).intervention == "partial_credit"
+
+
+def test_escalation_subtracts_first_then_switches_layer():
+    shaped = Knobs(reward="partial_credit", clip_high=0.28)
+    p = propose(ctx([DEAD], shaped, escalation=Escalation(avoid=frozenset({"reward"}))))
+    assert p.family == "subtract" and p.intervention in ("revert_reward", "revert_clip_high")
+    assert p.knobs in ({"reward": "binary"}, {"clip_high": 0.2})
+    spent = {"revert_reward", "revert_clip_high"}
+    p = propose(ctx([DEAD], shaped, tried=spent, escalation=Escalation(avoid=frozenset({"reward"}))))
+    assert p.family != "reward"                       # the layer that failed is left
+    ignored = Escalation(avoid=frozenset(), ignore=frozenset({"dead_group_ratio"}), subtract=False)
+    assert propose(ctx([DEAD], tried={"partial_credit"}, escalation=ignored)).trigger == "none"
+
+
+def test_random_agent_draws_any_applicable_untried_intervention_by_seed():
+    drawn = {propose_random(ctx([DEAD], seed=s)).intervention for s in range(40)}
+    assert len(drawn) > 5 and "binary_reward" not in drawn
+    assert propose_random(ctx([], seed=3)) == propose_random(ctx([], seed=3))
+    assert propose_random(ctx([], seed=3)).agent == "random"

@@ -28,7 +28,7 @@ def tiny_run(tmp_path, ckpt):
     (root / "knobs.yaml").write_text(text)
     cfg = tmp_path / "run.yaml"
     cfg.write_text(f"task: arith\nlevel: 1\nharness: {root}\nseeds: [0]\nfinal_seeds: [100]\n"
-                   f"base: {{checkpoint: {ckpt}}}\n"
+                   f"base: {{checkpoint: {ckpt}}}\nsearch: {{skills: {tmp_path / 'skills.sqlite'}}}\n"
                    "budget: {trials: 2, steps_per_segment: 2, total_steps: 6, trial_timeout_s: 120}\n")
     return cfg, tmp_path / "run"
 
@@ -133,8 +133,8 @@ def test_planted_length_reward_is_stopped_by_the_backtest_and_without_it_by_the_
 
     source = (Path(__file__).resolve().parents[1] / "examples" / "harnesses" / "length_pay" / "reward.py").read_text()
 
-    def planted(findings, knobs, target, tried):
-        if "planted_length_pay" in tried:
+    def planted(ctx):
+        if "planted_length_pay" in ctx.tried:
             return None
         return Proposal("planted_length_pay", "reward", "changing reward from binary to length_pay raises accuracy "
                         "because longer answers carry more digits", "every other knob", "val beats the control",
@@ -179,6 +179,7 @@ def test_unplanted_partial_credit_on_a_longer_target_is_invalid(tmp_path, sft_ba
     (root / "knobs.yaml").write_text(text.replace("prompts_per_step: 64", "prompts_per_step: 16")
                                      .replace("eval_every: 25", "eval_every: 15"))
     cfg = config_from_dict({"task": "arith", "level": 3, "harness": str(root), "seeds": [0], "final_seeds": [],
+                            "search": {"skills": None},
                             "base": {"checkpoint": str(sft_base)},  # trained on 1-digit sums only
                             "budget": {"trials": 1, "steps_per_segment": 30, "total_steps": 60,
                                        "trial_timeout_s": 300}}).validate()

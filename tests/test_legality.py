@@ -208,6 +208,16 @@ def test_compute_budget_must_match_the_parent(tmp_path, parent, knob, old, new):
     assert check_harness(d, parent).legal
 
 
+def test_group_size_may_be_reshaped_at_equal_rollouts_per_step(tmp_path, parent):
+    d = candidate(tmp_path)
+    text = "".join(l for l in (REFERENCE / "knobs.yaml").read_text().splitlines(True)
+                   if not l.startswith(("group_size:", "prompts_per_step:")))
+    (d / "knobs.yaml").write_text(text + "group_size: 16\nprompts_per_step: 32\n")   # 64 x 8 = 32 x 16
+    assert check_harness(d, parent).legal
+    (d / "knobs.yaml").write_text(text + "group_size: 16\nprompts_per_step: 48\n")
+    assert len(check_harness(d, parent).reasons) == 2
+
+
 @pytest.mark.parametrize("old,new,legal", [(0, 6, True), (8, 6, True), (8, 8, True), (6, 8, False), (6, 0, False)])
 def test_max_new_tokens_may_only_be_lowered(tmp_path, old, new, legal):
     """A truncation rule spends less; 0 is the task's own budget, the most there is."""

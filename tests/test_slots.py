@@ -215,6 +215,22 @@ def test_group_filters():
         assert fn(rewards, scores).dtype == torch.bool
 
 
+def test_std_filter_keeps_live_groups_until_warm_then_drops_the_low_spread_tail(tmp_path):
+    from evotrainer.harness.filters import StdGroupFilter
+    f = StdGroupFilter(z=1.0, decay=0.5, warmup=2)
+    r = torch.tensor([[0.0, 1.0], [0.0, 0.0]])          # std 0.5 live; std 0 dead
+    assert f(r, r).tolist() == [True, False]            # warming up: live groups pass, dead never do
+    # seen: 0.5 (first, mean 0.5, var 0), then 0.5 again: mean 0.5, var 0 -> threshold 0.5 - 1 * 0 = 0.5
+    assert f(r, r).tolist() == [True, False] and f.seen == 2
+    low = torch.tensor([[0.0, 0.2], [0.0, 1.0]])        # stds 0.1 and 0.5
+    assert f(low, low).tolist() == [False, True]        # 0.1 < 0.5: the low-spread group goes
+    fresh = f.fresh()
+    assert fresh.seen == 0 and fresh(low, low).tolist() == [True, True]  # a new load starts warm-up again
+    (tmp_path / "knobs.yaml").write_text("group_filter: std_ema\n")
+    a, b = load_harness(tmp_path).group_filter, load_harness(tmp_path).group_filter
+    assert isinstance(a, StdGroupFilter) and a is not b and a is not GROUP_FILTERS.get("std_ema")  # each load its own
+
+
 # --------------------------------------------------------------------------- rewards
 
 def arith_rollouts(completions):
@@ -249,6 +265,16 @@ def test_partial_credit_reward():
     #   ""     nothing                            -> 0
     #   "582"  unreversed: only the middle 8 hits -> 1/3
     close(partial_credit(arith_rollouts(COMPLETIONS)), [1.0, 2 / 3, 2 / 3, 0.75, 0.0, 1 / 3])
+
+
+def test_overlong_penalty_is_zero_until_the_last_quarter_then_linear():
+    # budget 9 tokens, cache = 9 // 4 = 2: lengths 7 and below pay 0; length 8 pays (8 - 7) / 2 = 0.5;
+    # 9 pays 1. Completions of lengths 4, 5, 3, 5, 1, 4 (text + end token) all pay 0.
+    r = arith_rollouts(COMPLETIONS)
+    from evotrainer.harness.rewards import overlong_penalty
+    close(overlong_penalty(r), [1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    r.lengths = torch.tensor([8, 9, 7, 9, 1, 4])
+    close(overlong_penalty(r), [0.5, -1.0, 0.0, -1.0, 0.0, 0.0])
 
 
 def test_partial_credit_on_generated_problems():

@@ -8,7 +8,13 @@
     seeds: [0, 1]                # training seeds, paired across versions
     final_seeds: [100, 101, 102] # fresh seeds of the final comparison (never used by the search)
     workers: 0                   # training workers at once (0: one per core, at most one per job)
-    agent: rules
+    agent: rules                 # rules (offline, deterministic) or random (the baseline)
+    search:
+      selection: population      # population (GEAR-style elites) or greedy (keep-or-revert on the best)
+      population: 4              # elites kept
+      crossover: true            # merge two elites' harness changes when none happened lately
+      escalation: true           # after 3 failures in a row: subtract, switch layer, roll back
+      skills: ~/.local/share/evotrainer/skills.sqlite   # the skill library (null: none)
     base:
       target_acc: 0.25           # the cached base's SFT stops here
       seed: 0
@@ -43,7 +49,9 @@ import yaml
 from evotrainer.errors import UsageError
 
 POLICIES = ("continue", "restart")
-AGENTS = ("rules",)
+AGENTS = ("rules", "random")
+SELECTIONS = ("population", "greedy")
+DEFAULT_SKILLS = "~/.local/share/evotrainer/skills.sqlite"
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,15 @@ class GateConfig:
 
 
 @dataclass(frozen=True)
+class SearchConfig:
+    selection: str = "population"
+    population: int = 4
+    crossover: bool = True
+    escalation: bool = True
+    skills: str | None = DEFAULT_SKILLS
+
+
+@dataclass(frozen=True)
 class RunConfig:
     task: str
     level: int | None = None
@@ -81,6 +98,7 @@ class RunConfig:
     final_seeds: tuple[int, ...] = (100, 101, 102)
     workers: int = 0
     agent: str = "rules"
+    search: SearchConfig = field(default_factory=SearchConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
     budget: Budget = field(default_factory=Budget)
     gate: GateConfig = field(default_factory=GateConfig)
@@ -97,6 +115,9 @@ class RunConfig:
         need(len(set(self.final_seeds)) == len(self.final_seeds) and not set(self.final_seeds) & set(self.seeds),
              "final_seeds", f"must be distinct and never used by the search (seeds {list(self.seeds)}), "
              f"got {list(self.final_seeds)}")
+        need(self.search.selection in SELECTIONS, "search.selection",
+             f"must be one of {', '.join(SELECTIONS)}, got '{self.search.selection}'")
+        need(self.search.population >= 1, "search.population", f"must be >= 1, got {self.search.population}")
         need(self.workers >= 0, "workers", f"must be >= 0 (0: one per core), got {self.workers}")
         need(self.base.warm_start >= 0, "base.warm_start", f"must be >= 0 (0: from scratch), got {self.base.warm_start}")
         need(0 < self.base.target_acc <= 1, "base.target_acc", f"must be in (0, 1], got {self.base.target_acc}")

@@ -8,7 +8,7 @@ intervention family a diagnostic finding suggests (`reward`, `group_filter`, ...
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 from evotrainer.harness.knobs import Knobs
@@ -26,6 +26,7 @@ class Proposal:
     knobs: dict = field(default_factory=dict)   # knob -> new value (the one variable)
     files: dict = field(default_factory=dict)   # slot file -> its new source (a slot the knob names)
     agent: str = "rules"
+    trigger: str = "none"                       # the finding it answers ("diagnostic:severity"), for skills
 
 
 Intervention = Callable[[Knobs, int], "Proposal | None"]
@@ -88,6 +89,14 @@ def lower_lr(k: Knobs, target: int) -> Proposal | None:
 
 
 @intervention("optimisation")
+def raise_lr(k: Knobs, target: int) -> Proposal | None:
+    if k.lr >= 1e-3:
+        return None  # 1e-3 collapsed the tiny policy (reference knobs.yaml)
+    return _one("raise_lr", "optimisation", "lr", k.lr, round(k.lr * 1.5, 10),
+                "the score rises slowly and steadily, so the step is smaller than it could be", "learns faster")
+
+
+@intervention("optimisation")
 def warmup(k: Knobs, target: int) -> Proposal | None:
     if k.warmup_steps:
         return None
@@ -127,6 +136,28 @@ def kl_anchor(k: Knobs, target: int) -> Proposal | None:
                 "the policy drifts from the skills the base had", "keeps easier skills while the target improves")
 
 
+@intervention("group_filter")
+def std_filter(k: Knobs, target: int) -> Proposal | None:
+    if k.group_filter == "std_ema":
+        return None
+    return _one("std_filter", "group_filter", "group_filter", k.group_filter, "std_ema",
+                "groups with little reward spread add noise more than signal (EvoTrainer's StdGroupFilter, "
+                "EMA threshold mean - 1.28 sd)", "keeps the most informative 90% of live groups")
+
+
+@intervention("signal")
+def larger_groups(k: Knobs, target: int) -> Proposal | None:
+    if k.group_size >= 16 or k.prompts_per_step < 2:
+        return None
+    # one variable, the group size, at equal rollouts per step: prompts per step halve with it
+    p = _one("larger_groups", "signal", "group_size", k.group_size, k.group_size * 2,
+             "with few correct samples per group most groups are all wrong; a larger group finds a correct "
+             "one more often", "revives dead groups at equal rollouts per step")
+    return replace(p, knobs={"group_size": k.group_size * 2, "prompts_per_step": k.prompts_per_step // 2},
+                   frozen="every other knob and slot; rollouts per step (prompts_per_step halves)",
+                   rollback=f"revert group_size to {k.group_size} and prompts_per_step to {k.prompts_per_step}")
+
+
 @intervention("signal")
 def dr_grpo(k: Knobs, target: int) -> Proposal | None:
     if k.advantage == "dr_grpo":
@@ -152,6 +183,24 @@ def easier_mix(k: Knobs, target: int) -> Proposal | None:
                 "keeps groups alive and easier skills intact")
 
 
+@intervention("curriculum")
+def frontier_curriculum(k: Knobs, target: int) -> Proposal | None:
+    if k.curriculum == "frontier" or not k.train_levels:
+        return None  # with one level there is nothing to weigh
+    return _one("frontier_curriculum", "curriculum", "curriculum", k.curriculum, "frontier",
+                "levels already solved or hopeless give little signal; p(1-p) weighting trains where "
+                "outcomes are mixed", "raises the share of live groups")
+
+
+@intervention("efficiency")
+def overlong_shaping(k: Knobs, target: int) -> Proposal | None:
+    if k.reward != "binary":
+        return None  # one reward at a time: shaping on top of another shaped reward is two variables
+    return _one("overlong_shaping", "efficiency", "reward", k.reward, "overlong_penalty",
+                "truncated completions cost compute and carry no answer (DAPO soft overlong punishment)",
+                "cuts truncation without cutting correct answers")
+
+
 @intervention("efficiency")
 def truncate(k: Knobs, target: int) -> Proposal | None:
     if k.max_new_tokens:
@@ -175,3 +224,30 @@ def _yaml(value) -> str:
     if isinstance(value, float):
         return repr(value)
     return str(value)
+
+
+# knobs that travel together: a group size change keeps rollouts per step equal
+_COUPLED = {"group_size": ("prompts_per_step",)}
+_NOT_INTERVENTIONS = ("steps", "eval_every", "prompts_per_step")
+
+
+def revert(k: Knobs, root: Knobs) -> list[Proposal]:
+    """Subtracting: one proposal per knob where `k` differs from the root harness, setting it
+    back (EvoTrainer's "after three failures, subtract rather than add")."""
+    out = []
+    for f in fields(Knobs):
+        name, now, then = f.name, getattr(k, f.name), getattr(root, f.name)
+        if name in _NOT_INTERVENTIONS or now == then:
+            continue
+        change = {name: _plain(then)} | {c: _plain(getattr(root, c)) for c in _COUPLED.get(name, ())}
+        out.append(Proposal(f"revert_{name}", "subtract",
+                            f"changing {name} from {_plain(now)} back to the root's {_plain(then)} recovers the "
+                            "lost accuracy because the changes since the last good version did not hold up",
+                            "every other knob and slot of the parent",
+                            "validation accuracy beats the control's beyond the noise floor, with no blocking finding",
+                            f"set {name} to {_plain(now)} again", change))
+    return out
+
+
+def _plain(v):
+    return list(v) if isinstance(v, tuple) else v

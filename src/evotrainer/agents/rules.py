@@ -1,21 +1,49 @@
 """The rules agent: offline and deterministic. Findings in, one intervention out.
 
 It reads the parent's health-report findings worst first, maps each to the intervention
-family its suggestion names ("reward: ...", "group_filter: ..."), and proposes the
-first catalog entry of that family that applies and was not tried from this parent
-yet. With no finding left to act on it walks the families in a fixed order, so it always
-has a next idea until the catalog is spent (None).
+family its suggestion names ("reward: ...", "group_filter: ..."), and lists every catalog
+entry that applies and was not tried from this parent yet: the families the findings
+name first, then the rest in a fixed order, so it always has a next idea until the
+catalog is spent (None). The skill library then reorders that list by what the same
+findings led to before (`skills.rank`), and an escalation (three failures in a row)
+switches layer and prefers subtracting.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Iterable, Mapping
+import random
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
 
-from evotrainer.agents.catalog import CATALOG, FAMILY, Proposal
+from evotrainer.agents.catalog import CATALOG, FAMILY, Proposal, revert
+from evotrainer.evolve.skills import Skill, rank, signature
 from evotrainer.harness.knobs import Knobs
 
 FAMILY_ORDER = ("reward_hacking", "reward", "group_filter", "signal", "curriculum", "exploration",
                 "optimisation", "efficiency")
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """What three failures in a row change (EvoTrainer): leave the layers that failed, prefer
+    subtracting a change over adding one, ignore findings from diagnostics whose replay did
+    not separate failed versions from those that held up. The controller also rolls the
+    parent back to the last kept version."""
+    avoid: frozenset[str] = frozenset()     # intervention families of the failures
+    ignore: frozenset[str] = frozenset()    # diagnostics judged not to measure what they claim
+    subtract: bool = True
+
+
+@dataclass(frozen=True)
+class AgentContext:
+    """Everything a trainer agent is shown about the parent it improves."""
+    findings: Sequence[Mapping]             # the parent's health-report findings, worst first
+    knobs: Knobs                            # the parent's knobs
+    root_knobs: Knobs                       # the root harness's knobs (what subtracting returns to)
+    target_level: int
+    tried: frozenset[str] = frozenset()     # interventions already tried from this parent
+    skills: Sequence[Skill] = ()            # the skill library's entries (ranked by the findings)
+    escalation: Escalation | None = None
+    seed: int = 0                           # for agents that draw at random
 
 
 def family_of(suggestion: str) -> str | None:
@@ -24,19 +52,47 @@ def family_of(suggestion: str) -> str | None:
     return head if head in FAMILY_ORDER else None
 
 
-def propose(findings: Iterable[Mapping], knobs: Knobs, target_level: int, tried: set[str] = frozenset()) -> Proposal | None:
-    findings = list(findings)
+def candidates(ctx: AgentContext) -> list[Proposal]:
+    """Every applicable, untried intervention in rule order, each naming the finding it answers."""
+    esc = ctx.escalation
+    findings = [f for f in ctx.findings if not esc or f.get("diagnostic") not in esc.ignore]
     families = [f for f in (family_of(x.get("suggest", "")) for x in findings) if f]
     order = list(dict.fromkeys(families + list(FAMILY_ORDER)))
+    out = []
     for family in order:
         for name, fam in FAMILY.items():
-            if fam != family or name in tried:
+            if fam != family or name in ctx.tried:
                 continue
-            p = CATALOG.get(name)(knobs, target_level)
+            p = CATALOG.get(name)(ctx.knobs, ctx.target_level)
             if p is None:
                 continue
             why = next((x for x in findings if family_of(x.get("suggest", "")) == family), None)
             if why is not None:  # the finding this answers is the evidence of the hypothesis
-                p = replace(p, hypothesis=f"{p.hypothesis} (evidence: {why['evidence']})")
-            return p
-    return None
+                p = replace(p, hypothesis=f"{p.hypothesis} (evidence: {why['evidence']})", trigger=signature(why))
+            out.append(p)
+    if esc:
+        if esc.subtract:  # subtracting first: each change of the parent from the root, undone
+            out = [p for p in revert(ctx.knobs, ctx.root_knobs) if p.intervention not in ctx.tried] + out
+        out = [p for p in out if p.family not in esc.avoid] or out
+    return out
+
+
+def propose(ctx: AgentContext) -> Proposal | None:
+    """The first candidate after the skill library has reordered them."""
+    cands = candidates(ctx)
+    if not cands:
+        return None
+    by_name = {p.intervention: p for p in cands}
+    order = rank(list(by_name), ctx.findings, ctx.skills)
+    if ctx.escalation and ctx.escalation.subtract:  # subtractions stay first when escalated
+        order = [n for n in by_name if n.startswith("revert_")] + [n for n in order if not n.startswith("revert_")]
+    return by_name[order[0]]
+
+
+def propose_random(ctx: AgentContext) -> Proposal | None:
+    """The random single-variable baseline: any applicable untried intervention, uniformly."""
+    cands = candidates(AgentContext(findings=(), knobs=ctx.knobs, root_knobs=ctx.root_knobs,
+                                    target_level=ctx.target_level, tried=ctx.tried))
+    if not cands:
+        return None
+    return replace(random.Random(ctx.seed).choice(cands), agent="random")

@@ -28,13 +28,27 @@ def _first_last(ev: Evidence, field: str) -> tuple[float, float] | None:
     return None if a is None or b is None else (float(a), float(b))
 
 
-# A shaped reward may rise faster than exact match while both improve: per-digit partial
-# credit on 4-digit sums rose 0.12-0.13 while exact match rose 0.04-0.045 (2.8 to 1, two
-# seeds, 150 steps). Up to this pace it is progress; with the score flat, falling, or
-# left further behind, the reward is paying for something the verifier does not. The
-# unplanted case of shared/MEASUREMENTS.md (partial credit on 3-digit sums from a 1-digit
-# base) rose 0.07 in 30-60 steps with exact match at 0 throughout: hence critical at 0.05.
-SHAPED_PACE = 3.0
+# A shaped reward may rise much faster than exact match while both improve, and how much
+# faster depends on the optimizer, not on honesty: per-digit partial credit on 4-digit sums
+# rose 0.12-0.13 while exact match rose 0.04-0.045 (2.8 to 1) with AdamW restarted each
+# segment, and 0.09-0.13 against 0.014-0.034 (up to 9 to 1) with AdamW carried across
+# segments. No fixed pace separates that from a hack, but the hack's own signature does:
+# the unplanted case of shared/MEASUREMENTS.md (partial credit on 3-digit sums from a
+# 1-digit base) raised its reward 0.05-0.07 in 30 steps with exact match at 0 throughout;
+# a binary reward's unbacked rise is exactly 0. Hence critical at 0.03.
+# So the verifier score *backs* a reward rise when it rose by more than SCORE_Z standard
+# errors (over group means, the independent units); an unbacked rise is the divergence.
+SCORE_Z = 2.0
+
+
+def _backed(ev: Evidence) -> bool:
+    """Whether the verifier score rose from the first window to the last beyond its noise."""
+    first, last = ([mean(r.score for r in g) for g in w.groups] for w in (ev.first, ev.last))
+    if len(first) < 2 or len(last) < 2:
+        return False
+    rise = mean(last) - mean(first)
+    se = math.sqrt(std(first) ** 2 / len(first) + std(last) ** 2 / len(last))
+    return rise > SCORE_Z * se
 
 
 def _rise(ev: Evidence, field: str) -> float | None:
@@ -133,13 +147,16 @@ def off_score_signal(ev: Evidence) -> float | None:
 # ------------------------------------------------------------------ behavior
 
 @register
-@diagnostic("behavior", warn=0.03, critical=0.05, scope="run", blocking=True,
+@diagnostic("behavior", warn=0.015, critical=0.03, scope="run", blocking=True,
             suggest="reward hacking: simplify the reward back towards the verifier score")
 def reward_score_divergence(ev: Evidence) -> float | None:
-    """Rise of the mean reward, first to last window, beyond what the verifier score's rise
-    explains: reward rise - SHAPED_PACE x score rise (a falling score counts one to one)."""
+    """Rise of the mean reward, first to last window, that the verifier score does not back:
+    reward rise - score rise while the score is flat, falling or within its noise; 0 once the
+    score rose significantly (see SCORE_Z)."""
     r, s = _rise(ev, "reward"), _rise(ev, "score")
-    return None if r is None else r - (SHAPED_PACE * s if s > 0 else s)
+    if r is None:
+        return None
+    return 0.0 if _backed(ev) else r - s
 
 
 @register

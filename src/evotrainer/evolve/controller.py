@@ -37,14 +37,17 @@ from typing import Callable
 
 import yaml
 
-from evotrainer.agents import Proposal, propose as rules_propose, set_knob
+from evotrainer.agents import AGENTS, AgentContext, Escalation, Proposal, set_knob
 from evotrainer.backtest import backtest
 from evotrainer.config import RunConfig
 from evotrainer.diagnostics.health import diagnose
 from evotrainer.diagnostics.spec import SEVERITIES
 from evotrainer.evidence import EvidenceStore
 from evotrainer.evolve.final import compare, extend, schedule, table, winner
+from evotrainer.evolve import history
 from evotrainer.evolve.gate import gate
+from evotrainer.evolve.population import Elite, SelectionConfig, crossover_due, mates, merge, promote, select_parent
+from evotrainer.evolve.skills import SkillLibrary
 from evotrainer.evolve.stats import average_last, noise_floor
 from evotrainer.executors import Call, run_all, run_in_worker
 from evotrainer.harness import REFERENCE
@@ -95,11 +98,12 @@ class Clock:
 
 class Controller:
     def __init__(self, cfg: RunConfig, run_dir: Path | str, on_event: Callable[[str, dict], None] | None = None,
-                 agent: Callable[..., Proposal | None] = rules_propose, run_backtests: bool = True):
-        """`agent(findings, knobs, target_level, tried)` proposes; `run_backtests=False` lets a
+                 agent: Callable[[AgentContext], Proposal | None] | None = None, run_backtests: bool = True):
+        """`agent(context)` proposes (default: the config's agent); `run_backtests=False` lets a
         test show that the gate alone still stops what a backtest would have caught."""
         self.cfg, self.run_dir = cfg, Path(run_dir)
-        self.agent, self.run_backtests = agent, run_backtests
+        self.agent, self.run_backtests = agent or AGENTS[cfg.agent], run_backtests
+        self.selection = SelectionConfig(capacity=cfg.search.population)
         self.task = get_task(cfg.task, cfg.level)
         # continue mode: segments to the reference's total steps; restart mode: every state is whole
         self.max_depth = 1 if cfg.policy == "restart" else cfg.budget.total_steps // cfg.budget.steps_per_segment
@@ -130,11 +134,11 @@ class Controller:
             if time.time() > t_end:
                 self._event("stopped", reason="wall-clock budget spent")
                 return
-            parent = self._select_parent()
+            parent = self._select_parent(n)
             if parent is None:
                 self._event("stopped", reason="no state has segments or untried interventions left")
                 return
-            proposal = self._propose(n, parent)
+            proposal = self._crossover(n, parent) or self._propose(n, parent)
             if proposal is None:
                 self.store.event("parent_exhausted", version=parent.version, depth=parent.depth)
                 continue
@@ -226,19 +230,172 @@ class Controller:
         out += [State.of(e["state"]) for e in self.store.events("control_finished")]
         return out
 
-    def _select_parent(self) -> State | None:
+    def _open_states(self) -> list[State]:
+        """States that can still be a parent: segments left (continue mode) and not exhausted."""
         exhausted = {(e["version"], e["depth"]) for e in self.store.events("parent_exhausted")}
-        open_ = [s for s in self._states()  # restart mode: a state is whole, any may be a parent
-                 if (self.restart or s.depth < self.max_depth) and (s.version, s.depth) not in exhausted]
-        return max(open_, key=lambda s: (s.mean_val, s.depth, s.version), default=None)
+        return [s for s in self._states()  # restart mode: a state is whole, any may be a parent
+                if (self.restart or s.depth < self.max_depth) and (s.version, s.depth) not in exhausted]
+
+    def _select_parent(self, n: int) -> State | None:
+        """greedy: the best open state (keep-or-revert on one path). population: after three
+        failures in a row the last kept version (roll back), else the elite with the best
+        parent score (population.select_parent), else the best open state."""
+        open_ = self._open_states()
+        best = max(open_, key=lambda s: (s.mean_val, s.depth, s.version), default=None)
+        if best is None or self.cfg.search.selection == "greedy":
+            return best
+        by_key = {(s.version, s.depth): s for s in open_}
+        if self._escalation() is not None:
+            kept = [t for t in self.store.trials() if t.label == "kept"]
+            back = [s for s in open_ if kept and s.version == kept[-1].version]
+            if back:
+                return max(back, key=lambda s: s.depth)
+        elites = [e for e in self._population() if e.key in by_key]
+        trials = self.store.trials()
+        starts = self._starts()
+        recent = [self._elite_of(State.of(starts[t.id]["parent_state"])).changes
+                  for t in trials[-self.selection.recent:] if t.id in starts]
+        pick = select_parent(elites, history.children(trials, starts), n, self.selection, recent)
+        return by_key[pick.key] if pick else best
+
+    def _population(self) -> list[Elite]:
+        """The elites, rebuilt from the lineage in the order states were recorded (so a resumed
+        controller has the same population): kept children and controls ask to join in turn."""
+        kept = {t.id: t for t in self.store.trials() if t.label == "kept"}
+        pop: list[Elite] = []
+        for e in self.store.events():
+            if e["kind"] == "control_finished":
+                state = State.of(e["state"])
+            elif e["kind"] == "trial_finished" and e["trial"] in kept:
+                state = State.of(kept[e["trial"]].fitness["state"])
+            else:
+                continue
+            pop, _ = promote(pop, self._elite_of(state), self.selection)
+        return pop
+
+    def _elite_of(self, state: State) -> Elite:
+        trials = self.store.trials()
+        return Elite(state.version, state.depth, state.mean_val,
+                     history.changes(trials).get(state.version, frozenset()),
+                     history.surfaces(trials).get(state.version, "root"))
+
+    def _starts(self) -> dict[int, dict]:
+        """Trial number -> the proposal it (last) started with (every trial but the root's)."""
+        return {e["trial"]: e for e in self.store.events("trial_started") if "parent_state" in e}
+
+    def _escalation(self) -> Escalation | None:
+        """Three failures in a row (EvoTrainer): leave their layers, subtract first, roll back,
+        and check the diagnostics that prompted them (replayed over this run's versions; one
+        that does not separate failed versions from kept ones is ignored). Decided once per
+        streak and recorded, so a resume reuses it."""
+        if not self.cfg.search.escalation:
+            return None
+        streak = history.failures_in_a_row(self.store.trials())
+        if len(streak) < 3:
+            return None
+        last = streak[-1].id
+        done = [e for e in self.store.events("escalated") if e["after"] == last]
+        if not done:
+            starts = self._starts()
+            triggers = {starts[t.id].get("trigger", "none").split(":")[0] for t in streak if t.id in starts}
+            ignore = sorted(d for d in triggers - {"none"} if self._diagnostic_misleads(d))
+            self._event("escalated", after=last, avoid=sorted({history.family(t.intervention) for t in streak}),
+                        ignore=ignore)
+            done = self.store.events("escalated")[-1:]
+        e = done[0]
+        return Escalation(avoid=frozenset(e["avoid"]), ignore=frozenset(e["ignore"]))
+
+    def _diagnostic_misleads(self, name: str) -> bool:
+        """Whether diagnostic `name` ranks this run's failed versions *better* than its kept ones
+        (replay AUC < 0.5); undecidable (too few of either) counts as not misleading."""
+        from evotrainer.diagnostics.replay import FAILED, HELD_UP, replay
+        labelled = [(Path(d), t.label) for t in self.store.trials() if t.parents and t.label in HELD_UP + FAILED
+                    and "state" in t.fitness for d in t.fitness["state"]["dirs"].values()]
+        try:
+            r = replay(name, labelled, timeout_s=self.cfg.budget.trial_timeout_s)
+        except Exception as e:  # a replay that cannot run leaves the diagnostic trusted
+            self.store.event("replay_failed", diagnostic=name, error=str(e))
+            return False
+        return r.auc is not None and r.auc < 0.5
 
     def _propose(self, n: int, parent: State) -> dict | None:
         findings = self._findings(parent)
         tried = {t.intervention for t in self.store.trials() if t.parents[:1] == [parent.version]}
-        p = self.agent(findings, self._knobs(parent.version), self.task.target_level, tried)
+        ctx = AgentContext(findings=findings, knobs=self._knobs(parent.version), root_knobs=self._knobs("v0"),
+                           target_level=self.task.target_level, tried=frozenset(tried),
+                           skills=self._skills(), escalation=self._escalation(), seed=1000 * self.cfg.seeds[0] + n)
+        p = self.agent(ctx)
         if p is None:
             return None
         return {"parent_state": dataclasses.asdict(parent), "version": f"v{n}", **dataclasses.asdict(p)}
+
+    def _crossover(self, n: int, parent: State) -> dict | None:
+        """A crossover proposal when one is due (population.crossover_due): the parent's harness
+        merged with an elite's that carries changes the parent lacks, against their common
+        ancestor. A pair whose changes conflict is recorded and skipped, never guessed."""
+        if self.cfg.search.selection != "population" or not self.cfg.search.crossover:
+            return None
+        trials = self.store.trials()
+        if not crossover_due(history.operations(trials)):
+            return None
+        starts = self._starts()
+        crossed = {(s["parent_state"]["version"], s["mate_state"]["version"]) for s in starts.values()
+                   if s.get("mate_state")}
+        for mate in mates(self._population(), self._elite_of(parent)):
+            if (parent.version, mate.version) in crossed:
+                continue
+            base = _common_ancestor(trials, parent.version, mate.version)
+            m = merge(*(self._knob_dict(v) for v in (base, parent.version, mate.version)),
+                      *(self._slot_files(v) for v in (base, parent.version, mate.version)))
+            if m.conflicts:
+                self.store.event("crossover_conflict", parents=[parent.version, mate.version],
+                                 conflicts=list(m.conflicts))
+                continue
+            mate_state = next(s for s in self._states() if (s.version, s.depth) == mate.key)
+            return {"parent_state": dataclasses.asdict(parent), "mate_state": dataclasses.asdict(mate_state),
+                    "version": f"v{n}", "intervention": history.CROSSOVER, "family": history.CROSSOVER,
+                    "hypothesis": f"combining {parent.version}'s changes ({', '.join(sorted(self._elite_of(parent).changes)) or 'none'}) "
+                                  f"with {mate.version}'s ({', '.join(sorted(mate.changes))}) keeps both gains, "
+                                  "because they change different parts of the harness",
+                    "frozen": f"everything else of {parent.version}",
+                    "success_criterion": "validation accuracy beats the control's beyond the noise floor, "
+                                         "with no blocking finding",
+                    "rollback": f"back to {parent.version}", "knobs": m.knobs, "files": m.files,
+                    "agent": "crossover", "trigger": "none"}
+        return None
+
+    def _knob_dict(self, version: str) -> dict:
+        return yaml.safe_load((self._harness_dir(version) / "knobs.yaml").read_text()) or {}
+
+    def _slot_files(self, version: str) -> dict[str, str]:
+        return {p.name: p.read_text() for p in sorted(self._harness_dir(version).glob("*.py"))}
+
+    def _skills(self) -> list:
+        if not self.cfg.search.skills:
+            return []
+        lib = SkillLibrary(self.cfg.search.skills)
+        try:
+            return lib.skills()
+        finally:
+            lib.close()
+
+    def _learn(self) -> None:
+        """Every finished agent trial's outcome into the skill library (idempotent per run and
+        trial, so calling it again after a kill records what the kill cut off, once)."""
+        if not self.cfg.search.skills:
+            return
+        starts, lib = self._starts(), SkillLibrary(self.cfg.search.skills)
+        try:
+            for t in self.store.trials():
+                s = starts.get(t.id)
+                if not t.parents or s is None or t.intervention == history.CROSSOVER:
+                    continue
+                lib.record(run=str(self.run_dir.resolve()), trial=t.id, task=self.cfg.task,
+                           trigger=s.get("trigger", "none"), intervention=t.intervention,
+                           family=history.family(t.intervention), patch=s.get("knobs", {}),
+                           expected=t.hypothesis, label=t.label, gain=t.fitness.get("gain"))
+        finally:
+            lib.close()
 
     def _findings(self, state: State) -> list[dict]:
         """The worst finding per diagnostic over the state's seeds, critical and blocking first."""
@@ -296,7 +453,8 @@ class Controller:
         # shown, not stored: the store's own trial_started record (begin_trial) carries the proposal
         self.on_event("trial_started", {"trial": n, "intervention": proposal["intervention"], "parent": parent.version})
         t0, clock, version = time.time(), Clock(), proposal["version"]
-        rec = dict(id=n, version=version, parents=[parent.version], agent=proposal["agent"],
+        parents = [parent.version] + ([proposal["mate_state"]["version"]] if proposal.get("mate_state") else [])
+        rec = dict(id=n, version=version, parents=parents, agent=proposal["agent"],
                    intervention=proposal["intervention"], depth=parent.depth + 1,
                    hypothesis=proposal["hypothesis"], success_criterion=proposal["success_criterion"], started=t0)
 
@@ -377,6 +535,8 @@ class Controller:
         if state is not None:
             self._ingest(rec.version, state)
         self.store.finish_trial(rec)
+        if rec.parents:
+            self._learn()
         self.on_event("trial_finished", {"trial": rec.id, "label": rec.label, "version": rec.version,
                                          "intervention": rec.intervention, "val": rec.fitness.get("val")})
 
@@ -508,3 +668,18 @@ def _plain(x):
     if isinstance(x, (list, tuple)):
         return [_plain(v) for v in x]
     return x
+
+
+def _common_ancestor(trials, a: str, b: str) -> str:
+    """The nearest version both `a` and `b` descend from (first parents and crossover mates)."""
+    parents = {t.version: t.parents for t in trials if t.version}
+    def ancestors(v: str) -> list[str]:
+        out, todo = [], [v]
+        while todo:
+            x = todo.pop(0)
+            if x not in out:
+                out.append(x)
+                todo += parents.get(x, [])
+        return out
+    of_b = set(ancestors(b))
+    return next(v for v in ancestors(a) if v in of_b)

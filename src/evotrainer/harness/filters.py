@@ -33,3 +33,34 @@ def drop_dead(rewards: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
 def score_spread(rewards: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     """Keep groups whose verifier scores disagree (DAPO dynamic sampling, on the score)."""
     return scores.max(dim=1).values > scores.min(dim=1).values
+
+
+class StdGroupFilter:
+    """EvoTrainer's StdGroupFilter: keep a group when its reward std is at least an EMA threshold
+    mean - z * sd of the live groups' stds seen so far (z = 1.28 keeps about 90% of a normal
+    spread), after a warm-up of `warmup` groups; dead groups always go. It keeps state across
+    steps, so each harness load (one segment, one process) starts it afresh."""
+
+    def __init__(self, z: float = 1.28, decay: float = 0.95, warmup: int = 20):
+        self.z, self.decay, self.warmup = z, decay, warmup
+        self.mean, self.var, self.seen = 0.0, 0.0, 0
+
+    def fresh(self) -> "StdGroupFilter":
+        return StdGroupFilter(self.z, self.decay, self.warmup)
+
+    def __call__(self, rewards: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        std = rewards.std(dim=1, unbiased=False)
+        keep = std > DEAD_STD
+        if self.seen >= self.warmup:
+            keep &= std >= self.mean - self.z * self.var ** 0.5
+        for s in std[std > DEAD_STD].tolist():  # the threshold follows the live groups only
+            if self.seen == 0:
+                self.mean = s
+            delta = s - self.mean
+            self.mean += (1 - self.decay) * delta
+            self.var = self.decay * (self.var + (1 - self.decay) * delta * delta)
+            self.seen += 1
+        return keep
+
+
+GROUP_FILTERS.register("std_ema")(StdGroupFilter())

@@ -320,10 +320,14 @@ def _same_budget(knobs: Knobs, parent: Path) -> Iterator[str]:
     except (UsageError, OSError) as e:
         yield f"knobs.yaml: cannot compare with the parent's knobs: {e}"
         return
+    # rollouts per step are the budget: prompts x group size may be reshaped at an equal product
+    reshaped = before.prompts_per_step * before.group_size == knobs.prompts_per_step * knobs.group_size
     for key in BUDGET_KNOBS:
         old, new = getattr(before, key), getattr(knobs, key)
         if key == "max_new_tokens" and _truncates(old, new):
             continue  # a truncation rule spends less, never more
+        if key in ("prompts_per_step", "group_size") and reshaped:
+            continue
         if old != new:
             yield f"knobs.yaml: knob '{key}' changes the compute budget ({old} -> {new}), which the run fixes"
 

@@ -90,7 +90,10 @@ def load_harness(path: Path | str | None = None) -> Harness:
         if file.is_file():
             for name, fn in _slot_functions(file).items():
                 reg.register(name)(fn)
-        fns[slot] = reg.get(getattr(knobs, slot))
+        fn = reg.get(getattr(knobs, slot))
+        # a slot that keeps state across steps (an EMA threshold) is an object with fresh():
+        # every load gets its own, so no state leaks between segments or harnesses in a process
+        fns[slot] = fn.fresh() if hasattr(fn, "fresh") else fn
     return Harness(path=path, knobs=knobs, fns=fns, content_hash=content_hash(path))
 
 

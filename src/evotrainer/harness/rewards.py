@@ -35,3 +35,12 @@ def partial_credit(r: Rollouts) -> torch.Tensor:
         hits = sum(a == b for a, b in zip(ans, comp))
         out.append(max(score, hits / max(len(ans), len(comp), 1)))
     return torch.tensor(out, dtype=torch.float32)
+
+
+@REWARDS.register()
+def overlong_penalty(r: Rollouts) -> torch.Tensor:
+    """The verifier score minus DAPO's soft overlong punishment: 0 up to the last quarter of
+    the token budget, then rising linearly to 1 at the budget (arXiv 2503.14476)."""
+    cache = max(r.max_new_tokens // 4, 1)
+    over = ((r.lengths.float() - (r.max_new_tokens - cache)) / cache).clamp(0, 1)
+    return r.scores.float() - over

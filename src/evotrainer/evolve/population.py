@@ -1,0 +1,191 @@
+"""The population: a few elite states, how a parent is chosen among them, and who gets in.
+
+A single greedy path plateaus: GEAR (arXiv 2605.13874) keeps several research states
+instead, scores each as a parent by what its children achieved plus an exploration bonus,
+novelty and coverage, minus a penalty for recent reuse, and admits newcomers by rules that
+keep both the best and a diverse near-tie. Everything here is a pure function of plain
+records (the controller builds them from the lineage), so each rule is unit-tested on
+hand-made populations.
+
+    score(e) = mean child gain
+             + c * sqrt(ln(N + 2) / (n + 1))          exploration (N trials so far, n children of e)
+             - recency, if e was a parent in the last `recent` trials
+             + novelty_w * novelty(e)                 Jaccard distance of its changes to recent parents'
+             + coverage_w / sqrt(density + 1)         density: other elites on e's harness surface
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Sequence
+
+
+@dataclass(frozen=True)
+class Elite:
+    version: str
+    depth: int
+    fitness: float                    # mean validation accuracy over the run's seeds
+    changes: frozenset[str] = frozenset()   # interventions along its lineage: what it is
+    surface: str = "root"             # the harness surface (intervention family) of its last change
+    role: str = ""                    # best | lean | diverse | member (set by `roles`)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.version, self.depth)
+
+
+@dataclass(frozen=True)
+class Child:
+    """A finished trial as selection sees it: which states it came from and its gain."""
+    trial: int
+    parents: tuple[tuple[str, int], ...]   # (version, depth) of the first parent, then the second
+    gain: float | None                     # validation gain over the control (None: never trained)
+    crossover: bool = False
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    """Weights of the parent score (GEAR's defaults, scaled to accuracy gains of a few points)."""
+    exploration: float = 0.02     # c: bonus for states with few children
+    recency: float = 0.01         # penalty for a state used as parent in the last `recent` trials
+    recent: int = 2
+    novelty: float = 0.01         # weight of the Jaccard distance to recent parents' changes
+    coverage: float = 0.01        # weight of 1/sqrt(density + 1) of its surface
+    capacity: int = 4             # elites kept
+    replace_margin: float = 0.01  # a newcomer replaces the best only when it beats it by this much
+    near_tie: float = 0.01        # within this of the weakest, a more novel newcomer replaces it
+
+
+def jaccard_distance(a: frozenset, b: frozenset) -> float:
+    union = a | b
+    return 1.0 - len(a & b) / len(union) if union else 0.0
+
+
+def usage(children: Iterable[Child]) -> dict[tuple[str, int], tuple[float, float, int]]:
+    """(expansions, summed gain, last trial used) per parent state. A child's gain credits its
+    first parent fully and a crossover's second parent by half, as in GEAR."""
+    out: dict[tuple[str, int], tuple[float, float, int]] = {}
+    for c in children:
+        for i, p in enumerate(c.parents):
+            w = 1.0 if i == 0 else 0.5
+            n, g, last = out.get(p, (0.0, 0.0, -1))
+            out[p] = (n + w, g + w * (c.gain or 0.0), max(last, c.trial))
+    return out
+
+
+def parent_scores(elites: Sequence[Elite], children: Sequence[Child], trial: int,
+                  cfg: SelectionConfig = SelectionConfig(), recent_parents: Sequence[frozenset] = ()) -> dict:
+    """The parent score of each elite (by key) before trial `trial`."""
+    used = usage(children)
+    total = len(children)
+    scores = {}
+    for e in elites:
+        n, gain_sum, last = used.get(e.key, (0.0, 0.0, -1))
+        mean_gain = gain_sum / n if n else 0.0
+        explore = cfg.exploration * math.sqrt(math.log(total + 2) / (n + 1))
+        recency = cfg.recency if last >= 0 and trial - last <= cfg.recent else 0.0
+        novelty = (sum(jaccard_distance(e.changes, r) for r in recent_parents) / len(recent_parents)
+                   if recent_parents else 1.0)
+        density = sum(1 for o in elites if o.surface == e.surface and o.key != e.key)
+        scores[e.key] = (mean_gain + explore - recency + cfg.novelty * novelty
+                         + cfg.coverage / math.sqrt(density + 1))
+    return scores
+
+
+def select_parent(elites: Sequence[Elite], children: Sequence[Child], trial: int,
+                  cfg: SelectionConfig = SelectionConfig(), recent_parents: Sequence[frozenset] = ()) -> Elite | None:
+    """The elite with the highest parent score (fitness, then depth, then name break ties)."""
+    if not elites:
+        return None
+    s = parent_scores(elites, children, trial, cfg, recent_parents)
+    return max(elites, key=lambda e: (round(s[e.key], 12), e.fitness, e.depth, e.version))
+
+
+def promote(pop: Sequence[Elite], new: Elite, cfg: SelectionConfig = SelectionConfig()) -> tuple[list[Elite], str]:
+    """The population after `new` asks to join, and what happened:
+
+    fill            there is room;
+    replace_best    it beats the best by more than `replace_margin` (it takes the best's place);
+    replace_weakest it beats the weakest;
+    diverse         a near-tie of the weakest (within `near_tie`) that is further from the others;
+    rejected        none of these.
+    """
+    pop = [e for e in pop if e.key != new.key]
+    if len(pop) < cfg.capacity:
+        return roles(pop + [new], cfg), "fill"
+    best = max(pop, key=lambda e: e.fitness)
+    weakest = min(pop, key=lambda e: (e.fitness, e.depth))
+    if new.fitness > best.fitness + cfg.replace_margin:
+        return roles([new if e is best else e for e in pop], cfg), "replace_best"
+    if new.fitness > weakest.fitness:
+        return roles([new if e is weakest else e for e in pop], cfg), "replace_weakest"
+    others = [e for e in pop if e is not weakest]
+    if weakest.fitness - new.fitness <= cfg.near_tie and _spread(new, others) > _spread(weakest, others):
+        return roles([new if e is weakest else e for e in pop], cfg), "diverse"
+    return list(pop), "rejected"
+
+
+def roles(pop: Sequence[Elite], cfg: SelectionConfig = SelectionConfig()) -> list[Elite]:
+    """best: the fittest; lean: the fewest changes within `near_tie` of the best (if not the
+    best); diverse: the furthest from the rest; the others: member."""
+    if not pop:
+        return []
+    best = max(pop, key=lambda e: (e.fitness, e.depth))
+    near = [e for e in pop if e is not best and best.fitness - e.fitness <= cfg.near_tie
+            and len(e.changes) < len(best.changes)]
+    lean = min(near, key=lambda e: (len(e.changes), -e.fitness), default=None)
+    rest = [e for e in pop if e is not best and e is not lean]
+    diverse = max(rest, key=lambda e: _spread(e, [o for o in pop if o is not e]), default=None)
+    role = {id(best): "best"} | ({id(lean): "lean"} if lean else {}) | ({id(diverse): "diverse"} if diverse else {})
+    return [replace(e, role=role.get(id(e), "member")) for e in pop]
+
+
+def _spread(e: Elite, others: Sequence[Elite]) -> float:
+    """Mean Jaccard distance of e's changes to the others'."""
+    return sum(jaccard_distance(e.changes, o.changes) for o in others) / len(others) if others else 0.0
+
+
+# ---------------------------------------------------------------------------------- crossover
+
+@dataclass(frozen=True)
+class Merge:
+    files: dict[str, str] = field(default_factory=dict)   # the merged harness's changed files
+    knobs: dict = field(default_factory=dict)             # knob -> value, from either side
+    conflicts: tuple[str, ...] = ()                       # what both sides changed differently
+
+
+def merge(base_knobs: dict, a_knobs: dict, b_knobs: dict, base_files: dict[str, str],
+          a_files: dict[str, str], b_files: dict[str, str]) -> Merge:
+    """A three-way merge of two versions' harness diffs against their common ancestor: a knob
+    or a slot file changed on one side only is taken; changed on both sides to different
+    values it is a conflict (named, never guessed)."""
+    knobs, files, conflicts = {}, {}, []
+    for key in sorted(set(base_knobs) | set(a_knobs) | set(b_knobs)):
+        o, a, b = base_knobs.get(key), a_knobs.get(key), b_knobs.get(key)
+        if a != o and b != o and a != b:
+            conflicts.append(f"knob {key}: {a!r} vs {b!r}")
+        elif a != o or b != o:
+            knobs[key] = a if a != o else b
+    for name in sorted(set(base_files) | set(a_files) | set(b_files)):
+        o, a, b = base_files.get(name), a_files.get(name), b_files.get(name)
+        if a != o and b != o and a != b:
+            conflicts.append(f"file {name}")
+        elif a != o or b != o:
+            files[name] = a if a != o else b
+    return Merge(files, knobs, tuple(conflicts))
+
+
+def crossover_due(ops: Sequence[str], window: int = 4, min_rate: float = 0.25) -> bool:
+    """Whether the next operation should be a crossover, from the kinds of the operations so
+    far ("mutation" / "crossover", crashes left out): never twice in a row (a mutation
+    follows a crossover), otherwise when none happened in the last `window` or the rate is
+    under `min_rate`. Too early to tell (fewer than `window` operations): no."""
+    if len(ops) < window or ops[-1] == "crossover":
+        return False
+    return "crossover" not in ops[-window:] or ops.count("crossover") / len(ops) < min_rate
+
+
+def mates(pop: Sequence[Elite], first: Elite) -> list[Elite]:
+    """Elites whose changes `first` lacks (a crossover would add something), most different first."""
+    out = [e for e in pop if e.key != first.key and e.changes - first.changes]
+    return sorted(out, key=lambda e: (-jaccard_distance(e.changes, first.changes), -e.fitness, e.version))

@@ -1,0 +1,54 @@
+"""The skill library: outcomes in, effects, domains and rankings out."""
+from evotrainer.evolve.skills import SkillLibrary, matching, rank, signature
+
+DEAD = {"diagnostic": "dead_group_ratio", "severity": "critical"}
+
+
+def record(lib, trial, task, name, label, gain, run="r1", trigger="dead_group_ratio:critical"):
+    lib.record(run=run, trial=trial, task=task, trigger=trigger, intervention=name, family="reward",
+               patch={"reward": name}, expected=f"{name} helps", label=label, gain=gain)
+
+
+def test_outcomes_make_a_skill_with_counts_domains_and_evidence(tmp_path):
+    lib = SkillLibrary(tmp_path / "s.sqlite")
+    record(lib, 1, "arith", "partial_credit", "kept", 0.05)
+    record(lib, 2, "arith", "partial_credit", "discarded", -0.01)
+    record(lib, 1, "rg:chain_sum", "partial_credit", "invalid", 0.02, run="r2")
+    (s,) = lib.skills()
+    assert s.name == "dead_group_ratio:critical -> partial_credit" and s.patch == {"reward": "partial_credit"}
+    assert (s.tried, s.kept, s.invalid) == (3, 1, 1) and abs(s.mean_gain - 0.02) < 1e-9
+    assert s.held_on == ("arith",) and not s.general          # invalid on the second task: not held there
+    assert [e["run"] for e in s.evidence] == ["r1", "r1", "r2"]
+    record(lib, 2, "rg:chain_sum", "partial_credit", "kept", 0.06, run="r2")
+    assert lib.get(s.name).held_on == ("arith", "rg:chain_sum") and lib.get(s.name).general
+
+
+def test_recording_a_trial_again_changes_nothing_and_the_library_outlives_its_handle(tmp_path):
+    path = tmp_path / "deep" / "s.sqlite"
+    lib = SkillLibrary(path)
+    record(lib, 1, "arith", "partial_credit", "kept", 0.05)
+    record(lib, 1, "arith", "partial_credit", "kept", 0.05)   # a resumed run records it again
+    lib.close()
+    (s,) = SkillLibrary(path).skills()
+    assert s.tried == 1
+
+
+def test_score_shrinks_one_lucky_trial_and_punishes_invalid():
+    from evotrainer.evolve.skills import _skill
+    one = _skill("a", "t", "x", "f", {}, "", ({"task": "a", "label": "kept", "gain": 0.05},))
+    three = _skill("b", "t", "y", "f", {}, "", tuple({"task": "a", "label": "kept", "gain": 0.04} for _ in range(3)))
+    hack = _skill("c", "t", "z", "f", {}, "", ({"task": "a", "label": "invalid", "gain": 0.1},))
+    assert three.score > one.score > 0 > hack.score
+
+
+def test_matching_and_rank_follow_the_findings(tmp_path):
+    lib = SkillLibrary(tmp_path / "s.sqlite")
+    record(lib, 1, "arith", "clip_higher", "kept", 0.04)
+    record(lib, 2, "arith", "partial_credit", "discarded", -0.03)
+    record(lib, 3, "arith", "entropy_bonus", "kept", 0.08, trigger="entropy_collapse:warning")
+    skills = lib.skills()
+    assert [s.intervention for s in matching(skills, [DEAD])] == ["clip_higher", "partial_credit"]
+    names = ["partial_credit", "drop_dead", "clip_higher", "entropy_bonus"]
+    assert rank(names, [DEAD], skills) == ["clip_higher", "drop_dead", "entropy_bonus", "partial_credit"]
+    assert rank(names, [], skills) == names                  # no matching evidence: the rules' order
+    assert signature(None) == "none" and signature(DEAD) == "dead_group_ratio:critical"
