@@ -12,6 +12,9 @@ hand-made populations.
              - recency, if e was a parent in the last `recent` trials
              + novelty_w * novelty(e)                 Jaccard distance of its changes to recent parents'
              + coverage_w / sqrt(density + 1)         density: other elites on e's harness surface
+             + fitness_w * (fitness - best fitness)   ours: GEAR's elites are all strong; ours fill
+                                                      up with weak early states, whose children's
+                                                      gains must not outweigh being far behind
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ class SelectionConfig:
     recent: int = 2
     novelty: float = 0.01         # weight of the Jaccard distance to recent parents' changes
     coverage: float = 0.01        # weight of 1/sqrt(density + 1) of its surface
+    fitness: float = 1.0          # weight of the gap to the best elite's fitness (<= 0)
     capacity: int = 4             # elites kept
     replace_margin: float = 0.01  # a newcomer replaces the best only when it beats it by this much
     near_tie: float = 0.01        # within this of the weakest, a more novel newcomer replaces it
@@ -78,6 +82,7 @@ def parent_scores(elites: Sequence[Elite], children: Sequence[Child], trial: int
     """The parent score of each elite (by key) before trial `trial`."""
     used = usage(children)
     total = len(children)
+    top = max((e.fitness for e in elites), default=0.0)
     scores = {}
     for e in elites:
         n, gain_sum, last = used.get(e.key, (0.0, 0.0, -1))
@@ -88,7 +93,7 @@ def parent_scores(elites: Sequence[Elite], children: Sequence[Child], trial: int
                    if recent_parents else 1.0)
         density = sum(1 for o in elites if o.surface == e.surface and o.key != e.key)
         scores[e.key] = (mean_gain + explore - recency + cfg.novelty * novelty
-                         + cfg.coverage / math.sqrt(density + 1))
+                         + cfg.coverage / math.sqrt(density + 1) + cfg.fitness * (e.fitness - top))
     return scores
 
 

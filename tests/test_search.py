@@ -1,0 +1,118 @@
+"""The controller's search decisions on a hand-made lineage: crossover (merge, conflicts),
+escalation (three failures in a row), parent selection and the skills it records.
+Nothing trains here: trials are written to the lineage as a finished run would have."""
+import dataclasses
+
+import pytest
+import yaml
+
+from evotrainer.agents import CATALOG
+from evotrainer.config import config_from_dict
+from evotrainer.evolve.controller import Controller, State
+from evotrainer.evolve.skills import SkillLibrary
+from evotrainer.harness import REFERENCE
+from evotrainer.harness.knobs import load_knobs
+from evotrainer.lineage import TrialRecord
+
+REF = load_knobs(REFERENCE / "knobs.yaml")
+
+
+@pytest.fixture
+def ctl(tmp_path, ckpt):
+    cfg = config_from_dict({"task": "arith", "level": 2, "seeds": [0], "final_seeds": [],
+                            "base": {"checkpoint": str(ckpt)},
+                            "search": {"skills": str(tmp_path / "skills.sqlite")},
+                            "budget": {"trials": 9, "steps_per_segment": 10, "total_steps": 50}}).validate()
+    c = Controller(cfg, tmp_path / "run")
+    c._setup()
+    c._findings_of[((0, "x"),)] = []  # no evidence on disk: every state is diagnosed as healthy
+    root = State("v0", 1, {0: "x"}, {0: 0.10}, {0: 0.10})
+    c.store.begin_trial(0, intervention="root", version="v0")
+    c.store.finish_trial(TrialRecord(0, "v0", [], "-", "root", 1, "", "-", "", "kept",
+                                     fitness={"val": root.val, "state": dataclasses.asdict(root)}))
+    return c
+
+
+def add(c, n, parent: State, intervention, label, val=None, gain=None, trigger="none"):
+    """Trial n from `parent`: the catalog's proposal, committed as a version, recorded with `label`."""
+    p = CATALOG.get(intervention)(load_knobs(c._harness_dir(parent.version) / "knobs.yaml"), 2)
+    proposal = {"parent_state": dataclasses.asdict(parent), "version": f"v{n}",
+                **dataclasses.asdict(dataclasses.replace(p, trigger=trigger))}
+    c.store.begin_trial(n, **proposal)
+    c._candidate(parent.version, f"v{n}", proposal)
+    state = State(f"v{n}", parent.depth + 1, {0: "x"}, {0: val if val is not None else 0.0}, {0: 0.0})
+    fitness = {"val": state.val, "gain": gain, "state": dataclasses.asdict(state)}
+    c._finish(TrialRecord(n, f"v{n}", [parent.version], "rules", intervention, parent.depth + 1, p.hypothesis,
+                          p.success_criterion, "", label, fitness=fitness))
+    return state
+
+
+def test_crossover_merges_two_elites_changes_and_skips_a_conflicting_pair(ctl):
+    root = State.of(ctl.store.trials()[0].fitness["state"])
+    v1 = add(ctl, 1, root, "partial_credit", "kept", val=0.20, gain=0.05)
+    v2 = add(ctl, 2, root, "clip_higher", "kept", val=0.15, gain=0.03)
+    add(ctl, 3, root, "overlong_shaping", "kept", val=0.18, gain=0.02)   # reward, like v1's: conflicts
+    add(ctl, 4, v1, "drop_dead", "discarded", val=0.10, gain=-0.01)
+    assert ctl._crossover(5, v2) is not None          # four mutations, no crossover yet: one is due
+    p = ctl._crossover(5, v1)
+    # v3 is further from v1 than v2 but changes the same knob: recorded as a conflict and skipped
+    (conflict,) = ctl.store.events("crossover_conflict")
+    assert conflict["parents"] == ["v1", "v3"] and conflict["conflicts"] == ["knob reward: 'partial_credit' vs "
+                                                                              "'overlong_penalty'"]
+    assert p["intervention"] == "crossover" and p["mate_state"]["version"] == "v2"
+    assert p["knobs"] == {"reward": "partial_credit", "clip_high": 0.28}
+    ctl.store.begin_trial(5, **p)
+    ctl._candidate("v1", "v5", p)
+    merged = load_knobs(ctl._harness_dir("v5") / "knobs.yaml")
+    assert (merged.reward, merged.clip_high, merged.lr) == ("partial_credit", 0.28, REF.lr)
+    # the next operation is a mutation: never two crossovers in a row
+    ctl._finish(TrialRecord(5, "v5", ["v1", "v2"], "crossover", "crossover", 3, p["hypothesis"], "-", "",
+                            "discarded", fitness={"gain": 0.0}))
+    assert ctl._crossover(6, v1) is None
+    assert ctl._elite_of(State("v5", 3, {}, {0: 0.0}, {})).changes == {"partial_credit", "clip_higher"}
+
+
+def test_three_failures_in_a_row_escalate_once_roll_back_and_subtract(ctl):
+    root = State.of(ctl.store.trials()[0].fitness["state"])
+    v1 = add(ctl, 1, root, "partial_credit", "kept", val=0.20, gain=0.05)
+    v2 = add(ctl, 2, v1, "clip_higher", "kept", val=0.30, gain=0.04)
+    assert ctl._escalation() is None
+    for n, name in ((3, "drop_dead"), (4, "dr_grpo"), (5, "entropy_bonus")):
+        add(ctl, n, v2, name, "discarded", val=0.25, gain=-0.02)
+    esc = ctl._escalation()
+    assert esc.avoid == {"group_filter", "signal", "exploration"} and esc.subtract
+    ctl._escalation()
+    assert len(ctl.store.events("escalated")) == 1                 # decided once per streak
+    assert ctl._select_parent(6).version == "v2"                    # the last kept version
+    prop = ctl._propose(6, v2)
+    assert prop["family"] == "subtract" and prop["intervention"] in ("revert_reward", "revert_clip_high")
+    # a kept trial ends the streak
+    add(ctl, 6, v2, "seq_mean", "kept", val=0.35, gain=0.05)
+    assert ctl._escalation() is None
+
+
+def test_each_agent_trial_is_recorded_in_the_skill_library_once(ctl, tmp_path):
+    root = State.of(ctl.store.trials()[0].fitness["state"])
+    add(ctl, 1, root, "partial_credit", "kept", val=0.2, gain=0.05, trigger="dead_group_ratio:critical")
+    add(ctl, 2, root, "clip_higher", "discarded", val=0.1, gain=-0.01)
+    ctl._learn()  # as a resumed run would: nothing doubles
+    lib = SkillLibrary(tmp_path / "skills.sqlite")
+    by = {s.intervention: s for s in lib.skills()}
+    assert set(by) == {"partial_credit", "clip_higher"}
+    assert by["partial_credit"].trigger == "dead_group_ratio:critical" and by["partial_credit"].tried == 1
+    assert by["partial_credit"].held_on == ("arith",) and by["clip_higher"].kept == 0
+    assert by["partial_credit"].patch == {"reward": "partial_credit"}
+
+
+def test_greedy_selection_takes_the_best_open_state_and_population_the_best_parent_score(ctl):
+    root = State.of(ctl.store.trials()[0].fitness["state"])
+    v1 = add(ctl, 1, root, "partial_credit", "kept", val=0.30, gain=0.05)
+    add(ctl, 2, v1, "clip_higher", "discarded", val=0.20, gain=-0.04)
+    add(ctl, 3, v1, "drop_dead", "discarded", val=0.20, gain=-0.04)
+    add(ctl, 4, root, "entropy_bonus", "kept", val=0.28, gain=0.03)
+    greedy = dataclasses.replace(ctl.cfg, search=dataclasses.replace(ctl.cfg.search, selection="greedy"))
+    assert Controller(greedy, ctl.run_dir)._select_parent(5).version == "v1"   # the fittest
+    # v1's children lost 4 points each; v4 is unexpanded and a different surface
+    assert ctl._select_parent(5).version == "v4"
+    assert {e.version for e in ctl._population()} == {"v0", "v1", "v4"}
+    assert yaml.safe_load((ctl.run_dir / "config.yaml").read_text())["search"]["selection"] == "population"
