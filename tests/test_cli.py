@@ -87,3 +87,22 @@ def test_missing_checkpoint_via_subprocess_has_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+
+
+def test_skills_list_and_show(tmp_path, capsys):
+    from evotrainer.evolve.skills import SkillLibrary
+    lib = SkillLibrary(tmp_path / "s.sqlite")
+    for run, task in (("a", "arith"), ("b", "rg:chain_sum")):
+        lib.record(run=run, trial=1, task=task, trigger="dead_group_ratio:critical", intervention="partial_credit",
+                   family="reward", patch={"reward": "partial_credit"}, expected="x", label="kept", gain=0.04)
+    lib.close()
+    code, out, err = run_cli(capsys, "skills", "list", "--library", str(tmp_path / "s.sqlite"))
+    assert code == 0 and "dead_group_ratio:critical -> partial_credit" in err and "(general)" in err
+    code, out, err = run_cli(capsys, "skills", "show", "dead_group_ratio:critical -> partial_credit",
+                             "--library", str(tmp_path / "s.sqlite"))
+    shown = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and shown["tried"] == 2 and shown["general"] and len(shown["evidence"]) == 2
+    code, out, err = run_cli(capsys, "skills", "show", "nope", "--library", str(tmp_path / "s.sqlite"))
+    assert code == 2 and "unknown skill 'nope'; valid choices: dead_group_ratio:critical -> partial_credit" in err
+    code, out, err = run_cli(capsys, "skills", "list", "--library", str(tmp_path / "none.sqlite"))
+    assert code == 2 and len(err.strip().splitlines()) == 1

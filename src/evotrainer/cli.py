@@ -153,7 +153,7 @@ def _run_loop(cfg, out: Path) -> dict:
             mean = f" val {sum(val.values()) / len(val):.3f}" if val else ""
             console.print(escape(f"trial {data['trial']} {data['version']} [{data['intervention']}]: "
                                  f"{data['label']}{mean}"))
-        elif kind in ("trial_started", "stopped", "trial_resumed"):
+        elif kind in ("trial_started", "stopped", "trial_resumed", "escalated"):
             console.print(escape(f"{kind.replace('_', ' ')}: {', '.join(f'{k} {v}' for k, v in data.items())}"))
         elif kind == "base_progress" and data["step"] % 100 == 0:
             console.print(f"building the base: SFT step {data['step']}, loss {data['loss']:.3f}, "
@@ -200,6 +200,39 @@ def cmd_lineage(args) -> dict:
     tree = lineage_tree(args.run)
     print(tree, file=sys.stderr)
     return {"lines": len(tree.splitlines())}
+
+
+def _library(args):
+    from evotrainer.config import DEFAULT_SKILLS
+    from evotrainer.evolve.skills import SkillLibrary
+    path = Path(args.library or DEFAULT_SKILLS).expanduser()
+    if not path.is_file():
+        raise UsageError(f"no skill library at '{path}' (runs write one at search.skills; pass --library PATH)")
+    return SkillLibrary(path)
+
+
+def cmd_skills_list(args) -> dict:
+    lib = _library(args)
+    skills = lib.skills()
+    lib.close()
+    rows = [f"{'skill':55} {'tried':>5} {'kept':>4} {'invalid':>7} {'mean gain':>9} {'score':>7}  held on"]
+    for sk in sorted(skills, key=lambda x: -x.score):
+        gain = f"{100 * sk.mean_gain:+.1f}" if sk.mean_gain is not None else "-"
+        rows.append(f"{sk.name:55} {sk.tried:5d} {sk.kept:4d} {sk.invalid:7d} {gain:>9} {100 * sk.score:+7.2f}  "
+                    f"{', '.join(sk.held_on) or '-'}{' (general)' if sk.general else ''}")
+    print("\n".join(rows), file=sys.stderr)
+    return {"skills": len(skills)}
+
+
+def cmd_skills_show(args) -> dict:
+    import dataclasses
+    lib = _library(args)
+    sk = lib.get(args.name)
+    names = [x.name for x in lib.skills()]
+    lib.close()
+    if sk is None:
+        raise UsageError(f"unknown skill '{args.name}'; valid choices: {', '.join(names) or 'none yet'}")
+    return dataclasses.asdict(sk) | {"general": sk.general, "score": sk.score}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -273,6 +306,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("lineage", help="the version tree of a run, with labels and fitness")
     sp.add_argument("run", type=Path)
     sp.set_defaults(fn=cmd_lineage)
+    sk = sub.add_parser("skills", help="the skill library: validated interventions shared by runs").add_subparsers(
+        dest="skills_cmd", required=True, metavar="{list,show}")
+    sp = sk.add_parser("list", help="every skill with its counts, mean gain and the tasks where it held")
+    sp.add_argument("--library", type=Path, default=None, help="library file (default: the runs' default)")
+    sp.set_defaults(fn=cmd_skills_list)
+    sp = sk.add_parser("show", help="one skill with its evidence (JSON)")
+    sp.add_argument("name", help="'TRIGGER -> INTERVENTION', as `skills list` prints it")
+    sp.add_argument("--library", type=Path, default=None)
+    sp.set_defaults(fn=cmd_skills_show)
     return p
 
 

@@ -34,6 +34,8 @@ def status(run_dir: Path | str) -> dict:
                                            "val": best.fitness["val"], "test": best.fitness["test"]},
         # sd of a paired difference between re-runs of the root harness: what the gate's bar is built on
         "noise_sd": next((t.fitness.get("noise_sd") for t in trials if t.id == 0), None),
+        "escalations": len(store.events("escalated")),
+        "crossovers": sum(t.intervention == "crossover" for t in trials),
         "state": "finished" if last in ("final_finished", "run_finished", "stopped") else "running or interrupted",
         "final": None if not final else {
             "winner": final[-1]["winner"], "seeds": final[-1]["seeds"],
@@ -71,7 +73,8 @@ def lineage_tree(run_dir: Path | str) -> str:
             val = t.fitness.get("val") or {}
             mean = f"val {sum(val.values()) / len(val):.3f}" if val else "not trained"
             gain = f", gain {t.fitness['gain']:+.3f}" if "gain" in t.fitness else ""
-            lines.append(f"{'  ' * indent}{t.version or '(refused)'} #{t.id} [{t.intervention}] {t.label}: "
+            mate = f" x {t.parents[1]}" if len(t.parents) > 1 else ""  # a crossover's second parent
+            lines.append(f"{'  ' * indent}{t.version or '(refused)'} #{t.id} [{t.intervention}{mate}] {t.label}: "
                          f"{mean}{gain}, depth {t.depth}")
             if t.version and t.version != parent:
                 walk(t.version, indent + 1)
