@@ -164,20 +164,21 @@ def merge(base_knobs: dict, a_knobs: dict, b_knobs: dict, base_files: dict[str, 
     """A three-way merge of two versions' harness diffs against their common ancestor: a knob
     or a slot file changed on one side only is taken; changed on both sides to different
     values it is a conflict (named, never guessed)."""
-    knobs, files, conflicts = {}, {}, []
-    for key in sorted(set(base_knobs) | set(a_knobs) | set(b_knobs)):
-        o, a, b = base_knobs.get(key), a_knobs.get(key), b_knobs.get(key)
-        if a != o and b != o and a != b:
-            conflicts.append(f"knob {key}: {a!r} vs {b!r}")
-        elif a != o or b != o:
-            knobs[key] = a if a != o else b
-    for name in sorted(set(base_files) | set(a_files) | set(b_files)):
-        o, a, b = base_files.get(name), a_files.get(name), b_files.get(name)
-        if a != o and b != o and a != b:
-            conflicts.append(f"file {name}")
-        elif a != o or b != o:
-            files[name] = a if a != o else b
-    return Merge(files, knobs, tuple(conflicts))
+    knobs, knob_conflicts = _three_way(base_knobs, a_knobs, b_knobs, "knob")
+    files, file_conflicts = _three_way(base_files, a_files, b_files, "file")
+    return Merge(files, knobs, tuple(knob_conflicts + file_conflicts))
+
+
+def _three_way(base: dict, a: dict, b: dict, kind: str) -> tuple[dict, list[str]]:
+    """Entries changed on one side only are taken; changed on both, differently, conflict."""
+    out, conflicts = {}, []
+    for key in sorted(set(base) | set(a) | set(b)):
+        o, x, y = base.get(key), a.get(key), b.get(key)
+        if x != o and y != o and x != y:
+            conflicts.append(f"knob {key}: {x!r} vs {y!r}" if kind == "knob" else f"file {key}")
+        elif x != o or y != o:
+            out[key] = x if x != o else y
+    return out, conflicts
 
 
 def crossover_due(ops: Sequence[str], window: int = 4, min_rate: float = 0.25) -> bool:
