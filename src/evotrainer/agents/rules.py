@@ -91,8 +91,7 @@ def propose(ctx: AgentContext) -> Proposal | None:
 
 def propose_random(ctx: AgentContext) -> Proposal | None:
     """The random single-variable baseline: any applicable untried intervention, uniformly."""
-    cands = candidates(AgentContext(findings=(), knobs=ctx.knobs, root_knobs=ctx.root_knobs,
-                                    target_level=ctx.target_level, tried=ctx.tried))
+    cands = candidates(replace(ctx, findings=(), skills=(), escalation=None))
     if not cands:
         return None
     return replace(random.Random(ctx.seed).choice(cands), agent="random")

@@ -4,7 +4,8 @@ A *state* is a harness version at a lineage depth with one checkpoint per seed. 
 `continue` mode (population-based training) depth counts segments of training behind the
 state; trial 0 trains the root harness one segment from the base, and each later trial:
 
-    select parent (best state with segments left) -> diagnose it -> the agent proposes one
+    select parent (search.selection: greedy, or a population of elites) -> diagnose it ->
+    the agent proposes one (or a crossover of two elites is due)
     intervention -> legality -> backtest on the parent's rollouts -> train the child one
     segment per seed from the parent's checkpoints -> evaluate (a process of its own) ->
     gate against the control (the parent continued unchanged, same segment seeds) ->
@@ -119,6 +120,7 @@ class Controller:
     def run(self) -> None:
         self.store.event("session_started")  # status adds up sessions: time between a kill and a resume is not ours
         self._setup()
+        self._learn()  # what a kill cut off between a trial's row and its skill outcome
         t_end = time.time() + self.cfg.budget.wall_clock_s
         for n, proposal in self.store.pending():  # resume: redo what a kill cut off, same number
             self._event("trial_resumed", n, intervention=proposal.get("intervention"))
@@ -253,8 +255,8 @@ class Controller:
         elites = [e for e in self._population() if e.key in by_key]
         trials = self.store.trials()
         starts = self._starts()
-        recent = [self._elite_of(State.of(starts[t.id]["parent_state"])).changes
-                  for t in trials[-self.selection.recent:] if t.id in starts]
+        recent = [e.changes for e in self._elites([State.of(starts[t.id]["parent_state"])
+                                                   for t in trials[-self.selection.recent:] if t.id in starts])]
         pick = select_parent(elites, history.children(trials, starts), n, self.selection, recent)
         return by_key[pick.key] if pick else best
 
@@ -262,22 +264,26 @@ class Controller:
         """The elites, rebuilt from the lineage in the order states were recorded (so a resumed
         controller has the same population): kept children and controls ask to join in turn."""
         kept = {t.id: t for t in self.store.trials() if t.label == "kept"}
-        pop: list[Elite] = []
+        states = []
         for e in self.store.events():
             if e["kind"] == "control_finished":
-                state = State.of(e["state"])
+                states.append(State.of(e["state"]))
             elif e["kind"] == "trial_finished" and e["trial"] in kept:
-                state = State.of(kept[e["trial"]].fitness["state"])
-            else:
-                continue
-            pop, _ = promote(pop, self._elite_of(state), self.selection)
+                states.append(State.of(kept[e["trial"]].fitness["state"]))
+        pop: list[Elite] = []
+        for elite in self._elites(states):
+            pop, _ = promote(pop, elite, self.selection)
         return pop
 
-    def _elite_of(self, state: State) -> Elite:
+    def _elites(self, states: list[State]) -> list[Elite]:
+        """States as selection sees them, from one read of the lineage."""
         trials = self.store.trials()
-        return Elite(state.version, state.depth, state.mean_val,
-                     history.changes(trials).get(state.version, frozenset()),
-                     history.surfaces(trials).get(state.version, "root"))
+        changes, surfaces = history.changes(trials), history.surfaces(trials)
+        return [Elite(s.version, s.depth, s.mean_val, changes.get(s.version, frozenset()),
+                      surfaces.get(s.version, "root")) for s in states]
+
+    def _elite_of(self, state: State) -> Elite:
+        return self._elites([state])[0]
 
     def _starts(self) -> dict[int, dict]:
         """Trial number -> the proposal it (last) started with (every trial but the root's)."""
@@ -341,7 +347,8 @@ class Controller:
         starts = self._starts()
         crossed = {(s["parent_state"]["version"], s["mate_state"]["version"]) for s in starts.values()
                    if s.get("mate_state")}
-        for mate in mates(self._population(), self._elite_of(parent)):
+        first = self._elite_of(parent)
+        for mate in mates(self._population(), first):
             if (parent.version, mate.version) in crossed:
                 continue
             base = _common_ancestor(trials, parent.version, mate.version)
@@ -354,7 +361,7 @@ class Controller:
             mate_state = next(s for s in self._states() if (s.version, s.depth) == mate.key)
             return {"parent_state": dataclasses.asdict(parent), "mate_state": dataclasses.asdict(mate_state),
                     "version": f"v{n}", "intervention": history.CROSSOVER, "family": history.CROSSOVER,
-                    "hypothesis": f"combining {parent.version}'s changes ({', '.join(sorted(self._elite_of(parent).changes)) or 'none'}) "
+                    "hypothesis": f"combining {parent.version}'s changes ({', '.join(sorted(first.changes)) or 'none'}) "
                                   f"with {mate.version}'s ({', '.join(sorted(mate.changes))}) keeps both gains, "
                                   "because they change different parts of the harness",
                     "frozen": f"everything else of {parent.version}",
@@ -379,16 +386,17 @@ class Controller:
         finally:
             lib.close()
 
-    def _learn(self) -> None:
-        """Every finished agent trial's outcome into the skill library (idempotent per run and
-        trial, so calling it again after a kill records what the kill cut off, once)."""
+    def _learn(self, trial: int | None = None) -> None:
+        """Finished agent trials' outcomes into the skill library: `trial` alone, or every one
+        (at start-up). Idempotent per run and trial, so a resume records what a kill cut off, once."""
         if not self.cfg.search.skills:
             return
         starts, lib = self._starts(), SkillLibrary(self.cfg.search.skills)
         try:
             for t in self.store.trials():
                 s = starts.get(t.id)
-                if not t.parents or s is None or t.intervention == history.CROSSOVER:
+                if (trial is not None and t.id != trial) or not t.parents or s is None \
+                        or t.intervention == history.CROSSOVER:
                     continue
                 lib.record(run=str(self.run_dir.resolve()), trial=t.id, task=self.cfg.task,
                            trigger=s.get("trigger", "none"), intervention=t.intervention,
@@ -536,7 +544,7 @@ class Controller:
             self._ingest(rec.version, state)
         self.store.finish_trial(rec)
         if rec.parents:
-            self._learn()
+            self._learn(rec.id)
         self.on_event("trial_finished", {"trial": rec.id, "label": rec.label, "version": rec.version,
                                          "intervention": rec.intervention, "val": rec.fitness.get("val")})
 
