@@ -194,3 +194,34 @@ def test_unplanted_partial_credit_on_a_longer_target_is_invalid(tmp_path, sft_ba
     rise = sum(m["reward_mean"] for m in last) / 6 - sum(m["reward_mean"] for m in first) / 6
     assert rise > 0.03 and all(m["score_mean"] == 0 for m in metrics)  # shaped reward up, exact match flat at 0
     assert "v1" not in {s.version for s in ctl._states()}  # never a parent, never the winner
+
+
+def test_a_sibling_that_would_train_the_same_is_recorded_equivalent_and_costs_no_budget(tiny_run):
+    """drop_dead and score_spread filter the same groups under a binary reward (the score is
+    the reward): the second is recognised from its backtest on the parent's rollouts and never
+    trained, and the budget still buys the trial after it."""
+    import dataclasses
+    import yaml
+    from evotrainer.agents.catalog import CATALOG
+    from evotrainer.config import config_from_dict
+    from evotrainer.evolve.controller import Controller
+
+    order = ["drop_dead", "score_spread", "lower_lr"]
+
+    def scripted(ctx):
+        name = next((n for n in order if n not in ctx.tried), None)
+        return name and dataclasses.replace(CATALOG.get(name)(ctx.knobs, 1), agent="scripted")
+
+    cfg_path, run = tiny_run
+    raw = yaml.safe_load(cfg_path.read_text())
+    raw["final_seeds"] = []
+    raw["search"] |= {"selection": "greedy"}
+    ctl = Controller(config_from_dict(raw).validate(), run, agent=scripted)
+    ctl.run()
+    trials = ctl.store.trials()
+    assert [t.intervention for t in trials[1:]] == order
+    twin = trials[2]
+    assert twin.label == "equivalent" and "trains exactly like v1 (drop_dead)" in twin.reflection
+    assert twin.backtest["rest"] == trials[1].backtest["rest"]
+    assert not (run / "versions" / "v2").exists() and twin.budgets == {}  # never trained
+    assert trials[3].label in ("kept", "discarded") and trials[3].backtest["rest"] != twin.backtest["rest"]

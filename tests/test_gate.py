@@ -5,7 +5,7 @@ import pytest
 
 from evotrainer.config import GateConfig
 from evotrainer.evolve.gate import gate
-from evotrainer.evolve.stats import average_last, bootstrap_ci, mean_se, paired_differences
+from evotrainer.evolve.stats import average_last, bootstrap_ci, crossed_bootstrap_ci, mean_se, paired_differences
 
 
 def test_statistics():
@@ -71,3 +71,16 @@ def test_noise_floor_is_the_rms_of_paired_differences_between_runs_of_one_harnes
     quiet = gate({0: 0.52, 1: 0.52}, {0: 0.50, 1: 0.50}, cfg=CFG)
     noisy = gate({0: 0.52, 1: 0.52}, {0: 0.50, 1: 0.50}, cfg=CFG, noise_sd=0.05)
     assert quiet.label == "kept" and noisy.label == "discarded" and noisy.threshold > 0.07
+
+
+def test_crossed_bootstrap_carries_the_spread_between_search_replicates():
+    # every replicate's seeds agree closely, but the replicates disagree: resampling seeds
+    # alone would give a narrow interval; resampling replicates too must widen it
+    rows = [[0.05, 0.06, 0.05], [-0.04, -0.03, -0.05], [0.02, 0.01, 0.02]]
+    lo, hi = crossed_bootstrap_ci(rows)
+    grand = sum(map(sum, rows)) / 9
+    assert lo < grand < hi and lo < 0 < hi
+    seeds_only = bootstrap_ci([sum(col) / 3 for col in zip(*rows)])
+    assert hi - lo > 3 * (seeds_only[1] - seeds_only[0])
+    lo1, hi1 = crossed_bootstrap_ci([[0.05, 0.06, 0.04, 0.05, 0.07]])  # one replicate: the seeds' bootstrap
+    assert 0.04 <= lo1 < 0.054 < hi1 <= 0.07

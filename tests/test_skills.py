@@ -52,3 +52,17 @@ def test_matching_and_rank_follow_the_findings(tmp_path):
     assert rank(names, [DEAD], skills) == ["clip_higher", "drop_dead", "entropy_bonus", "partial_credit"]
     assert rank(names, [], skills) == names                  # no matching evidence: the rules' order
     assert signature(None) == "none" and signature(DEAD) == "dead_group_ratio:critical"
+
+
+def test_absorbing_libraries_is_their_union_counting_each_outcome_once(tmp_path):
+    a, b = SkillLibrary(tmp_path / "a.sqlite"), SkillLibrary(tmp_path / "b.sqlite")
+    record(a, 1, "arith", "partial_credit", "kept", 0.05, run="ra")
+    record(b, 1, "arith", "partial_credit", "kept", 0.03, run="rb")
+    record(b, 2, "arith", "lower_lr", "discarded", -0.01, run="rb")
+    a.close(), b.close()
+    merged = SkillLibrary(tmp_path / "m.sqlite")
+    for p in ("a.sqlite", "b.sqlite", "a.sqlite"):
+        merged.absorb(tmp_path / p)
+    pc = merged.get("dead_group_ratio:critical -> partial_credit")
+    assert [s.intervention for s in merged.skills()] == ["lower_lr", "partial_credit"]
+    assert pc.tried == 2 and abs(pc.mean_gain - 0.04) < 1e-9

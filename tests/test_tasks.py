@@ -159,6 +159,20 @@ def test_rg_reference_scores_one_and_garbage_zero(family):
         assert task.score(p, str(int(p.answer) + 1)) == 0.0  # off by one is wrong
 
 
+def test_rg_levels_are_the_familys_curriculum_and_a_bad_level_names_the_valid_ones():
+    default, lv1, lv2 = get_task("rg:chain_sum"), get_task("rg:chain_sum", 1), get_task("rg:chain_sum", 2)
+    assert default.levels == (0,) and lv2.levels[:2] == (1, 2) and lv2.target_level == 2
+    rng = random.Random(0)
+    one = [lv1.generate(rng, 1) for _ in range(30)]
+    two = [lv2.generate(rng, 2) for _ in range(60)]
+    terms = lambda p: p.id.count(" + ") + p.id.count(" - ") + 1  # noqa: E731
+    assert {terms(p) for p in one} == {2} and all(abs(int(p.answer)) <= 18 for p in one)  # 2 terms of 1 digit
+    assert {terms(p) for p in two} == {2, 3}                                              # 2-3 terms of 1-2 digits
+    assert all(lv2.score(p, p.answer) == 1.0 for p in two)
+    with pytest.raises(UsageError, match=r"level 40 is not a level of rg:chain_sum; valid levels: 0 .* or 1\.\.11"):
+        get_task("rg:chain_sum", 40)
+
+
 def test_rg_unknown_family_lists_valid_ones():
     with pytest.raises(UsageError) as e:
         get_task("rg:no_such_family")

@@ -8,8 +8,12 @@ The outcome is labelled: `passed`, `backtest_rejected`, `illegal`, or the worker
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import yaml
 
 from evotrainer.backtest.analysis import BacktestConfig, BacktestReport, analyse
 from evotrainer.errors import UsageError
@@ -24,6 +28,8 @@ class BacktestOutcome:
     reasons: list[str]
     report: BacktestReport | None = None
     log_tail: str = ""
+    signal: str = ""                  # fingerprint of the rewards, filter and advantages it gave
+
 
     @property
     def passed(self) -> bool:
@@ -53,7 +59,34 @@ def backtest(evidence_dir: Path | str, candidate_dir: Path | str, parent_dir: Pa
     if not res.ok:
         return BacktestOutcome(res.label, [res.error or res.label], log_tail=res.log_tail)
     report = analyse(list(read_evidence(ev / "evidence.jsonl")), res.value, cfg)
-    return BacktestOutcome("passed" if report.verdict == "pass" else "backtest_rejected", report.reasons, report)
+    return BacktestOutcome("passed" if report.verdict == "pass" else "backtest_rejected", report.reasons, report,
+                           signal=signal_fingerprint(res.value))
+
+
+# The knobs a rescore reads: with these and the slot code, the fingerprint covers them.
+SIGNAL_KNOBS = ("reward", "group_filter", "advantage", "max_new_tokens")
+
+
+def rest_key(harness_dir: Path | str) -> str:
+    """What a rescore does not see of a harness: every other knob (lr, temperature, loss
+    aggregation, ...) and all its code (conservatively: code can touch any slot). Two
+    harnesses with equal rest keys and equal signal fingerprints on one evidence train alike."""
+    h = Path(harness_dir)
+    knobs = {k: v for k, v in (yaml.safe_load((h / "knobs.yaml").read_text()) or {}).items() if k not in SIGNAL_KNOBS}
+    code = {p.name: p.read_text() for p in sorted(h.glob("*.py"))}
+    blob = json.dumps({"knobs": knobs, "code": code}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def signal_fingerprint(rescored: dict) -> str:
+    """What a candidate's reward, group filter and advantage make of the rollouts, as one hash:
+    two harnesses with the same fingerprint give the trainer the same training signal on this
+    evidence (drop_dead and score_spread do under a binary reward). Rounded to 1e-6 so float
+    noise in equal computations does not split them."""
+    blob = json.dumps({"reward": [round(x, 6) for x in rescored["reward"]],
+                       "advantage": [round(x, 6) for x in rescored["advantage"]],
+                       "kept": rescored["kept"], "cut": rescored["cut"], "max_new_tokens": rescored["max_new_tokens"]})
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def to_markdown(outcome: BacktestOutcome, evidence_dir, candidate_dir) -> str:

@@ -40,6 +40,7 @@ import yaml
 
 from evotrainer.agents import AGENTS, AgentContext, Escalation, Proposal, set_knob
 from evotrainer.backtest import backtest
+from evotrainer.backtest.run import rest_key
 from evotrainer.config import RunConfig
 from evotrainer.diagnostics.health import diagnose
 from evotrainer.diagnostics.spec import SEVERITIES
@@ -47,6 +48,7 @@ from evotrainer.evidence import EvidenceStore
 from evotrainer.evolve.final import compare, extend, schedule, table, winner
 from evotrainer.evolve import history
 from evotrainer.evolve.gate import gate
+from evotrainer.evolve.replay import Arm, ReplayFailed, replay
 from evotrainer.evolve.population import Elite, SelectionConfig, crossover_due, mates, merge, promote, select_parent
 from evotrainer.evolve.skills import SkillLibrary
 from evotrainer.evolve.stats import average_last, noise_floor
@@ -132,7 +134,8 @@ class Controller:
         self.final()
 
     def _search(self, t_end: float) -> None:
-        while (n := self.store.next_trial()) <= self.cfg.budget.trials:
+        while history.spent(self.store.trials()) < self.cfg.budget.trials:
+            n = self.store.next_trial()
             if time.time() > t_end:
                 self._event("stopped", reason="wall-clock budget spent")
                 return
@@ -156,36 +159,19 @@ class Controller:
         done = self.store.events("final_finished")
         if done or not self.cfg.final_seeds:
             return done[-1] if done else None
-        win = winner(self._states())
-        if self.restart:
-            harnesses, steps = [win.version], self.cfg.budget.total_steps
-        else:
-            harnesses = extend(schedule(self.store.trials(), win.version, win.depth), self.max_depth)
-            steps = self.cfg.budget.steps_per_segment
-        self._event("final_started", winner=f"{win.version}@{win.depth}", schedule=harnesses,
-                    seeds=list(self.cfg.final_seeds))
-        clock, root, calls, where = Clock(), self.run_dir / "final", [], []
-        for arm, sched, arm_steps in (("reference", ["v0"], self.cfg.budget.total_steps), ("evolved", harnesses, steps)):
-            for seed in self.cfg.final_seeds:
-                out = root / arm / f"seed-{seed}"
-                shutil.rmtree(out, ignore_errors=True)
-                calls.append(Call("evotrainer.train:train_schedule", dict(
-                    task=self.task.name, level=self.task.target_level or None, base=self.base, out=str(out),
-                    harnesses=[str(self._harness_dir(v)) for v in sched], seed=seed, steps=arm_steps)))
-                where.append((arm, seed, out / f"segment-{len(sched)}"))
-        results = self._pool(calls, clock, self.cfg.budget.trial_timeout_s * len(harnesses))
-        for (arm, seed, _), res in zip(where, results):
-            if not res.ok:
-                raise ControlFailed(f"the final comparison's {arm} run, seed {seed}, failed: {res.label}: {res.error}")
-        k = self.cfg.gate.last_k
-        last = {(arm, seed): [str(c) for c in [*saved_checkpoints(d), d / "checkpoint"][-k:]] for arm, seed, d in where}
-        acc = self._evaluator({self.base: ["val", "test"]} | {c: ["val", "test"] for cs in last.values() for c in cs},
-                              clock)
-        score = {arm: {} for arm in ("reference", "evolved")}
-        for (arm, seed), cs in last.items():
-            score[arm][seed] = {split: sum(acc[c][split] for c in cs) / len(cs) for split in ("val", "test")}
-        result = {"winner": f"{win.version}@{win.depth}", "schedule": harnesses, "seeds": list(self.cfg.final_seeds),
-                  "total_steps": self.cfg.budget.total_steps, "base": acc[self.base],
+        label, harnesses, arm = self.winner_schedule()
+        self._event("final_started", winner=label, schedule=harnesses, seeds=list(self.cfg.final_seeds))
+        arms = {"reference": Arm((str(self._harness_dir("v0")),), self.cfg.budget.total_steps), "evolved": arm}
+        try:
+            rep = replay(self.task.name, self.task.target_level or None, self.base, arms, self.cfg.final_seeds,
+                         self.run_dir / "final", self.cfg.gate.last_k, self.cfg.budget.trial_timeout_s,
+                         self.cfg.workers)
+        except ReplayFailed as e:
+            raise ControlFailed(f"the final comparison: {e}") from None
+        clock = Clock(rep.train_s, rep.eval_s)
+        score = rep.scores
+        result = {"winner": label, "schedule": harnesses, "seeds": list(self.cfg.final_seeds),
+                  "total_steps": self.cfg.budget.total_steps, "base": rep.base,
                   "comparison": compare(score["reference"], score["evolved"]), "budgets": clock.budgets()}
         result["table"] = table(result["base"], result["comparison"], self.cfg.final_seeds)
         (self.run_dir / "final.json").write_text(json.dumps(result, indent=2))
@@ -193,6 +179,18 @@ class Controller:
                                                f"{' -> '.join(harnesses)}\n\n```\n{result['table']}\n```\n")
         self._event("final_finished", **result)
         return result
+
+    def winner_schedule(self) -> tuple[str, list[str], Arm]:
+        """The winner ("vN@D"), its harness schedule as versions, and as an arm to replay: in
+        continue mode the harness at each depth along its lineage, continued with its own
+        harness to the full budget; in restart mode its one harness for the whole budget."""
+        win = winner(self._states())
+        if self.restart:
+            harnesses, steps = [win.version], self.cfg.budget.total_steps
+        else:
+            harnesses = extend(schedule(self.store.trials(), win.version, win.depth), self.max_depth)
+            steps = self.cfg.budget.steps_per_segment
+        return f"{win.version}@{win.depth}", harnesses, Arm(tuple(str(self._harness_dir(v)) for v in harnesses), steps)
 
     def _setup(self) -> None:
         cfg_file = self.run_dir / "config.yaml"
@@ -396,7 +394,7 @@ class Controller:
             for t in self.store.trials():
                 s = starts.get(t.id)
                 if (trial is not None and t.id != trial) or not t.parents or s is None \
-                        or t.intervention == history.CROSSOVER:
+                        or t.intervention == history.CROSSOVER or t.label == history.EQUIVALENT:
                     continue
                 lib.record(run=str(self.run_dir.resolve()), trial=t.id, task=self.cfg.task,
                            trigger=s.get("trigger", "none"), intervention=t.intervention,
@@ -484,6 +482,14 @@ class Controller:
         if bt is not None and not bt.passed:
             return self._finish(TrialRecord(**rec, patch=patch, label=bt.label, backtest=bt_summary,
                                             reflection="; ".join(bt.reasons), finished=time.time()))
+        if bt is not None:
+            bt_summary |= {"signal": bt.signal, "rest": rest_key(self._harness_dir(version))}
+            twin = self._twin(parent, bt_summary)
+            if twin is not None:
+                return self._finish(TrialRecord(
+                    **rec, patch=patch, label=history.EQUIVALENT, backtest=bt_summary, finished=time.time(),
+                    reflection=f"trains exactly like {twin.version} ({twin.intervention}): the same rewards, filter "
+                               "and advantages on the parent's rollouts and every other setting equal; not trained"))
         try:
             control, child = self._train_against_control(parent, version, clock)
         except SegmentFailed as e:
@@ -498,6 +504,20 @@ class Controller:
         self._finish(TrialRecord(**rec, patch=patch, label=decision.label, backtest=bt_summary, fitness=fitness,
                                  budgets=clock.budgets(), findings=findings,
                                  reflection="; ".join(decision.reasons), finished=time.time()), child)
+
+    def _twin(self, parent: State, bt: dict):
+        """An earlier child of the parent's harness that trained (or tried to) and would train
+        exactly like this candidate: the same rest key, and the same signal fingerprint when its
+        harness is rescored on this parent's evidence (its own was on an earlier state's)."""
+        for t in self.store.trials():
+            if t.parents[:1] != [parent.version] or t.backtest.get("rest") != bt["rest"] \
+                    or t.label in (history.EQUIVALENT, "illegal", "backtest_rejected"):
+                continue
+            again = backtest(parent.dirs[min(parent.dirs)], self._harness_dir(t.version),
+                             self._harness_dir(parent.version), timeout_s=self.cfg.budget.trial_timeout_s)
+            if again.signal and again.signal == bt["signal"]:
+                return t
+        return None
 
     def _noise_sd(self) -> float:
         """The noise floor the root trial measured (sd of a paired difference between runs of one harness)."""

@@ -13,6 +13,9 @@ from evotrainer.agents.catalog import FAMILY
 from evotrainer.evolve.population import Child
 
 CROSSOVER = "crossover"
+# a candidate that would train exactly like a sibling already tried: recorded, never trained,
+# and invisible to the search (no budget, no child, no failure)
+EQUIVALENT = "equivalent"
 FAILED = ("discarded", "invalid", "illegal", "backtest_rejected", "crash", "timeout", "oom")
 CRASHED = ("crash", "timeout", "oom")
 
@@ -51,7 +54,7 @@ def children(trials: Iterable, starts: Mapping[int, Mapping]) -> list[Child]:
     out = []
     for t in sorted(trials, key=lambda t: t.id):
         start = starts.get(t.id)
-        if not t.parents or start is None:
+        if not t.parents or start is None or t.label == EQUIVALENT:
             continue
         keys = [(start["parent_state"]["version"], start["parent_state"]["depth"])]
         if start.get("mate_state"):
@@ -64,6 +67,8 @@ def failures_in_a_row(trials: Sequence) -> list:
     """The trailing run of failed trials since the last kept one (oldest first)."""
     out = []
     for t in sorted(trials, key=lambda t: t.id, reverse=True):
+        if t.label == EQUIVALENT:
+            continue
         if not t.parents or t.label not in FAILED:
             break
         out.append(t)
@@ -73,4 +78,9 @@ def failures_in_a_row(trials: Sequence) -> list:
 def operations(trials: Iterable) -> list[str]:
     """'crossover' or 'mutation' per non-root trial that did not crash, in order."""
     return [CROSSOVER if t.intervention == CROSSOVER else "mutation"
-            for t in sorted(trials, key=lambda t: t.id) if t.parents and t.label not in CRASHED]
+            for t in sorted(trials, key=lambda t: t.id) if t.parents and t.label not in CRASHED + (EQUIVALENT,)]
+
+
+def spent(trials: Iterable) -> int:
+    """Trials that count against the budget: every non-root trial but the equivalent ones."""
+    return sum(1 for t in trials if t.parents and t.label != EQUIVALENT)

@@ -116,6 +116,22 @@ class SkillLibrary:
             out.append(_skill(name, trigger, intervention, family, json.loads(patch), expected, ev))
         return out
 
+    def absorb(self, other: Path | str) -> None:
+        """Add every skill and outcome of another library file (outcomes stay keyed by run and
+        trial, so absorbing one twice, or two that share outcomes, counts each once)."""
+        self.db.execute("ATTACH DATABASE ? AS other", (str(Path(other).expanduser()),))
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self.db.execute("INSERT OR IGNORE INTO skills SELECT * FROM other.skills")
+                self.db.execute("INSERT OR IGNORE INTO outcomes SELECT * FROM other.outcomes")
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+        finally:
+            self.db.execute("DETACH DATABASE other")
+
     def get(self, name: str) -> Skill | None:
         return next((s for s in self.skills() if s.name == name), None)
 

@@ -55,3 +55,22 @@ def bootstrap_ci(xs: Sequence[float], level: float = 0.95, n_boot: int = 10_000,
     lo = means[int((1 - level) / 2 * n_boot)]
     hi = means[min(int((1 + level) / 2 * n_boot), n_boot - 1)]
     return lo, hi
+
+
+def crossed_bootstrap_ci(rows: Sequence[Sequence[float]], level: float = 0.95, n_boot: int = 10_000,
+                         seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the grand mean of a replicate x seed table (a paired
+    difference per search replicate and fresh seed): each draw resamples the rows and the
+    columns, both with replacement, so the interval carries the search's noise as well as
+    the training seeds'. With one row it is the plain bootstrap over columns."""
+    if not rows or not rows[0]:
+        raise ValueError("no values")
+    rng = random.Random(seed)
+    R, S = len(rows), len(rows[0])
+    means = []
+    for _ in range(n_boot):
+        rs = [rng.randrange(R) for _ in range(R)]
+        cs = [rng.randrange(S) for _ in range(S)]
+        means.append(sum(rows[r][c] for r in rs for c in cs) / (R * S))
+    means.sort()
+    return means[int((1 - level) / 2 * n_boot)], means[min(int((1 + level) / 2 * n_boot), n_boot - 1)]

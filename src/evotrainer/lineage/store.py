@@ -48,7 +48,7 @@ CREATE TRIGGER IF NOT EXISTS events_append_only_u BEFORE UPDATE ON events
 CREATE TRIGGER IF NOT EXISTS events_append_only_d BEFORE DELETE ON events
     BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
 """
-LABELS = ("kept", "discarded", "invalid", "illegal", "backtest_rejected", "crash", "timeout", "oom")
+LABELS = ("kept", "discarded", "invalid", "illegal", "backtest_rejected", "equivalent", "crash", "timeout", "oom")
 _JSON = ("parents", "backtest", "budgets", "fitness", "findings")
 
 

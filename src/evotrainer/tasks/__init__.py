@@ -16,7 +16,7 @@ def get_task(name: str, level: int | None = None) -> Task:
             raise UsageError(str(e)) from None
     if name.startswith("rg:"):
         from evotrainer.tasks.reasoning_gym import ReasoningGymTask
-        return ReasoningGymTask(name[3:])
+        return ReasoningGymTask(name[3:], level)
     raise unknown("task", name, list(BUILTIN) + ["rg:<family> (any reasoning-gym family)"])
 
 

@@ -1,0 +1,76 @@
+"""Replay harness schedules from the base on fresh seeds: the measurement that every
+comparison of harnesses rests on (the run's final comparison, the benchmarks).
+
+Each *arm* is a schedule (one harness directory per segment, each segment continuing from
+the last one's checkpoint) trained from the base on every seed, all arms and seeds in one
+pool of workers, then scored by one evaluator process that loads checkpoints and the task's
+verifier and no harness code. A seed's accuracy is the mean of the last `last_k`
+evaluations (the saved steps of the last segment, then its final checkpoint).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from evotrainer.executors import Call, run_all, run_in_worker
+from evotrainer.train import saved_checkpoints
+
+SPLITS = ("val", "test")
+
+
+class ReplayFailed(RuntimeError):
+    """A replay's training worker or the evaluator failed."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    harnesses: tuple[str, ...]  # harness directories, one per segment
+    steps: int                  # training steps of each segment
+
+
+@dataclass
+class Replay:
+    scores: dict[str, dict[int, dict[str, float]]]  # arm -> seed -> split -> accuracy
+    base: dict[str, float]                          # the base checkpoint's accuracy per split
+    train_s: float = 0.0
+    eval_s: float = 0.0
+
+
+def replay(task: str, level: int | None, base: str, arms: Mapping[str, Arm], seeds: Sequence[int], out_root: Path,
+           last_k: int, timeout_s: float, workers: int = 0) -> Replay:
+    """Train every arm on every seed from `base` under out_root/ARM/seed-S and score them."""
+    calls, where = [], []
+    for name, arm in arms.items():
+        for seed in seeds:
+            out = Path(out_root) / name / f"seed-{seed}"
+            shutil.rmtree(out, ignore_errors=True)  # a replay cut off by a kill starts clean
+            calls.append(Call("evotrainer.train:train_schedule", dict(
+                task=task, level=level, base=base, out=str(out), harnesses=list(arm.harnesses), seed=seed,
+                steps=arm.steps)))
+            where.append((name, seed, out / f"segment-{len(arm.harnesses)}"))
+    t = time.time()
+    workers = workers or min(os.cpu_count() or 1, len(calls))
+    results = run_all(calls, workers, timeout_s=timeout_s * max(len(a.harnesses) for a in arms.values()),
+                      threads=max(1, (os.cpu_count() or 1) // workers))
+    train_s = time.time() - t
+    for (name, seed, _), res in zip(where, results):
+        if not res.ok:
+            raise ReplayFailed(f"the replay of {name}, seed {seed}, failed: {res.label}: {res.error}")
+    last = {(name, seed): [str(c) for c in [*saved_checkpoints(d), d / "checkpoint"][-last_k:]]
+            for name, seed, d in where}
+    jobs = {base: list(SPLITS)} | {c: list(SPLITS) for cs in last.values() for c in cs}
+    t = time.time()
+    ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints", dict(task=task, level=level, jobs=jobs),
+                       timeout_s=timeout_s)
+    eval_s = time.time() - t
+    if not ev.ok:
+        raise ReplayFailed(f"the evaluator failed: {ev.label}: {ev.error}")
+    acc = ev.value
+    scores: dict[str, dict[int, dict[str, float]]] = {name: {} for name in arms}
+    for (name, seed), cs in last.items():
+        scores[name][seed] = {split: sum(acc[c][split] for c in cs) / len(cs) for split in SPLITS}
+    return Replay(scores, acc[base], train_s, eval_s)
