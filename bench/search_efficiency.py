@@ -69,7 +69,7 @@ def search(raw: dict, method: str, r: int, out: Path, library: Path | None) -> d
     raw["seeds"] = [2 * r, 2 * r + 1]
     raw["final_seeds"] = []  # the bench replays every winner itself, on shared fresh seeds
     raw["search"] = dict(settings["search"])
-    if raw["search"].get("skills", "") is not None:
+    if "skills" not in raw["search"]:  # evolved: a library of its own (a copy of `library` for the transfer row)
         raw["search"]["skills"] = str(run / "skills.sqlite")
         if library is not None and not (run / "lineage.sqlite").exists():
             run.mkdir(parents=True, exist_ok=True)
@@ -212,7 +212,7 @@ def main() -> None:
     args = p.parse_args()
     seeds = list(range(FRESH, FRESH + args.seeds))
     results, learned = [], []
-    for i, config in enumerate(args.configs):
+    for config in args.configs:
         library = merged_library(learned, args.out / f"library-before-{config.stem}.sqlite")
         methods = args.methods + ([TRANSFER] if library and "evolved" in args.methods else [])
         print(f"# {config.stem}: {', '.join(methods)}", flush=True)

@@ -30,7 +30,6 @@ class BacktestOutcome:
     log_tail: str = ""
     signal: str = ""                  # fingerprint of the rewards, filter and advantages it gave
 
-
     @property
     def passed(self) -> bool:
         return self.label == "passed"

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -48,11 +47,11 @@ from evotrainer.evidence import EvidenceStore
 from evotrainer.evolve.final import compare, extend, schedule, table, winner
 from evotrainer.evolve import history
 from evotrainer.evolve.gate import gate
-from evotrainer.evolve.replay import Arm, ReplayFailed, replay
+from evotrainer.evolve.replay import Arm, ReplayFailed, evaluate, pool, replay
 from evotrainer.evolve.population import Elite, SelectionConfig, crossover_due, mates, merge, promote, select_parent
 from evotrainer.evolve.skills import SkillLibrary
 from evotrainer.evolve.stats import average_last, noise_floor
-from evotrainer.executors import Call, run_all, run_in_worker
+from evotrainer.executors import Call
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.candidate import Candidate, propose_files, vet
 from evotrainer.harness.knobs import load_knobs
@@ -168,11 +167,10 @@ class Controller:
                          self.cfg.workers)
         except ReplayFailed as e:
             raise ControlFailed(f"the final comparison: {e}") from None
-        clock = Clock(rep.train_s, rep.eval_s)
-        score = rep.scores
         result = {"winner": label, "schedule": harnesses, "seeds": list(self.cfg.final_seeds),
                   "total_steps": self.cfg.budget.total_steps, "base": rep.base,
-                  "comparison": compare(score["reference"], score["evolved"]), "budgets": clock.budgets()}
+                  "comparison": compare(rep.scores["reference"], rep.scores["evolved"]),
+                  "budgets": Clock(rep.train_s, rep.eval_s).budgets()}
         result["table"] = table(result["base"], result["comparison"], self.cfg.final_seeds)
         (self.run_dir / "final.json").write_text(json.dumps(result, indent=2))
         (self.run_dir / "final.md").write_text(f"# Final comparison\n\nwinner {result['winner']}, schedule "
@@ -507,15 +505,20 @@ class Controller:
 
     def _twin(self, parent: State, bt: dict):
         """An earlier child of the parent's harness that trained (or tried to) and would train
-        exactly like this candidate: the same rest key, and the same signal fingerprint when its
-        harness is rescored on this parent's evidence (its own was on an earlier state's)."""
+        exactly like this candidate: the same rest key, and the same signal fingerprint on this
+        parent's evidence (its own, if it branched from this very state; else rescored here)."""
+        starts, here = self._starts(), (parent.version, parent.depth)
         for t in self.store.trials():
             if t.parents[:1] != [parent.version] or t.backtest.get("rest") != bt["rest"] \
                     or t.label in (history.EQUIVALENT, "illegal", "backtest_rejected"):
                 continue
-            again = backtest(parent.dirs[min(parent.dirs)], self._harness_dir(t.version),
-                             self._harness_dir(parent.version), timeout_s=self.cfg.budget.trial_timeout_s)
-            if again.signal and again.signal == bt["signal"]:
+            ps = starts.get(t.id, {}).get("parent_state", {})
+            if (ps.get("version"), ps.get("depth")) == here:
+                signal = t.backtest.get("signal")
+            else:
+                signal = backtest(parent.dirs[min(parent.dirs)], self._harness_dir(t.version),
+                                  self._harness_dir(parent.version), timeout_s=self.cfg.budget.trial_timeout_s).signal
+            if signal and signal == bt["signal"]:
                 return t
         return None
 
@@ -631,23 +634,19 @@ class Controller:
         return out
 
     def _evaluator(self, jobs: dict[str, list[str]], clock: Clock) -> dict[str, dict[str, float]]:
-        """Accuracy per checkpoint and split, from the evaluator: a process of its own that
-        loads checkpoints and the task's verifier, and no harness code."""
+        """Accuracy per checkpoint and split (replay.evaluate: a process with no harness code)."""
         t = time.time()
-        ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
-                           dict(task=self.task.name, level=self.task.target_level or None, jobs=jobs),
-                           timeout_s=self.cfg.budget.trial_timeout_s)
-        clock.eval_s += time.time() - t
-        if not ev.ok:
-            raise ControlFailed(f"the evaluator failed: {ev.label}: {ev.error}")
-        return ev.value
+        try:
+            return evaluate(self.task.name, self.task.target_level or None, jobs, self.cfg.budget.trial_timeout_s)
+        except ReplayFailed as e:
+            raise ControlFailed(str(e)) from None
+        finally:
+            clock.eval_s += time.time() - t
 
     def _pool(self, calls: list[Call], clock: Clock, timeout_s: float) -> list:
-        """Training calls in one pool: `workers` at once (default one per core, at most one per
-        call), each capped to its share of the cores' threads."""
+        """Training calls in one pool (replay.pool: `workers` at once, threads shared)."""
         t = time.time()
-        workers = self.cfg.workers or min(os.cpu_count() or 1, len(calls))
-        results = run_all(calls, workers, timeout_s=timeout_s, threads=max(1, (os.cpu_count() or 1) // workers))
+        results = pool(calls, self.cfg.workers, timeout_s)
         clock.train_s += time.time() - t
         return results
 

@@ -26,6 +26,23 @@ class ReplayFailed(RuntimeError):
     """A replay's training worker or the evaluator failed."""
 
 
+def pool(calls: list[Call], workers: int, timeout_s: float) -> list:
+    """Training calls in one pool: `workers` at once (0: one per core, at most one per call),
+    each capped to its share of the cores' threads so they do not oversubscribe them."""
+    workers = workers or min(os.cpu_count() or 1, len(calls))
+    return run_all(calls, workers, timeout_s=timeout_s, threads=max(1, (os.cpu_count() or 1) // workers))
+
+
+def evaluate(task: str, level: int | None, jobs: dict[str, list[str]], timeout_s: float) -> dict[str, dict[str, float]]:
+    """Accuracy per checkpoint and split, from the evaluator: a process of its own that loads
+    checkpoints and the task's verifier, and no harness code."""
+    ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints", dict(task=task, level=level, jobs=jobs),
+                       timeout_s=timeout_s)
+    if not ev.ok:
+        raise ReplayFailed(f"the evaluator failed: {ev.label}: {ev.error}")
+    return ev.value
+
+
 @dataclass(frozen=True)
 class Arm:
     harnesses: tuple[str, ...]  # harness directories, one per segment
@@ -53,9 +70,7 @@ def replay(task: str, level: int | None, base: str, arms: Mapping[str, Arm], see
                 steps=arm.steps)))
             where.append((name, seed, out / f"segment-{len(arm.harnesses)}"))
     t = time.time()
-    workers = workers or min(os.cpu_count() or 1, len(calls))
-    results = run_all(calls, workers, timeout_s=timeout_s * max(len(a.harnesses) for a in arms.values()),
-                      threads=max(1, (os.cpu_count() or 1) // workers))
+    results = pool(calls, workers, timeout_s * max(len(a.harnesses) for a in arms.values()))
     train_s = time.time() - t
     for (name, seed, _), res in zip(where, results):
         if not res.ok:
@@ -64,12 +79,8 @@ def replay(task: str, level: int | None, base: str, arms: Mapping[str, Arm], see
             for name, seed, d in where}
     jobs = {base: list(SPLITS)} | {c: list(SPLITS) for cs in last.values() for c in cs}
     t = time.time()
-    ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints", dict(task=task, level=level, jobs=jobs),
-                       timeout_s=timeout_s)
+    acc = evaluate(task, level, jobs, timeout_s)
     eval_s = time.time() - t
-    if not ev.ok:
-        raise ReplayFailed(f"the evaluator failed: {ev.label}: {ev.error}")
-    acc = ev.value
     scores: dict[str, dict[int, dict[str, float]]] = {name: {} for name in arms}
     for (name, seed), cs in last.items():
         scores[name][seed] = {split: sum(acc[c][split] for c in cs) / len(cs) for split in SPLITS}

@@ -51,10 +51,7 @@ def bootstrap_ci(xs: Sequence[float], level: float = 0.95, n_boot: int = 10_000,
         raise ValueError("no values")
     rng = random.Random(seed)
     n = len(xs)
-    means = sorted(sum(rng.choice(xs) for _ in range(n)) / n for _ in range(n_boot))
-    lo = means[int((1 - level) / 2 * n_boot)]
-    hi = means[min(int((1 + level) / 2 * n_boot), n_boot - 1)]
-    return lo, hi
+    return _percentiles([sum(rng.choice(xs) for _ in range(n)) / n for _ in range(n_boot)], level)
 
 
 def crossed_bootstrap_ci(rows: Sequence[Sequence[float]], level: float = 0.95, n_boot: int = 10_000,
@@ -72,5 +69,11 @@ def crossed_bootstrap_ci(rows: Sequence[Sequence[float]], level: float = 0.95, n
         rs = [rng.randrange(R) for _ in range(R)]
         cs = [rng.randrange(S) for _ in range(S)]
         means.append(sum(rows[r][c] for r in rs for c in cs) / (R * S))
-    means.sort()
-    return means[int((1 - level) / 2 * n_boot)], means[min(int((1 + level) / 2 * n_boot), n_boot - 1)]
+    return _percentiles(means, level)
+
+
+def _percentiles(means: list[float], level: float) -> tuple[float, float]:
+    """The central `level` interval of bootstrap means."""
+    means = sorted(means)
+    n = len(means)
+    return means[int((1 - level) / 2 * n)], means[min(int((1 + level) / 2 * n), n - 1)]
