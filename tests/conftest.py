@@ -1,5 +1,8 @@
+import shutil
+
 import pytest
 
+from evotrainer.harness import REFERENCE
 from evotrainer.policy import build_model, build_tokenizer, save_policy
 
 
@@ -10,3 +13,19 @@ def ckpt(tmp_path_factory):
     tok = build_tokenizer()
     save_policy(build_model(len(tok)), tok, path)
     return path
+
+
+@pytest.fixture
+def tiny_run(tmp_path, ckpt):
+    """A run config over a small root harness and a random-init base: plumbing, not learning."""
+    root = shutil.copytree(REFERENCE, tmp_path / "root")
+    text = (root / "knobs.yaml").read_text()
+    for old, new in [("prompts_per_step: 64", "prompts_per_step: 4"), ("group_size: 8", "group_size: 4"),
+                     ("eval_every: 25", "eval_every: 1")]:
+        text = text.replace(old, new)
+    (root / "knobs.yaml").write_text(text)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"task: arith\nlevel: 1\nharness: {root}\nseeds: [0]\nfinal_seeds: [100]\n"
+                   f"base: {{checkpoint: {ckpt}}}\nsearch: {{skills: {tmp_path / 'skills.sqlite'}}}\n"
+                   "budget: {trials: 2, steps_per_segment: 2, total_steps: 6, trial_timeout_s: 120}\n")
+    return cfg, tmp_path / "run"

@@ -19,6 +19,9 @@ def test_a_full_config_loads_with_types(tmp_path):
     assert cfg.budget.trials == 4 and cfg.budget.wall_clock_s == 600.0 and cfg.gate.z == 1.0
     assert cfg.budget.steps_per_segment == 50  # untouched defaults stay
     assert load(tmp_path, "task: rg:chain_sum\n") == RunConfig(task="rg:chain_sum")
+    cfg = load(tmp_path, "task: arith\nagent: llm\nllm: {base_url: 'http://localhost:8000/v1', model: m}\n"
+                         "gates: [design, completion]\ngate_after_failures: 2\n")
+    assert cfg.llm.model == "m" and cfg.llm.repair_turns == 2 and cfg.gates == ("design", "completion")
 
 
 @pytest.mark.parametrize("text, words", [
@@ -35,6 +38,13 @@ def test_a_full_config_loads_with_types(tmp_path):
     ("task: arith\nbudget: 3\n", ["'budget' must be a mapping"]),
     ("task: arith\ngate: {last_k: 0}\n", ["'gate.last_k' must be >= 1"]),
     ("task: [arith\n", ["malformed YAML"]),
+    ("task: arith\ngates: [design, review]\n", ["'gates' must name points among design, backtest, completion",
+                                                "'review'"]),
+    ("task: arith\ngates: design\n", ["'gates' must be a list of names"]),
+    ("task: arith\nagent: gpt\n", ["'agent' must be one of rules, random, llm, command"]),
+    ("task: arith\nagent: command\n", ["'command.run' must give the command line"]),
+    ("task: arith\nagent: llm\nllm: {repair_turns: -1}\n", ["'llm.repair_turns' must be >= 0"]),
+    ("task: arith\nllm: {modle: x}\n", ["unknown key 'llm.modle'", "model"]),
 ])
 def test_bad_config_is_one_line_naming_the_key(tmp_path, text, words):
     with pytest.raises(UsageError) as e:

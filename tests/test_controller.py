@@ -17,22 +17,6 @@ from evotrainer.harness.versions import HarnessRepo
 from evotrainer.lineage import LineageStore
 
 
-@pytest.fixture
-def tiny_run(tmp_path, ckpt):
-    """A run config over a small root harness and a random-init base: plumbing, not learning."""
-    root = shutil.copytree(REFERENCE, tmp_path / "root")
-    text = (root / "knobs.yaml").read_text()
-    for old, new in [("prompts_per_step: 64", "prompts_per_step: 4"), ("group_size: 8", "group_size: 4"),
-                     ("eval_every: 25", "eval_every: 1")]:
-        text = text.replace(old, new)
-    (root / "knobs.yaml").write_text(text)
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(f"task: arith\nlevel: 1\nharness: {root}\nseeds: [0]\nfinal_seeds: [100]\n"
-                   f"base: {{checkpoint: {ckpt}}}\nsearch: {{skills: {tmp_path / 'skills.sqlite'}}}\n"
-                   "budget: {trials: 2, steps_per_segment: 2, total_steps: 6, trial_timeout_s: 120}\n")
-    return cfg, tmp_path / "run"
-
-
 def cli(*args, **kw):
     return subprocess.Popen([sys.executable, "-m", "evotrainer.cli", *map(str, args)], start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)

@@ -116,3 +116,21 @@ def test_greedy_selection_takes_the_best_open_state_and_population_the_best_pare
     assert ctl._select_parent(5).version == "v4"
     assert {e.version for e in ctl._population()} == {"v0", "v1", "v4"}
     assert yaml.safe_load((ctl.run_dir / "config.yaml").read_text())["search"]["selection"] == "population"
+
+
+def test_the_lineage_view_an_agent_reads_ranks_kept_versions_and_shows_the_best_path_and_children():
+    from evotrainer.evolve.history import view
+
+    def rec(n, parents, intervention, label, val=None, gain=None):
+        fitness = {"val": {0: val}} if val is not None else {}
+        return TrialRecord(n, f"v{n}", parents, "rules", intervention, 1, f"hypothesis {n}", "-", "", label,
+                           fitness=fitness | ({"gain": gain} if gain is not None else {}))
+    trials = [rec(0, [], "root", "kept", 0.10), rec(1, ["v0"], "partial_credit", "kept", 0.30, 0.2),
+              rec(2, ["v0"], "raise_lr", "kept", 0.20, 0.1), rec(3, ["v1"], "drop_dead", "discarded", 0.25, -0.05),
+              rec(4, ["v1"], "clip_higher", "kept", 0.35, 0.05), rec(5, ["v4"], "kl_anchor", "invalid", 0.5, 0.15)]
+    text = view(trials, top=3)
+    board = text.split("\n\n")[0].splitlines()[1:]
+    assert board == ["- v4 val 0.350: clip_higher", "- v1 val 0.300: partial_credit", "- v2 val 0.200: raise_lr"]
+    assert "Path from the root to the best: v0 [root] -> v1 [partial_credit] -> v4 [clip_higher]" in text
+    assert text.endswith("Children of v4:\n- trial 5 kl_anchor: invalid, gain +0.150; hypothesis 5")
+    assert view(trials[:0]) == ""

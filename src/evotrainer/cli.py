@@ -163,6 +163,13 @@ def _run_loop(cfg, out: Path) -> dict:
                                  f"and the reference, replayed from the base on fresh seeds {data['seeds']}"))
         elif kind == "final_finished":
             console.print(escape(data["table"]))
+        elif kind == "gate_waiting":
+            console.print(escape(f"trial {data['trial']} waits at the {data['point']} gate: {data['intervention']}: "
+                                 f"{data['hypothesis']}\n  decide with: evotrainer approve {data['run']} "
+                                 f"{data['trial']} | evotrainer revise {data['run']} {data['trial']} --feedback TEXT | "
+                                 f"evotrainer abort {data['run']} {data['trial']}"))
+        elif kind == "gate_decided":
+            console.print(escape(f"trial {data['trial']} {data['point']} gate: {data['decision']} {data['feedback']}"))
     try:
         Controller(cfg, out, on_event=show).run()
     except ControlFailed as e:
@@ -193,6 +200,18 @@ def cmd_status(args) -> dict:
         if (args.run / "final.md").exists():
             print((args.run / "final.md").read_text(), file=sys.stderr)
     return st
+
+
+def cmd_decide(args) -> dict:
+    """approve / revise / abort: the decision for the gate a trial waits at."""
+    from evotrainer.evolve.approval import submit
+    from evotrainer.evolve.report import open_run
+    store = open_run(args.run)
+    try:
+        events = store.events()
+    finally:
+        store.close()
+    return submit(args.run, events, args.trial, args.command, getattr(args, "feedback", "") or "")
 
 
 def cmd_lineage(args) -> dict:
@@ -303,6 +322,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("run", type=Path)
     sp.add_argument("--json", action="store_true", help="only the JSON line")
     sp.set_defaults(fn=cmd_status)
+    for name, what in (("approve", "go on with the trial waiting at a gate"),
+                       ("revise", "send the proposal back to the agent with feedback (same trial)"),
+                       ("abort", "end the trial waiting at a gate, labelled aborted; the run goes on")):
+        sp = sub.add_parser(name, help=what)
+        sp.add_argument("run", type=Path)
+        sp.add_argument("trial", type=int)
+        if name == "revise":
+            sp.add_argument("--feedback", required=True, help="what the agent should change")
+        sp.set_defaults(fn=cmd_decide)
     sp = sub.add_parser("lineage", help="the version tree of a run, with labels and fitness")
     sp.add_argument("run", type=Path)
     sp.set_defaults(fn=cmd_lineage)

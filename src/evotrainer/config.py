@@ -8,7 +8,23 @@
     seeds: [0, 1]                # training seeds, paired across versions
     final_seeds: [100, 101, 102] # fresh seeds of the final comparison (never used by the search)
     workers: 0                   # training workers at once (0: one per core, at most one per job)
-    agent: rules                 # rules (offline, deterministic) or random (the baseline)
+    agent: rules                 # rules (offline, deterministic), random (the baseline), llm or command
+    llm:                         # agent: llm, any OpenAI-compatible chat endpoint (hosted, vLLM, Ollama)
+      base_url: null             # null: the SDK's OPENAI_BASE_URL, else api.openai.com
+      model: null                # null: $OPENAI_MODEL
+      api_key_env: OPENAI_API_KEY  # the variable the key is read from (a local server needs none)
+      timeout_s: 120             # one request; past it the SDK retries with backoff
+      max_retries: 2
+      repair_turns: 2            # replies that fail to parse, apply or pass legality, sent back to fix
+      temperature: 0.2
+      max_tokens: 4096
+      json_mode: true            # ask for response_format json_object (turn off for servers without it)
+    command:                     # agent: command, an external coding agent run in a worktree of the parent
+      run: null                  # e.g. "my-agent --brief {brief}"; the brief also arrives on stdin
+      timeout_s: 900
+    gates: []                    # pause for `evotrainer approve/revise/abort RUN TRIAL` at: design,
+                                 # backtest, completion
+    gate_after_failures: 0       # N > 0: after N failures in a row, gate the next design too
     search:
       selection: population      # population (GEAR-style elites) or greedy (keep-or-revert on the best)
       population: 4              # elites kept
@@ -49,7 +65,8 @@ import yaml
 from evotrainer.errors import UsageError
 
 POLICIES = ("continue", "restart")
-AGENTS = ("rules", "random")
+AGENTS = ("rules", "random", "llm", "command")
+GATES = ("design", "backtest", "completion")
 SELECTIONS = ("population", "greedy")
 DEFAULT_SKILLS = "~/.local/share/evotrainer/skills.sqlite"
 
@@ -89,6 +106,29 @@ class SearchConfig:
 
 
 @dataclass(frozen=True)
+class LLMConfig:
+    """The `llm` agent's endpoint: the official openai SDK, so any server that speaks the
+    chat-completions protocol works (OpenAI, vLLM, SGLang, Ollama, llama.cpp)."""
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = 120.0
+    max_retries: int = 2
+    repair_turns: int = 2
+    temperature: float = 0.2
+    max_tokens: int = 4096
+    json_mode: bool = True
+
+
+@dataclass(frozen=True)
+class CommandConfig:
+    """The `command` agent: `run` is a shell command line; {brief}, {worktree} and {proposal}
+    in it are replaced by the brief file, the worktree and where it may write its proposal."""
+    run: str | None = None
+    timeout_s: float = 900.0
+
+
+@dataclass(frozen=True)
 class RunConfig:
     task: str
     level: int | None = None
@@ -98,6 +138,10 @@ class RunConfig:
     final_seeds: tuple[int, ...] = (100, 101, 102)
     workers: int = 0
     agent: str = "rules"
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    command: CommandConfig = field(default_factory=CommandConfig)
+    gates: tuple[str, ...] = ()
+    gate_after_failures: int = 0
     search: SearchConfig = field(default_factory=SearchConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
     budget: Budget = field(default_factory=Budget)
@@ -110,6 +154,16 @@ class RunConfig:
         need(bool(self.task), "task", "must name a task (arith or rg:<family>)")
         need(self.policy in POLICIES, "policy", f"must be one of {', '.join(POLICIES)}, got '{self.policy}'")
         need(self.agent in AGENTS, "agent", f"must be one of {', '.join(AGENTS)}, got '{self.agent}'")
+        bad = [g for g in self.gates if g not in GATES]
+        need(not bad, "gates", f"must name points among {', '.join(GATES)}, got {bad[0] if bad else ''!r}")
+        need(self.gate_after_failures >= 0, "gate_after_failures", f"must be >= 0, got {self.gate_after_failures}")
+        if self.agent == "llm":
+            need(self.llm.timeout_s > 0, "llm.timeout_s", f"must be > 0, got {self.llm.timeout_s}")
+            need(self.llm.max_retries >= 0, "llm.max_retries", f"must be >= 0, got {self.llm.max_retries}")
+            need(self.llm.repair_turns >= 0, "llm.repair_turns", f"must be >= 0, got {self.llm.repair_turns}")
+        if self.agent == "command":
+            need(bool(self.command.run), "command.run", "must give the command line of the agent to run")
+            need(self.command.timeout_s > 0, "command.timeout_s", f"must be > 0, got {self.command.timeout_s}")
         need(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds), "seeds",
              f"must be distinct seeds, at least one, got {list(self.seeds)}")
         need(len(set(self.final_seeds)) == len(self.final_seeds) and not set(self.final_seeds) & set(self.seeds),
@@ -171,8 +225,10 @@ def _coerce(value, hint, key: str):
         hint = next(a for a in args if a is not type(None))
         args = typing.get_args(hint)
     if typing.get_origin(hint) is tuple:
-        if not isinstance(value, list) or not all(type(v) is int for v in value):
-            raise UsageError(f"config: '{key}' must be a list of integers, got {value!r}")
+        item = args[0]
+        if not isinstance(value, list) or not all(type(v) is item for v in value):
+            kind = "integers" if item is int else "names"
+            raise UsageError(f"config: '{key}' must be a list of {kind}, got {value!r}")
         return tuple(value)
     ok = (type(value) is hint or (hint is float and type(value) is int))
     if not ok:

@@ -1,7 +1,25 @@
 """Trainer agents: they read evidence and propose one single-variable intervention."""
-from evotrainer.agents.catalog import CATALOG, Proposal, set_knob
+from __future__ import annotations
+
+from pathlib import Path
+
+from evotrainer.agents.catalog import CATALOG, AgentFailed, Proposal, set_knob
 from evotrainer.agents.rules import AgentContext, Escalation, propose, propose_random
 
 AGENTS = {"rules": propose, "random": propose_random}
 
-__all__ = ["AGENTS", "AgentContext", "CATALOG", "Escalation", "Proposal", "propose", "propose_random", "set_knob"]
+
+def make_agent(cfg):
+    """The config's agent as a callable `AgentContext -> Proposal | AgentFailed | None`; the
+    llm and command agents check their settings here, before any work."""
+    if cfg.agent == "llm":
+        from evotrainer.agents.llm import LLMAgent
+        return LLMAgent(cfg.llm, f"{cfg.task} level {cfg.level}")
+    if cfg.agent == "command":
+        from evotrainer.agents.command import CommandAgent
+        return CommandAgent(cfg.command, f"{cfg.task} level {cfg.level}")
+    return AGENTS[cfg.agent]
+
+
+__all__ = ["AGENTS", "AgentContext", "AgentFailed", "CATALOG", "Escalation", "Proposal", "make_agent", "propose",
+           "propose_random", "set_knob"]

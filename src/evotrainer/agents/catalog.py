@@ -27,6 +27,20 @@ class Proposal:
     files: dict = field(default_factory=dict)   # slot file -> its new source (a slot the knob names)
     agent: str = "rules"
     trigger: str = "none"                       # the finding it answers ("diagnostic:severity"), for skills
+    expected: str = ""                          # the expected effect, where the agent states it apart
+    usage: dict = field(default_factory=dict)   # what proposing cost (llm: calls, tokens, seconds)
+
+
+@dataclass(frozen=True)
+class AgentFailed:
+    """An agent that could not produce a usable proposal: the trial is recorded with `label`
+    (unparseable, patch_failed, syntax_error, agent_timeout, agent_error) and the run goes on."""
+    label: str
+    reason: str
+    agent: str
+    intervention: str = "agent_failed"
+    hypothesis: str = "-"
+    usage: dict = field(default_factory=dict)
 
 
 Intervention = Callable[[Knobs, int], "Proposal | None"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Mapping, Sequence
 
 from evotrainer.agents.catalog import CATALOG, FAMILY, Proposal, revert
@@ -44,6 +45,13 @@ class AgentContext:
     skills: Sequence[Skill] = ()            # the skill library's entries (ranked by the findings)
     escalation: Escalation | None = None
     seed: int = 0                           # for agents that draw at random
+    # what agents that read and write code are shown besides (llm, command)
+    parent: str = "v0"                      # the parent's version
+    harness_dir: Path | None = None         # the parent's harness files (read only)
+    lineage: str = ""                       # leaderboard, path to the best, the best's children
+    feedback: str = ""                      # a person's words from a gate (`evotrainer revise`)
+    trial: int = 0
+    workdir: Path | None = None             # where the agent may keep its transcript and worktree
 
 
 def family_of(suggestion: str) -> str | None:

@@ -9,6 +9,7 @@ a version that held up (ties count half). 1.0 separates perfectly; 0.5 is a coin
 """
 from __future__ import annotations
 
+import ast
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -73,3 +74,29 @@ def replay(name: str, labelled: list[tuple[Path, str]], harness_dir: Path | str 
     auc = separation_auc(failed, held, out["above"])
     return ReplayResult(name, None if auc is None else round(auc, 4), auc is not None and auc >= min_auc,
                         min_auc, rows, [r["dir"] for r in rows if r["value"] is None])
+
+
+def revised_diagnostics(parent_dir: Path | str, candidate_dir: Path | str) -> list[str]:
+    """Diagnostics the candidate's diagnostics.py adds or changes against its parent's: top-level
+    public functions (a `@diagnostic(name=...)` counts under that name) whose source differs.
+    Read with `ast`, never run: this decides what to replay before any of it executes."""
+    def defs(directory) -> dict[str, str]:
+        f = Path(directory) / "diagnostics.py"
+        if not f.is_file():
+            return {}
+        try:
+            tree = ast.parse(f.read_text())
+        except SyntaxError:
+            return {}
+        out = {}
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                name = node.name
+                for dec in node.decorator_list:
+                    for kw in getattr(dec, "keywords", []):
+                        if kw.arg == "name" and isinstance(kw.value, ast.Constant):
+                            name = kw.value.value
+                out[name] = ast.dump(node)
+        return out
+    before, after = defs(parent_dir), defs(candidate_dir)
+    return sorted(n for n, src in after.items() if before.get(n) != src)

@@ -37,15 +37,17 @@ from typing import Callable
 
 import yaml
 
-from evotrainer.agents import AGENTS, AgentContext, Escalation, Proposal, set_knob
+from evotrainer.agents import AgentContext, AgentFailed, Escalation, Proposal, make_agent, set_knob
 from evotrainer.backtest import backtest
 from evotrainer.backtest.run import rest_key
 from evotrainer.config import RunConfig
 from evotrainer.diagnostics.health import diagnose
+from evotrainer.diagnostics.replay import revised_diagnostics
 from evotrainer.diagnostics.spec import SEVERITIES
+from evotrainer.errors import HarnessFailed, UsageError
 from evotrainer.evidence import EvidenceStore
 from evotrainer.evolve.final import compare, extend, schedule, table, winner
-from evotrainer.evolve import history
+from evotrainer.evolve import approval, history
 from evotrainer.evolve.gate import gate
 from evotrainer.evolve.replay import Arm, ReplayFailed, evaluate, pool, replay
 from evotrainer.evolve.population import Elite, SelectionConfig, crossover_due, mates, merge, promote, select_parent
@@ -100,11 +102,14 @@ class Clock:
 
 class Controller:
     def __init__(self, cfg: RunConfig, run_dir: Path | str, on_event: Callable[[str, dict], None] | None = None,
-                 agent: Callable[[AgentContext], Proposal | None] | None = None, run_backtests: bool = True):
+                 agent: Callable[[AgentContext], Proposal | AgentFailed | None] | None = None,
+                 run_backtests: bool = True, gate_poll_s: float = 1.0):
         """`agent(context)` proposes (default: the config's agent); `run_backtests=False` lets a
-        test show that the gate alone still stops what a backtest would have caught."""
+        test show that the gate alone still stops what a backtest would have caught;
+        `gate_poll_s` is how often a run paused at a human gate looks for the decision."""
         self.cfg, self.run_dir = cfg, Path(run_dir)
-        self.agent, self.run_backtests = agent or AGENTS[cfg.agent], run_backtests
+        self.agent, self.run_backtests = agent or make_agent(cfg), run_backtests
+        self.gate_poll_s = gate_poll_s
         self.selection = SelectionConfig(capacity=cfg.search.population)
         self.task = get_task(cfg.task, cfg.level)
         # continue mode: segments to the reference's total steps; restart mode: every state is whole
@@ -320,16 +325,48 @@ class Controller:
             return False
         return r.auc is not None and r.auc < 0.5
 
-    def _propose(self, n: int, parent: State) -> dict | None:
+    def _replay_revised(self, names: list[str], version: str) -> list[dict]:
+        """Each new or revised diagnostic of `version` replayed (in a worker) over the evidence of
+        every version this run trained and judged, the root included: AUC and whether it is kept."""
+        from evotrainer.diagnostics.replay import FAILED, HELD_UP, replay
+        labelled = {}
+        for t in self.store.trials():
+            if t.label in HELD_UP + FAILED and "state" in t.fitness:
+                for d in t.fitness["state"]["dirs"].values():
+                    labelled.setdefault(d, t.label)  # a version kept without training shares its parent's
+        out = []
+        for name in names:
+            try:
+                r = replay(name, [(Path(d), lab) for d, lab in labelled.items()], harness_dir=self._harness_dir(version),
+                           timeout_s=self.cfg.budget.trial_timeout_s)
+                out.append({"diagnostic": name, "auc": r.auc, "kept": r.kept, "versions": len(labelled)})
+            except (UsageError, HarnessFailed) as e:  # it does not load or run: not kept
+                out.append({"diagnostic": name, "auc": None, "kept": False, "versions": len(labelled),
+                            "error": str(e)})
+        return out
+
+    def _propose(self, n: int, parent: State, feedback: str = "", rejected: tuple[str, ...] = (),
+                 round_: int = 0) -> dict | None:
+        """The agent's proposal for trial `n` from `parent` (round > 0: a revision a person asked
+        for at a gate, with their feedback, the rejected interventions counted as tried)."""
         findings = self._findings(parent)
-        tried = {t.intervention for t in self.store.trials() if t.parents[:1] == [parent.version]}
+        trials = self.store.trials()
+        tried = {t.intervention for t in trials if t.parents[:1] == [parent.version]} | set(rejected)
         ctx = AgentContext(findings=findings, knobs=self._knobs(parent.version), root_knobs=self._knobs("v0"),
                            target_level=self.task.target_level, tried=frozenset(tried),
-                           skills=self._skills(), escalation=self._escalation(), seed=1000 * self.cfg.seeds[0] + n)
+                           skills=self._skills(), escalation=self._escalation(), seed=1000 * self.cfg.seeds[0] + n,
+                           parent=parent.version, harness_dir=self._harness_dir(parent.version),
+                           lineage=history.view(trials), feedback=feedback, trial=n, workdir=self.run_dir / "agents")
         p = self.agent(ctx)
         if p is None:
             return None
-        return {"parent_state": dataclasses.asdict(parent), "version": f"v{n}", **dataclasses.asdict(p)}
+        head = {"parent_state": dataclasses.asdict(parent), "version": f"v{n}" + (f"r{round_}" if round_ else ""),
+                "round": round_}
+        if isinstance(p, AgentFailed):  # recorded as a trial with the failure's label: the run goes on
+            return head | {"version": None, "intervention": p.intervention, "family": "agent", "agent": p.agent,
+                           "hypothesis": p.hypothesis, "success_criterion": "-", "usage": p.usage,
+                           "failed": {"label": p.label, "reason": p.reason}}
+        return head | dataclasses.asdict(p)
 
     def _crossover(self, n: int, parent: State) -> dict | None:
         """A crossover proposal when one is due (population.crossover_due): the parent's harness
@@ -392,7 +429,8 @@ class Controller:
             for t in self.store.trials():
                 s = starts.get(t.id)
                 if (trial is not None and t.id != trial) or not t.parents or s is None \
-                        or t.intervention == history.CROSSOVER or t.label == history.EQUIVALENT:
+                        or t.intervention == history.CROSSOVER \
+                        or t.label in (history.EQUIVALENT, history.ABORTED, *history.AGENT_FAILED):
                     continue
                 lib.record(run=str(self.run_dir.resolve()), trial=t.id, task=self.cfg.task,
                            trigger=s.get("trigger", "none"), intervention=t.intervention,
@@ -403,12 +441,12 @@ class Controller:
 
     def _findings(self, state: State) -> list[dict]:
         """The worst finding per diagnostic over the state's seeds, critical and blocking first."""
-        key = tuple(sorted(state.dirs.items()))
+        key = (state.version, *sorted(state.dirs.items()))
         if key in self._findings_of:
             return self._findings_of[key]
         worst: dict[str, dict] = {}
-        for d in state.dirs.values():
-            for f in diagnose(d)[0]["findings"]:
+        for d in state.dirs.values():  # the state's own harness reads it (a new diagnostic included)
+            for f in diagnose(d, self._harness_dir(state.version))[0]["findings"]:
                 kept = worst.get(f["diagnostic"])
                 if kept is None or SEVERITIES.index(f["severity"]) > SEVERITIES.index(kept["severity"]):
                     worst[f["diagnostic"]] = f
@@ -454,6 +492,21 @@ class Controller:
     def _trial(self, n: int, parent: State, proposal: dict) -> None:
         if n not in dict(self.store.pending()):
             self.store.begin_trial(n, **proposal)
+        while True:
+            try:
+                return self._attempt(n, parent, proposal)
+            except _Revise as r:  # a person asked for another proposal: same trial, the next round
+                rejected = tuple(dict.fromkeys([*proposal.get("rejected", ()), proposal["intervention"]]))
+                round_ = proposal.get("round", 0) + 1
+                new = self._propose(n, parent, feedback=r.feedback, rejected=rejected, round_=round_)
+                if new is None:
+                    new = {**proposal, "round": round_, "failed": {
+                        "label": history.ABORTED, "reason": "revised at a gate, and the agent has nothing else to "
+                                                            f"propose from {parent.version}"}}
+                proposal = {**new, "rejected": list(rejected), "feedback": r.feedback}
+                self.store.begin_trial(n, **proposal)  # the latest start is what a resume redoes
+
+    def _attempt(self, n: int, parent: State, proposal: dict) -> None:
         # shown, not stored: the store's own trial_started record (begin_trial) carries the proposal
         self.on_event("trial_started", {"trial": n, "intervention": proposal["intervention"], "parent": parent.version})
         t0, clock, version = time.time(), Clock(), proposal["version"]
@@ -461,16 +514,42 @@ class Controller:
         rec = dict(id=n, version=version, parents=parents, agent=proposal["agent"],
                    intervention=proposal["intervention"], depth=parent.depth + 1,
                    hypothesis=proposal["hypothesis"], success_criterion=proposal["success_criterion"], started=t0)
+        usage = {"agent": proposal["usage"]} if proposal.get("usage") else {}  # what proposing cost (llm tokens)
+        if proposal.get("failed"):  # the agent produced nothing usable: labelled, never run
+            f = proposal["failed"]
+            return self._finish(TrialRecord(**{**rec, "version": None}, patch="", label=f["label"], budgets=usage,
+                                            reflection=f["reason"], finished=time.time()))
 
         try:
             cand = self._candidate(parent.version, version, proposal)
         except PatchError as e:  # the proposal changes nothing: recorded, never run
-            return self._finish(TrialRecord(**{**rec, "version": None}, patch="", label="discarded",
+            return self._finish(TrialRecord(**{**rec, "version": None}, patch="", label="discarded", budgets=usage,
                                             reflection=str(e), finished=time.time()))
         patch = self.repo.diff(parent.version, version) if cand.version else ""
         if not cand.legal:
             return self._finish(TrialRecord(**rec, patch=patch, label="illegal", reflection="; ".join(cand.reasons),
-                                            finished=time.time()))
+                                            budgets=usage, finished=time.time()))
+        if self._gate(n, "design", proposal, patch=patch) == "abort":
+            return self._finish(TrialRecord(**rec, patch=patch, label=history.ABORTED, budgets=usage,
+                                            reflection="aborted by a person at the design gate", finished=time.time()))
+        revised = revised_diagnostics(self._harness_dir(parent.version), self._harness_dir(version))
+        replays = self._replay_revised(revised, version) if revised else []
+        if any(not r["kept"] for r in replays):  # a diagnostic is kept only if it separates (EvoTrainer)
+            return self._finish(TrialRecord(
+                **rec, patch=patch, label=history.DIAGNOSTIC_REJECTED, backtest={"diagnostics": replays},
+                budgets=usage, finished=time.time(), reflection="; ".join(
+                    f"{r['diagnostic']}: " + (r.get("error") or f"AUC {r['auc']} over {r['versions']} versions' "
+                                              "evidence does not separate failed from held-up ones (needs 0.8)")
+                    for r in replays if not r["kept"])))
+        if replays and self.repo.files_changed(parent.version, version) == ["diagnostics.py"]:
+            # what the harness reads changed, not how it trains: kept on its replay alone, on the
+            # parent's checkpoints, so the next proposals from it read the new diagnostic
+            state = dataclasses.replace(parent, version=version)
+            return self._finish(TrialRecord(
+                **{**rec, "depth": parent.depth}, patch=patch, label="kept", backtest={"diagnostics": replays},
+                fitness=self._fitness(state), budgets=usage, findings=self._findings(state), finished=time.time(),
+                reflection="; ".join(f"{r['diagnostic']} separates failed from held-up versions (AUC {r['auc']})"
+                                     for r in replays) + "; kept without training"), state)
         if self.run_backtests:
             bt = backtest(parent.dirs[min(parent.dirs)], self._harness_dir(version), self._harness_dir(parent.version),
                           timeout_s=self.cfg.budget.trial_timeout_s)
@@ -478,30 +557,76 @@ class Controller:
         else:
             bt, bt_summary = None, {"label": "skipped", "reasons": []}
         if bt is not None and not bt.passed:
-            return self._finish(TrialRecord(**rec, patch=patch, label=bt.label, backtest=bt_summary,
+            return self._finish(TrialRecord(**rec, patch=patch, label=bt.label, backtest=bt_summary, budgets=usage,
                                             reflection="; ".join(bt.reasons), finished=time.time()))
+        if replays:
+            bt_summary |= {"diagnostics": replays}
         if bt is not None:
             bt_summary |= {"signal": bt.signal, "rest": rest_key(self._harness_dir(version))}
             twin = self._twin(parent, bt_summary)
             if twin is not None:
                 return self._finish(TrialRecord(
-                    **rec, patch=patch, label=history.EQUIVALENT, backtest=bt_summary, finished=time.time(),
+                    **rec, patch=patch, label=history.EQUIVALENT, backtest=bt_summary, budgets=usage,
+                    finished=time.time(),
                     reflection=f"trains exactly like {twin.version} ({twin.intervention}): the same rewards, filter "
                                "and advantages on the parent's rollouts and every other setting equal; not trained"))
+        if self._gate(n, "backtest", proposal, backtest=bt_summary) == "abort":
+            return self._finish(TrialRecord(**rec, patch=patch, label=history.ABORTED, backtest=bt_summary,
+                                            budgets=usage, reflection="aborted by a person at the backtest gate",
+                                            finished=time.time()))
         try:
             control, child = self._train_against_control(parent, version, clock)
         except SegmentFailed as e:
             return self._finish(TrialRecord(**rec, patch=patch, label=e.label, backtest=bt_summary,
-                                            budgets=clock.budgets(), reflection=e.detail,
+                                            budgets=clock.budgets() | usage, reflection=e.detail,
                                             finished=time.time()))
         findings = self._findings(child)
         blocking = [f"{f['diagnostic']} = {f['value']:g}" for f in findings if f["blocking"]]
         decision = gate(child.val, control.val, blocking, self.cfg.gate, noise_sd=self._noise_sd())
         fitness = self._fitness(child) | {"control_val": control.val, "gain": decision.gain,
                                           "threshold": decision.threshold}
+        if self._gate(n, "completion", proposal, label=decision.label, gain=decision.gain,
+                      val=child.val, control_val=control.val) == "abort":  # measured, recorded, never kept
+            return self._finish(TrialRecord(**rec, patch=patch, label=history.ABORTED, backtest=bt_summary,
+                                            fitness=fitness, budgets=clock.budgets() | usage, findings=findings,
+                                            reflection=f"aborted by a person at the completion gate (the gate said "
+                                                       f"{decision.label})", finished=time.time()))
         self._finish(TrialRecord(**rec, patch=patch, label=decision.label, backtest=bt_summary, fitness=fitness,
-                                 budgets=clock.budgets(), findings=findings,
+                                 budgets=clock.budgets() | usage, findings=findings,
                                  reflection="; ".join(decision.reasons), finished=time.time()), child)
+
+    def _gate_points(self) -> set[str]:
+        """Where this trial pauses: the configured points, plus design after
+        `gate_after_failures` failures in a row (a person looks before more budget goes)."""
+        points = set(self.cfg.gates)
+        if self.cfg.gate_after_failures and \
+                len(history.failures_in_a_row(self.store.trials())) >= self.cfg.gate_after_failures:
+            points.add("design")
+        return points
+
+    def _gate(self, n: int, point: str, proposal: dict, **shown) -> str:
+        """'approve' or 'abort' from a person (raises _Revise for a revision); 'approve' at
+        once where this point is not gated. A decision recorded before a kill is reused."""
+        if point not in self._gate_points():
+            return "approve"
+        round_ = proposal.get("round", 0)
+        key = (n, point, round_)
+        done = [e for e in self.store.events("gate_decided") if (e["trial"], e["point"], e["round"]) == key]
+        if done:
+            d = done[-1]
+        else:
+            if not any((e["trial"], e["point"], e["round"]) == key for e in self.store.events("gate_waiting")):
+                approval.decision_file(self.run_dir, n).parent.mkdir(exist_ok=True)
+                what = {"point": point, "round": round_, "intervention": proposal["intervention"],
+                        "hypothesis": proposal["hypothesis"], **shown}
+                self.store.event("gate_waiting", n, **what)
+                self.on_event("gate_waiting", {"trial": n, "run": str(self.run_dir), **what})
+            d = approval.wait_for(self.run_dir, n, point, round_, self.gate_poll_s)
+            self.store.event("gate_decided", n, point=point, round=round_, **d)
+            self.on_event("gate_decided", {"trial": n, "point": point, **d})
+        if d["decision"] == "revise":
+            raise _Revise(d["feedback"])
+        return d["decision"]
 
     def _twin(self, parent: State, bt: dict):
         """An earlier child of the parent's harness that trained (or tried to) and would train
@@ -530,7 +655,7 @@ class Controller:
     def _candidate(self, parent: str, version: str, proposal: dict) -> Candidate:
         if version in self.repo.versions():  # a resumed trial: the child was committed before the kill
             return vet(self.repo, parent, version)
-        text = (self._harness_dir(parent) / "knobs.yaml").read_text()
+        text = proposal.get("files", {}).get("knobs.yaml") or (self._harness_dir(parent) / "knobs.yaml").read_text()
         for key, value in proposal["knobs"].items():
             text = set_knob(text, key, value)
         files = {**proposal.get("files", {}), "knobs.yaml": text}
@@ -674,6 +799,14 @@ class Segment:
     depth: int
     out_root: Path
     seed_offset: int = 0     # other data for the same version: a replica that measures noise
+
+
+class _Revise(Exception):
+    """A person asked at a gate for another proposal, with this feedback."""
+
+    def __init__(self, feedback: str):
+        self.feedback = feedback
+        super().__init__(feedback)
 
 
 class SegmentFailed(RuntimeError):

@@ -16,7 +16,13 @@ CROSSOVER = "crossover"
 # a candidate that would train exactly like a sibling already tried: recorded, never trained,
 # and invisible to the search (no budget, no child, no failure)
 EQUIVALENT = "equivalent"
-FAILED = ("discarded", "invalid", "illegal", "backtest_rejected", "crash", "timeout", "oom")
+# an agent that produced nothing usable, and a person's abort at a gate: nothing trained
+AGENT_FAILED = ("unparseable", "patch_failed", "syntax_error", "agent_timeout", "agent_error")
+ABORTED = "aborted"
+# a new or revised diagnostic whose replay did not separate failed versions from held-up ones
+DIAGNOSTIC_REJECTED = "diagnostic_rejected"
+FAILED = ("discarded", "invalid", "illegal", "backtest_rejected", "crash", "timeout", "oom", *AGENT_FAILED, ABORTED,
+          DIAGNOSTIC_REJECTED)
 CRASHED = ("crash", "timeout", "oom")
 
 
@@ -76,11 +82,35 @@ def failures_in_a_row(trials: Sequence) -> list:
 
 
 def operations(trials: Iterable) -> list[str]:
-    """'crossover' or 'mutation' per non-root trial that did not crash, in order."""
+    """'crossover' or 'mutation' per non-root trial that ran (no crash, no agent failure, no abort), in order."""
     return [CROSSOVER if t.intervention == CROSSOVER else "mutation"
-            for t in sorted(trials, key=lambda t: t.id) if t.parents and t.label not in CRASHED + (EQUIVALENT,)]
+            for t in sorted(trials, key=lambda t: t.id)
+            if t.parents and t.label not in CRASHED + AGENT_FAILED + (EQUIVALENT, ABORTED)]
 
 
 def spent(trials: Iterable) -> int:
     """Trials that count against the budget: every non-root trial but the equivalent ones."""
     return sum(1 for t in trials if t.parents and t.label != EQUIVALENT)
+
+
+def view(trials: Sequence, top: int = 5) -> str:
+    """What an agent is shown of the lineage: a leaderboard of kept versions by validation
+    accuracy, the path from the root to the best, and every child of the best with its label."""
+    kept = [t for t in trials if t.label == "kept" and t.fitness.get("val")]
+    if not kept:
+        return ""
+    mean = lambda t: sum(t.fitness["val"].values()) / len(t.fitness["val"])  # noqa: E731
+    board = sorted(kept, key=lambda t: (-mean(t), t.id))
+    by_version = {t.version: t for t in trials if t.version}
+    best, path = board[0], []
+    v = board[0].version
+    while v is not None and v in by_version:
+        path.append(f"{v} [{by_version[v].intervention}]")
+        v = (by_version[v].parents or [None])[0]
+    lines = ["Leaderboard (kept versions, mean validation accuracy):"]
+    lines += [f"- {t.version} val {mean(t):.3f}: {t.intervention}" for t in board[:top]]
+    lines += ["", "Path from the root to the best: " + " -> ".join(reversed(path)), "", f"Children of {best.version}:"]
+    kids = [t for t in trials if t.parents[:1] == [best.version]]
+    gain = lambda t: "" if t.fitness.get("gain") is None else f", gain {t.fitness['gain']:+.3f}"  # noqa: E731
+    lines += [f"- trial {t.id} {t.intervention}: {t.label}{gain(t)}; {t.hypothesis[:200]}" for t in kids] or ["- none yet"]
+    return "\n".join(lines)

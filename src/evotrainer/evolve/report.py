@@ -5,6 +5,7 @@ from collections import Counter
 from pathlib import Path
 
 from evotrainer.errors import UsageError
+from evotrainer.evolve.approval import waiting
 from evotrainer.lineage import LineageStore
 
 
@@ -36,6 +37,10 @@ def status(run_dir: Path | str) -> dict:
         "noise_sd": next((t.fitness.get("noise_sd") for t in trials if t.id == 0), None),
         "escalations": len(store.events("escalated")),
         "crossovers": sum(t.intervention == "crossover" for t in trials),
+        # what proposing cost where an llm proposed (every round of a revised trial included)
+        "agent_tokens": _tokens([e.get("usage") or {} for e in store.events("trial_started")]),
+        "waiting": [{"trial": e["trial"], "point": e["point"], "intervention": e["intervention"]}
+                    for e in waiting(events)],
         "state": "finished" if last in ("final_finished", "run_finished", "stopped") else "running or interrupted",
         "final": None if not final else {
             "winner": final[-1]["winner"], "seeds": final[-1]["seeds"],
@@ -46,6 +51,10 @@ def status(run_dir: Path | str) -> dict:
         # (while a trial is in flight its training is not counted yet, so this reads high)
         "framework_overhead": round(1 - (train + evaluate) / wall, 4) if wall > 0 else None,
     }
+
+
+def _tokens(usages: list[dict]) -> dict:
+    return {k: sum(u.get(k, 0) for u in usages) for k in ("prompt_tokens", "completion_tokens", "requests")}
 
 
 def controller_seconds(events: list[dict]) -> float:
@@ -74,8 +83,10 @@ def lineage_tree(run_dir: Path | str) -> str:
             mean = f"val {sum(val.values()) / len(val):.3f}" if val else "not trained"
             gain = f", gain {t.fitness['gain']:+.3f}" if "gain" in t.fitness else ""
             mate = f" x {t.parents[1]}" if len(t.parents) > 1 else ""  # a crossover's second parent
+            agent = t.budgets.get("agent") or {}
+            tokens = f", {agent['prompt_tokens']}+{agent['completion_tokens']} tokens" if "prompt_tokens" in agent else ""
             lines.append(f"{'  ' * indent}{t.version or '(refused)'} #{t.id} [{t.intervention}{mate}] {t.label}: "
-                         f"{mean}{gain}, depth {t.depth}")
+                         f"{mean}{gain}, depth {t.depth}{tokens}")
             if t.version and t.version != parent:
                 walk(t.version, indent + 1)
     walk(None, 0)

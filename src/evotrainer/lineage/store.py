@@ -48,7 +48,9 @@ CREATE TRIGGER IF NOT EXISTS events_append_only_u BEFORE UPDATE ON events
 CREATE TRIGGER IF NOT EXISTS events_append_only_d BEFORE DELETE ON events
     BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
 """
-LABELS = ("kept", "discarded", "invalid", "illegal", "backtest_rejected", "equivalent", "crash", "timeout", "oom")
+LABELS = ("kept", "discarded", "invalid", "illegal", "backtest_rejected", "equivalent", "crash", "timeout", "oom",
+          "unparseable", "patch_failed", "syntax_error", "agent_timeout", "agent_error", "aborted",
+          "diagnostic_rejected")
 _JSON = ("parents", "backtest", "budgets", "fitness", "findings")
 
 

@@ -1,0 +1,79 @@
+"""The brief a code-writing agent reads (llm, command): rendered from the template files in
+agents/prompts/, never from strings in code, so a user can read and change what the agent
+is told. The specialist role is chosen by the current bottleneck: the surface the parent's
+worst finding points at.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from string import Template
+
+from evotrainer.agents.edits import harness_files
+from evotrainer.agents.rules import AgentContext, family_of
+from evotrainer.evolve.skills import matching
+
+PROMPTS = Path(__file__).resolve().parent / "prompts"
+# specialist role -> the intervention families (findings' suggestions) it answers
+SPECIALISTS: dict[str, tuple[str, ...]] = {
+    "reward": ("reward", "reward_hacking", "efficiency"),
+    "signal": ("group_filter", "signal"),
+    "optimisation": ("optimisation", "exploration"),
+    "curriculum": ("curriculum",),
+    "diagnostics": (),
+}
+
+
+def specialist_for(ctx: AgentContext) -> str:
+    """The role the worst actionable finding calls for; `diagnostics` when the findings point
+    nowhere or the diagnostics themselves were found to mislead (an escalation ignores them)."""
+    if ctx.escalation and ctx.escalation.ignore:
+        return "diagnostics"
+    for f in ctx.findings:
+        family = family_of(f.get("suggest", ""))
+        for role, families in SPECIALISTS.items():
+            if family in families and (not ctx.escalation or family not in ctx.escalation.avoid):
+                return role
+    return "diagnostics"
+
+
+def template(name: str) -> Template:
+    return Template((PROMPTS / name).read_text())
+
+
+def system_prompt(role: str) -> str:
+    from evotrainer.harness.legality import BUDGET_KNOBS, HARNESS_FILES
+    return template("system.md").substitute(
+        role=role, specialist=template(f"specialists/{role}.md").substitute().strip(),
+        slot_files=", ".join(sorted(f for f in HARNESS_FILES if f.endswith(".py"))),
+        budget_knobs=", ".join(BUDGET_KNOBS))
+
+
+def brief(ctx: AgentContext, role: str, task: str) -> str:
+    files = harness_files(ctx.harness_dir) if ctx.harness_dir else {}
+    esc = ctx.escalation
+    return template("brief.md").substitute(
+        trial=ctx.trial, parent=ctx.parent, task=task, role=role,
+        feedback=f"\n## A person reviewed the last proposal and asks\n{ctx.feedback}\n" if ctx.feedback else "",
+        findings="\n".join(_finding(f) for f in ctx.findings) or "(no findings)",
+        lineage=ctx.lineage or "(only the root so far)",
+        skills="\n".join(_skill(s) for s in matching(ctx.skills, ctx.findings)[:8]) or "(none yet)",
+        tried=", ".join(sorted(ctx.tried)) or "(nothing)",
+        escalation=(f"\n## Escalation: three failures in a row\nAvoid the families {', '.join(sorted(esc.avoid))}; "
+                    "prefer undoing a change over adding one.\n") if esc else "",
+        choices=_choices(),
+        files="\n".join(f"### {name}\n```\n{text}```" for name, text in files.items()))
+
+
+def _finding(f) -> str:
+    return (f"- {f['diagnostic']} [{f['severity']}{', blocking' if f.get('blocking') else ''}] = {f['value']:g}: "
+            f"{f.get('evidence', '')} -> {f.get('suggest', '')}")
+
+
+def _skill(s) -> str:
+    gain = "n/a" if s.mean_gain is None else f"{s.mean_gain:+.3f}"
+    return f"- {s.name}: tried {s.tried}, kept {s.kept}, mean gain {gain}, held on {', '.join(s.held_on) or '-'}"
+
+
+def _choices() -> str:
+    from evotrainer.harness.load import SLOTS
+    return "\n".join(f"- {knob}: {', '.join(reg.names())}" for knob, reg in SLOTS.items())

@@ -1,0 +1,120 @@
+"""Human gates: a run paused at design, backtest and completion waits for `evotrainer approve /
+revise / abort RUN TRIAL`, and each decision does what it says: approve goes on, revise sends
+the person's feedback to the agent for a new proposal under the same trial, abort ends the
+trial as `aborted` and the run goes on."""
+import dataclasses
+import threading
+import time
+
+import yaml
+
+from evotrainer.agents.catalog import CATALOG
+from evotrainer.cli import main
+from evotrainer.config import config_from_dict
+from evotrainer.evolve.approval import waiting
+from evotrainer.evolve.controller import Controller
+from evotrainer.evolve.report import status
+from evotrainer.lineage import LineageStore
+
+
+def start(tiny_run, agent, trials: int, **extra):
+    cfg_path, run = tiny_run
+    raw = yaml.safe_load(cfg_path.read_text()) | {"final_seeds": [], **extra}
+    raw["budget"]["trials"] = trials
+    raw["search"] |= {"selection": "greedy"}
+    errors = []
+
+    def go():  # the controller owns its SQLite connection: built in the thread that uses it
+        try:
+            Controller(config_from_dict(raw).validate(), run, agent=agent, gate_poll_s=0.05).run()
+        except BaseException as e:  # surfaced by the test, never swallowed
+            errors.append(e)
+    th = threading.Thread(target=go, daemon=True)
+    th.start()
+    return run, th, errors
+
+
+def next_gate(run, th, errors, timeout=240):
+    """The gate the run waits at now (None once the run has finished)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert not errors, errors
+        if (run / "lineage.sqlite").exists():
+            store = LineageStore(run / "lineage.sqlite")
+            open_ = waiting(store.events())
+            store.close()
+            if open_ and not (run / "gates" / f"trial-{open_[0]['trial']}.json").exists():
+                return open_[0]
+        if not th.is_alive():
+            return None
+        time.sleep(0.05)
+    raise AssertionError("the run neither waited at a gate nor finished")
+
+
+def decide(capsys, *args) -> int:
+    rc = main([str(a) for a in args])
+    capsys.readouterr()
+    return rc
+
+
+def test_approve_revise_and_abort_each_do_what_they_say(tiny_run, capsys):
+    seen = []
+
+    def agent(ctx):  # the rules agent's catalog, in a fixed order, told what a person said
+        seen.append((ctx.trial, ctx.feedback, sorted(ctx.tried)))
+        name = next(n for n in ["warmup", "lower_lr", "raise_temperature", "entropy_bonus"] if n not in ctx.tried)
+        return dataclasses.replace(CATALOG.get(name)(ctx.knobs, 1), agent="scripted")
+
+    run, th, errors = start(tiny_run, agent, trials=3, gates=["design", "backtest", "completion"])
+    # the plan: trial 1 revised at design then approved throughout; trial 2 aborted at design;
+    # trial 3 approved to completion and aborted there
+    plan = {(1, "design", 0): ("revise", "--feedback", "not the warmup, try the learning rate"),
+            (1, "design", 1): ("approve",), (1, "backtest", 1): ("approve",), (1, "completion", 1): ("approve",),
+            (2, "design", 0): ("abort",),
+            (3, "design", 0): ("approve",), (3, "backtest", 0): ("approve",), (3, "completion", 0): ("abort",)}
+    asked = []
+    while (g := next_gate(run, th, errors)) is not None:
+        key = (g["trial"], g["point"], g["round"])
+        asked.append(key)
+        decision, *rest = plan[key]
+        if key == (1, "design", 0):  # a decision for a trial that is not waiting is refused, nothing lost
+            assert decide(capsys, "approve", run, 2) == 2
+            assert decide(capsys, "revise", run, 1) == 2  # revise needs --feedback
+        assert decide(capsys, decision, run, g["trial"], *rest) == 0
+    th.join(timeout=60)
+    assert not errors and asked == list(plan)
+
+    store = LineageStore(run / "lineage.sqlite")
+    trials = store.trials()
+    t1, t2, t3 = trials[1:]
+    # revise: the agent was asked again for trial 1, told the feedback, with warmup counted as tried
+    assert seen[1] == (1, "not the warmup, try the learning rate", ["warmup"])
+    assert t1.intervention == "lower_lr" and t1.version == "v1r1" and t1.label in ("kept", "discarded")
+    assert "warmup" not in t1.patch and (run / "versions" / "v1r1").is_dir()
+    # abort at design: recorded with its diff, never backtested or trained
+    assert t2.label == "aborted" and "design gate" in t2.reflection and t2.backtest == {}
+    assert not (run / "versions" / t2.version).exists()
+    # abort at completion: trained and measured, recorded as aborted, never a parent
+    assert t3.label == "aborted" and "completion gate" in t3.reflection and t3.fitness["gain"] is not None
+    assert t3.version not in {e["state"]["version"] for e in store.events("control_finished")}
+    decided = [(e["trial"], e["point"], e["decision"]) for e in store.events("gate_decided")]
+    assert decided[:2] == [(1, "design", "revise"), (1, "design", "approve")] and len(decided) == len(plan)
+
+
+def test_failures_in_a_row_escalate_to_a_design_gate(tiny_run, capsys):
+    def agent(ctx):  # twice more training steps than the budget (illegal), then a legal idea
+        if ctx.trial < 3:
+            return dataclasses.replace(CATALOG.get("warmup")(ctx.knobs, 1), knobs={"steps": 10_000},
+                                       intervention=f"more_steps_{ctx.trial}", agent="scripted")
+        return dataclasses.replace(CATALOG.get("lower_lr")(ctx.knobs, 1), agent="scripted")
+
+    run, th, errors = start(tiny_run, agent, trials=3, gate_after_failures=2)
+    g = next_gate(run, th, errors)
+    assert (g["trial"], g["point"]) == (3, "design")  # trials 1 and 2 failed without asking anyone
+    assert decide(capsys, "abort", run, 3) == 0
+    assert next_gate(run, th, errors) is None
+    th.join(timeout=60)
+    store = LineageStore(run / "lineage.sqlite")
+    assert [t.label for t in store.trials()[1:]] == ["illegal", "illegal", "aborted"]
+    st = status(run)
+    assert st["waiting"] == [] and st["labels"] == {"kept": 1, "illegal": 2, "aborted": 1}
