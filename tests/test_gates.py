@@ -118,3 +118,11 @@ def test_failures_in_a_row_escalate_to_a_design_gate(tiny_run, capsys):
     assert [t.label for t in store.trials()[1:]] == ["illegal", "illegal", "aborted"]
     st = status(run)
     assert st["waiting"] == [] and st["labels"] == {"kept": 1, "illegal": 2, "aborted": 1}
+
+
+def test_gated_points_are_the_configured_ones_plus_design_after_enough_failures():
+    from evotrainer.evolve.approval import points
+    assert points(("backtest",), 0, 5) == {"backtest"}                  # 0: never escalate to a gate
+    assert points(("backtest",), 2, 1) == {"backtest"}
+    assert points(("backtest",), 2, 2) == {"backtest", "design"}
+    assert points((), 3, 4) == {"design"}

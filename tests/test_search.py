@@ -25,7 +25,7 @@ def ctl(tmp_path, ckpt):
                             "budget": {"trials": 9, "steps_per_segment": 10, "total_steps": 50}}).validate()
     c = Controller(cfg, tmp_path / "run")
     c._setup()
-    c._findings_of[((0, "x"),)] = []  # no evidence on disk: every state is diagnosed as healthy
+    c._findings = lambda state: []  # no evidence on disk: every state is diagnosed as healthy
     root = State("v0", 1, {0: "x"}, {0: 0.10}, {0: 0.10})
     c.store.begin_trial(0, intervention="root", version="v0")
     c.store.finish_trial(TrialRecord(0, "v0", [], "-", "root", 1, "", "-", "", "kept",

@@ -43,7 +43,7 @@ def template(name: str) -> Template:
 def system_prompt(role: str) -> str:
     from evotrainer.harness.legality import BUDGET_KNOBS, HARNESS_FILES
     return template("system.md").substitute(
-        role=role, specialist=template(f"specialists/{role}.md").substitute().strip(),
+        role=role, specialist=(PROMPTS / "specialists" / f"{role}.md").read_text().strip(),
         slot_files=", ".join(sorted(f for f in HARNESS_FILES if f.endswith(".py"))),
         budget_knobs=", ".join(BUDGET_KNOBS))
 

@@ -24,6 +24,20 @@ from evotrainer.errors import UsageError
 DECISIONS = ("approve", "revise", "abort")
 
 
+class Revise(Exception):
+    """A person asked at a gate for another proposal, with this feedback."""
+
+    def __init__(self, feedback: str):
+        self.feedback = feedback
+        super().__init__(feedback)
+
+
+def points(gates: tuple[str, ...], after_failures: int, failures_in_a_row: int) -> set[str]:
+    """Where a trial pauses: the configured points, plus design after `after_failures` failures
+    in a row (a person looks before more budget goes; 0 never)."""
+    return set(gates) | ({"design"} if after_failures and failures_in_a_row >= after_failures else set())
+
+
 def decision_file(run_dir: Path, trial: int) -> Path:
     return Path(run_dir) / "gates" / f"trial-{trial}.json"
 
@@ -56,9 +70,26 @@ def submit(run_dir: Path, events: list[dict], trial: int, decision: str, feedbac
     return out
 
 
+def ask(store, run_dir: Path, trial: int, point: str, round_: int, shown: dict, on_event, poll_s: float) -> dict:
+    """The controller's side: the decision for this gate, recorded in the lineage. One recorded
+    before a kill is reused; else `gate_waiting` is recorded (once) and the run waits."""
+    key = (trial, point, round_)
+    done = [e for e in store.events("gate_decided") if (e["trial"], e["point"], e["round"]) == key]
+    if done:
+        return done[-1]
+    if not any((e["trial"], e["point"], e["round"]) == key for e in store.events("gate_waiting")):
+        decision_file(run_dir, trial).parent.mkdir(exist_ok=True)
+        store.event("gate_waiting", trial, point=point, round=round_, **shown)
+        on_event("gate_waiting", {"trial": trial, "run": str(run_dir), "point": point, "round": round_, **shown})
+    d = wait_for(run_dir, trial, point, round_, poll_s)
+    store.event("gate_decided", trial, point=point, round=round_, **d)
+    on_event("gate_decided", {"trial": trial, "point": point, **d})
+    return d
+
+
 def wait_for(run_dir: Path, trial: int, point: str, round_: int, poll_s: float = 1.0) -> dict:
-    """The controller's side: block until the decision for this gate arrives; consume it. A file
-    for another gate (stale, or malformed) is set aside with its reason, never acted on."""
+    """Block until the decision file for this gate arrives; consume it. A file for another gate
+    (stale, or malformed) is set aside (renamed), never acted on."""
     f = decision_file(run_dir, trial)
     while True:
         if f.exists():

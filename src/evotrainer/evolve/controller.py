@@ -495,7 +495,7 @@ class Controller:
         while True:
             try:
                 return self._attempt(n, parent, proposal)
-            except _Revise as r:  # a person asked for another proposal: same trial, the next round
+            except approval.Revise as r:  # a person asked for another proposal: same trial, the next round
                 rejected = tuple(dict.fromkeys([*proposal.get("rejected", ()), proposal["intervention"]]))
                 round_ = proposal.get("round", 0) + 1
                 new = self._propose(n, parent, feedback=r.feedback, rejected=rejected, round_=round_)
@@ -595,37 +595,17 @@ class Controller:
                                  budgets=clock.budgets() | usage, findings=findings,
                                  reflection="; ".join(decision.reasons), finished=time.time()), child)
 
-    def _gate_points(self) -> set[str]:
-        """Where this trial pauses: the configured points, plus design after
-        `gate_after_failures` failures in a row (a person looks before more budget goes)."""
-        points = set(self.cfg.gates)
-        if self.cfg.gate_after_failures and \
-                len(history.failures_in_a_row(self.store.trials())) >= self.cfg.gate_after_failures:
-            points.add("design")
-        return points
-
     def _gate(self, n: int, point: str, proposal: dict, **shown) -> str:
-        """'approve' or 'abort' from a person (raises _Revise for a revision); 'approve' at
-        once where this point is not gated. A decision recorded before a kill is reused."""
-        if point not in self._gate_points():
+        """'approve' at once where this point is not gated; else a person's 'approve' or 'abort'
+        (approval.Revise is raised for a revision)."""
+        streak = len(history.failures_in_a_row(self.store.trials()))
+        if point not in approval.points(self.cfg.gates, self.cfg.gate_after_failures, streak):
             return "approve"
-        round_ = proposal.get("round", 0)
-        key = (n, point, round_)
-        done = [e for e in self.store.events("gate_decided") if (e["trial"], e["point"], e["round"]) == key]
-        if done:
-            d = done[-1]
-        else:
-            if not any((e["trial"], e["point"], e["round"]) == key for e in self.store.events("gate_waiting")):
-                approval.decision_file(self.run_dir, n).parent.mkdir(exist_ok=True)
-                what = {"point": point, "round": round_, "intervention": proposal["intervention"],
-                        "hypothesis": proposal["hypothesis"], **shown}
-                self.store.event("gate_waiting", n, **what)
-                self.on_event("gate_waiting", {"trial": n, "run": str(self.run_dir), **what})
-            d = approval.wait_for(self.run_dir, n, point, round_, self.gate_poll_s)
-            self.store.event("gate_decided", n, point=point, round=round_, **d)
-            self.on_event("gate_decided", {"trial": n, "point": point, **d})
+        d = approval.ask(self.store, self.run_dir, n, point, proposal.get("round", 0),
+                         {"intervention": proposal["intervention"], "hypothesis": proposal["hypothesis"], **shown},
+                         self.on_event, self.gate_poll_s)
         if d["decision"] == "revise":
-            raise _Revise(d["feedback"])
+            raise approval.Revise(d["feedback"])
         return d["decision"]
 
     def _twin(self, parent: State, bt: dict):
@@ -799,14 +779,6 @@ class Segment:
     depth: int
     out_root: Path
     seed_offset: int = 0     # other data for the same version: a replica that measures noise
-
-
-class _Revise(Exception):
-    """A person asked at a gate for another proposal, with this feedback."""
-
-    def __init__(self, feedback: str):
-        self.feedback = feedback
-        super().__init__(feedback)
 
 
 class SegmentFailed(RuntimeError):
