@@ -152,6 +152,7 @@ def test_a_run_with_the_llm_agent_goes_on_past_every_failure_and_its_lineage_sho
     assert "+temperature: 1.2" in last.patch and last.agent == "llm"
     assert "+steps: 900" in trials[4].patch and "steps" in trials[4].reflection  # the refused diff is kept
     assert trials[2].version is None and "not valid JSON" in trials[2].reflection
+    assert trials[3].intervention == "lr" and trials[3].hypothesis.startswith("changing lr")  # parsed, not applied
     for t in trials[1:]:
         u = t.budgets["agent"]
         assert u["model"] == "scripted" and u["requests"] >= 1

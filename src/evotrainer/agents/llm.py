@@ -66,6 +66,7 @@ class LLMAgent:
                 result = self._failed("agent_error", f"{type(e).__name__}: {e}", usage)
                 break
             messages.append({"role": "assistant", "content": text})
+            reply = None
             try:
                 reply = parse_reply(text)
                 changed = apply_edits(files, reply.edits)
@@ -82,8 +83,8 @@ class LLMAgent:
                     trigger=signature(ctx.findings[0]) if ctx.findings else "none",
                     expected=reply.expected_effect, usage=usage)
                 break
-            except ReplyError as e:
-                result = self._failed(e.label, str(e), usage)
+            except ReplyError as e:  # what the model meant is kept where the reply parsed
+                result = self._failed(e.label, str(e), usage, reply)
                 if turn < self.cfg.repair_turns:
                     usage["repairs"] += 1
                     messages.append({"role": "user", "content": f"Your reply cannot be used: {e}. Send the whole "
@@ -107,8 +108,10 @@ class LLMAgent:
             usage["completion_tokens"] += r.usage.completion_tokens
         return (r.choices[0].message.content or "") if r.choices else ""
 
-    def _failed(self, label: str, reason: str, usage: dict) -> AgentFailed:
-        return AgentFailed(label, reason, agent="llm", intervention=f"llm_{usage['role']}", usage=usage)
+    def _failed(self, label: str, reason: str, usage: dict, reply=None) -> AgentFailed:
+        if reply is not None:
+            return AgentFailed(label, reason, "llm", reply.name, reply.hypothesis, usage)
+        return AgentFailed(label, reason, "llm", f"llm_{usage['role']}", usage=usage)
 
     @staticmethod
     def _keep_transcript(ctx: AgentContext, messages: list[dict], usage: dict) -> None:
