@@ -58,8 +58,9 @@ def brief(ctx: AgentContext, role: str, task: str) -> str:
         lineage=ctx.lineage or "(only the root so far)",
         skills="\n".join(_skill(s) for s in matching(ctx.skills, ctx.findings)[:8]) or "(none yet)",
         tried=", ".join(sorted(ctx.tried)) or "(nothing)",
-        escalation=(f"\n## Escalation: three failures in a row\nAvoid the families {', '.join(sorted(esc.avoid))}; "
-                    "prefer undoing a change over adding one.\n") if esc else "",
+        escalation=(f"\n## Escalation: three failures in a row\nLeave the surfaces that failed "
+                    f"({', '.join(sorted(esc.avoid - {'other'})) or 'see the lineage'}); prefer undoing a change "
+                    "over adding one.\n") if esc else "",
         choices=_choices(),
         files="\n".join(f"### {name}\n```\n{text}```" for name, text in files.items()))
 
