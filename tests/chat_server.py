@@ -19,6 +19,7 @@ from typing import Callable
 class Say:
     text: str | Callable[[list[dict]], str]
     delay_s: float = 0.0
+    raw: bool = False        # send `text` itself as the body, not wrapped in a chat completion
 
 
 class ChatServer:
@@ -45,7 +46,7 @@ class ChatServer:
                                     "message": {"role": "assistant", "content": text}}],
                        "usage": {"prompt_tokens": prompt, "completion_tokens": len(text.split()),
                                  "total_tokens": prompt + len(text.split())}}
-                data = json.dumps(out).encode()
+                data = text.encode() if say.raw else json.dumps(out).encode()
                 try:
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")

@@ -62,3 +62,29 @@ def test_revised_diagnostics_are_found_statically(tmp_path):
                                       + '\n\ndef _helper(ev):\n    return 0\n')
     assert revised_diagnostics(a, b) == ["always_one", "group_width"]
     assert revised_diagnostics(a, a) == [] and revised_diagnostics(tmp_path / "none", a) == ["always_one"]
+    # a change outside any diagnostic (a constant, a helper) may change them all: all are replayed
+    (b / "diagnostics.py").write_text(CONSTANT + "\nLIMIT = 3\n")
+    assert revised_diagnostics(a, b) == ["always_one"]
+
+
+def test_diagnostics_that_fail_to_run_are_a_blocking_finding_not_a_crash(tmp_path, ckpt):
+    """A kept harness whose diagnostics.py raises on some evidence: the state is reported with a
+    blocking `diagnostics_failed` finding (so nothing under it is promoted), and the run goes on."""
+    from evotrainer.train import train_segment
+    cfg = config_from_dict({"task": "arith", "level": 1, "seeds": [0], "final_seeds": [],
+                            "base": {"checkpoint": str(ckpt)}, "search": {"skills": None}}).validate()
+    ctl = Controller(cfg, tmp_path / "run")
+    ctl._setup()
+    ctl._candidate("v0", "v1", {"knobs": {}, "hypothesis": "a broken diagnostic", "files": {"diagnostics.py": HEADER + (
+        '@diagnostic("custom", warn=1)\ndef broken(ev):\n    """Divides by zero."""\n    return 1 / 0\n')}})
+    knobs = (ctl._harness_dir("v0") / "knobs.yaml").read_text()
+    for a, b in [("prompts_per_step: 64", "prompts_per_step: 2"), ("group_size: 8", "group_size: 2")]:
+        knobs = knobs.replace(a, b)
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "knobs.yaml").write_text(knobs)
+    train_segment(task="arith", level=1, harness=str(small), base=str(ckpt), out=str(tmp_path / "seg"), seed=0,
+                  steps=1)
+    found = ctl._findings(State("v1", 1, {0: str(tmp_path / "seg")}, {0: 0.0}, {0: 0.0}))
+    assert found[0]["diagnostic"] == "diagnostics_failed" and found[0]["blocking"]
+    assert "ZeroDivisionError" in found[0]["evidence"]

@@ -1,7 +1,6 @@
 """The command agent: a small script plays the external coding agent. It reads the brief on
 stdin, edits its worktree, writes its proposal; a run records the diff as the patch. A
-command that fails, hangs or changes nothing gets its label, and the run's repository is
-never within its reach."""
+command that fails, hangs or changes nothing gets its label."""
 import json
 import shutil
 import sys
@@ -23,6 +22,9 @@ brief = sys.stdin.read()
 assert "Health report" in brief and "knobs.yaml" in brief, brief[:200]
 k = pathlib.Path("knobs.yaml")
 k.write_text(k.read_text().replace("temperature: 1.0", "temperature: 1.3"))
+pathlib.Path(".agent-notes").write_text("a coding CLI's own state")   # byproducts, not the patch
+pathlib.Path("__pycache__").mkdir()
+pathlib.Path("__pycache__", "reward.cpython-311.pyc").write_text("bytecode")
 pathlib.Path(sys.argv[1]).write_text(json.dumps({
     "name": "warmer_sampling", "hypothesis": "changing temperature to 1.3 raises accuracy because more groups split",
     "expected_effect": "fewer dead groups", "success_criterion": "val beats control", "rollback": "temperature 1.0"}))

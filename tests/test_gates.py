@@ -96,7 +96,8 @@ def test_approve_revise_and_abort_each_do_what_they_say(tiny_run, capsys):
     assert not (run / "versions" / t2.version).exists()
     # abort at completion: trained and measured, recorded as aborted, never a parent
     assert t3.label == "aborted" and "completion gate" in t3.reflection and t3.fitness["gain"] is not None
-    assert t3.version not in {e["state"]["version"] for e in store.events("control_finished")}
+    again = Controller(config_from_dict(yaml.safe_load((run / "config.yaml").read_text())), run)
+    assert t3.version not in {s.version for s in again._states()}  # never a parent, never the winner
     decided = [(e["trial"], e["point"], e["decision"]) for e in store.events("gate_decided")]
     assert decided[:2] == [(1, "design", "revise"), (1, "design", "approve")] and len(decided) == len(plan)
 
@@ -126,3 +127,39 @@ def test_gated_points_are_the_configured_ones_plus_design_after_enough_failures(
     assert points(("backtest",), 2, 1) == {"backtest"}
     assert points(("backtest",), 2, 2) == {"backtest", "design"}
     assert points((), 3, 4) == {"design"}
+
+
+def test_a_run_killed_while_waiting_at_a_gate_resumes_waiting_and_takes_the_decision(tiny_run):
+    """SIGKILL while the run waits; the decision is sent while nothing runs; `resume` shows the
+    gate again, reads the decision, records it once and finishes the trial."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    cfg_path, run = tiny_run
+    raw = yaml.safe_load(cfg_path.read_text()) | {"final_seeds": [], "gates": ["design"], "agent": "rules"}
+    raw["budget"]["trials"] = 1
+    cfg_path.write_text(yaml.safe_dump(raw))
+    cli = [sys.executable, "-m", "evotrainer.cli"]
+    p = subprocess.Popen([*cli, "run", str(cfg_path), "--out", str(run)], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if (run / "lineage.sqlite").exists():
+            store = LineageStore(run / "lineage.sqlite")
+            open_ = waiting(store.events())
+            store.close()
+            if open_:
+                break
+        assert p.poll() is None
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert main(["approve", str(run), "1"]) == 0  # the lineage still says trial 1 waits
+    r = subprocess.run([*cli, "resume", str(run)], capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "trial 1 waits at the design gate" in r.stderr and "design gate: approve" in r.stderr
+    store = LineageStore(run / "lineage.sqlite")
+    assert [(e["trial"], e["decision"]) for e in store.events("gate_decided")] == [(1, "approve")]
+    assert len(store.events("gate_waiting")) == 1 and store.trials()[1].label in ("kept", "discarded")
+    assert not (run / "gates" / "trial-1.json").exists()

@@ -107,6 +107,16 @@ def test_a_reply_slower_than_the_timeout_is_agent_timeout_after_the_sdk_retries(
     assert out.usage["requests"] == 2 and len(server.requests) == 2  # the first try and one retry
 
 
+def test_an_endpoint_that_answers_something_else_is_agent_error_not_a_crash(ctx, serve):
+    out = agent(serve(Say("<html>502 Bad Gateway</html>", raw=True)))(ctx)
+    assert isinstance(out, AgentFailed) and out.label == "agent_error" and "not a chat completion" in out.reason
+
+
+def test_a_reasoning_models_think_block_before_the_json_is_tolerated(ctx, serve):
+    p = agent(serve(Say("<think>the groups are dead, so...</think>\n```json\n" + GOOD + "\n```")))(ctx)
+    assert isinstance(p, Proposal) and p.intervention == "drop_dead_groups"
+
+
 def test_missing_model_or_key_is_a_usage_error_before_any_work(monkeypatch):
     monkeypatch.delenv("OPENAI_MODEL", raising=False)
     with pytest.raises(UsageError, match="llm.model"):

@@ -161,8 +161,10 @@ class RunConfig:
             need(self.llm.timeout_s > 0, "llm.timeout_s", f"must be > 0, got {self.llm.timeout_s}")
             need(self.llm.max_retries >= 0, "llm.max_retries", f"must be >= 0, got {self.llm.max_retries}")
             need(self.llm.repair_turns >= 0, "llm.repair_turns", f"must be >= 0, got {self.llm.repair_turns}")
+            need(self.llm.max_tokens > 0, "llm.max_tokens", f"must be > 0, got {self.llm.max_tokens}")
+            need(0 <= self.llm.temperature <= 2, "llm.temperature", f"must be in [0, 2], got {self.llm.temperature}")
         if self.agent == "command":
-            need(bool(self.command.run), "command.run", "must give the command line of the agent to run")
+            need(bool((self.command.run or "").strip()), "command.run", "must give the command line of the agent to run")
             need(self.command.timeout_s > 0, "command.timeout_s", f"must be > 0, got {self.command.timeout_s}")
         need(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds), "seeds",
              f"must be distinct seeds, at least one, got {list(self.seeds)}")

@@ -1,8 +1,9 @@
 """The `command` agent: an external coding agent (any CLI) edits a copy of the parent's harness.
 
 The command runs in a fresh git repository holding exactly the parent's files (a worktree
-of its own: a coding agent sees a clean checkout and can `git diff` its work, and it
-cannot reach the run's harness repository, whose tags are the lineage). The brief, the
+of its own: a coding agent sees a clean checkout and can `git diff` its work, and its git
+commands act on that repository, never on the run's, whose tags are the lineage; it runs
+as the user's own tool, with the user's rights, not in a sandbox). The brief, the
 same the llm agent reads, is written to a file and sent on stdin; the command line may
 name {brief}, {worktree} and {proposal}. Whatever it changed is the patch; it may write its
 hypothesis as JSON (the llm reply's fields, without edits) to {proposal}. It runs in its
@@ -53,7 +54,10 @@ class CommandAgent:
             try:
                 rc = p.wait(timeout=self.cfg.timeout_s)
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)  # the whole group: a CLI's own children too
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)  # the whole group: a CLI's own children too
+                except ProcessLookupError:  # it ended just now
+                    pass
                 p.wait()
                 rc = None
         usage |= {"seconds": round(time.time() - t, 3), "exit": rc}
@@ -94,11 +98,13 @@ def _fresh(path: Path) -> Path:
 
 
 def _changed(before: dict[str, str], tree: Path) -> dict[str, str | None]:
-    """Every file the command wrote, added (subdirectories too, for legality to refuse) or removed."""
+    """Every file the command wrote, added (subdirectories too, for legality to refuse) or removed;
+    byproducts of tools are left out: dotfiles and dot-directories (.git, an agent's own state)
+    and __pycache__."""
     after = {}
     for d, dirs, files in os.walk(tree):
-        dirs[:] = [x for x in dirs if x != ".git"]
-        for f in files:
+        dirs[:] = [x for x in dirs if not x.startswith(".") and x != "__pycache__"]
+        for f in (f for f in files if not f.startswith(".")):
             p = Path(d, f)
             after[p.relative_to(tree).as_posix()] = p.read_text(errors="replace")
     out: dict[str, str | None] = {f: t for f, t in after.items() if before.get(f) != t}

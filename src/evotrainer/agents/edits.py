@@ -48,8 +48,9 @@ class Reply:
 
 
 def parse_reply(text: str) -> Reply:
-    """The reply's JSON object (a ```json fence around it is tolerated), checked field by field."""
-    body = text.strip()
+    """The reply's JSON object (a ```json fence or a <think> block around it is tolerated),
+    checked field by field."""
+    body = re.sub(r"<think>.*?</think>", "", text, flags=re.S).strip()  # reasoning models' preamble
     fence = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, re.S)
     if fence:
         body = fence.group(1)

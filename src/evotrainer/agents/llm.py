@@ -25,6 +25,10 @@ from evotrainer.errors import UsageError
 from evotrainer.evolve.skills import signature
 
 
+class NotACompletion(ValueError):
+    """The endpoint answered 200 with something that is not a chat completion."""
+
+
 class LLMAgent:
     def __init__(self, cfg: LLMConfig, task: str):
         import openai
@@ -65,6 +69,9 @@ class LLMAgent:
             except openai.APIError as e:
                 result = self._failed("agent_error", f"{type(e).__name__}: {e}", usage)
                 break
+            except ValueError as e:  # a 200 whose body is not JSON (the SDK's decoder) or not a completion
+                result = self._failed("agent_error", f"the endpoint's answer is not a chat completion: {e}", usage)
+                break
             messages.append({"role": "assistant", "content": text})
             reply = None
             try:
@@ -103,9 +110,11 @@ class LLMAgent:
             usage["calls"] += 1
             usage["requests"] += self.requests - before
             usage["seconds"] = round(usage["seconds"] + time.time() - t, 3)
+        if getattr(r, "choices", None) is None:  # a 200 that is not a chat completion at all
+            raise NotACompletion(f"it answered {str(r)[:200]!r}")
         if r.usage is not None:
-            usage["prompt_tokens"] += r.usage.prompt_tokens
-            usage["completion_tokens"] += r.usage.completion_tokens
+            usage["prompt_tokens"] += r.usage.prompt_tokens or 0
+            usage["completion_tokens"] += r.usage.completion_tokens or 0
         return (r.choices[0].message.content or "") if r.choices else ""
 
     def _failed(self, label: str, reason: str, usage: dict, reply=None) -> AgentFailed:

@@ -78,17 +78,17 @@ def replay(name: str, labelled: list[tuple[Path, str]], harness_dir: Path | str 
 
 def revised_diagnostics(parent_dir: Path | str, candidate_dir: Path | str) -> list[str]:
     """Diagnostics the candidate's diagnostics.py adds or changes against its parent's: top-level
-    public functions (a `@diagnostic(name=...)` counts under that name) whose source differs.
-    Read with `ast`, never run: this decides what to replay before any of it executes."""
-    def defs(directory) -> dict[str, str]:
+    public functions (a `@diagnostic(name=...)` counts under that name) whose source differs, or
+    every one it defines when anything else in the file changed (a helper, a constant, an
+    import), since any of them may read it. Read with `ast`, never run: this decides what to
+    replay before any of it executes."""
+    def parse(directory) -> tuple[dict[str, str], str]:
         f = Path(directory) / "diagnostics.py"
-        if not f.is_file():
-            return {}
         try:
-            tree = ast.parse(f.read_text())
+            tree = ast.parse(f.read_text()) if f.is_file() else ast.Module(body=[], type_ignores=[])
         except SyntaxError:
-            return {}
-        out = {}
+            return {}, "unparsable"
+        defs, rest = {}, []
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
                 name = node.name
@@ -96,7 +96,11 @@ def revised_diagnostics(parent_dir: Path | str, candidate_dir: Path | str) -> li
                     for kw in getattr(dec, "keywords", []):
                         if kw.arg == "name" and isinstance(kw.value, ast.Constant):
                             name = kw.value.value
-                out[name] = ast.dump(node)
-        return out
-    before, after = defs(parent_dir), defs(candidate_dir)
+                defs[name] = ast.dump(node)
+            else:
+                rest.append(ast.dump(node))
+        return defs, "|".join(rest)
+    (before, rest_before), (after, rest_after) = parse(parent_dir), parse(candidate_dir)
+    if rest_after != rest_before:
+        return sorted(after)
     return sorted(n for n, src in after.items() if before.get(n) != src)

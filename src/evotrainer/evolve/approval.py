@@ -1,11 +1,12 @@
 """Human gates: the run pauses at a chosen point of a trial until a person decides.
 
-Points: `design` (the proposal, before legality and backtest), `backtest` (before any
+Points: `design` (the proposal's legal diff, before the backtest), `backtest` (before any
 training), `completion` (the trained child and the promotion gate's verdict, before it is
 recorded). The controller records `gate_waiting` and polls for a decision file; `evotrainer
-approve | revise | abort RUN TRIAL` writes that file (aside, then renamed, so it is read
-whole), and the controller records `gate_decided`: the lineage keeps one writer. A killed
-run that resumes finds its recorded decisions and does not ask again.
+approve | revise | abort RUN TRIAL` writes that file (aside, then linked into place, so it is
+read whole and of two decisions sent at once only one lands), and the controller records
+`gate_decided` before it deletes the file: the lineage keeps one writer, and a run killed
+at any moment that resumes finds its recorded decisions and does not ask again.
 
     approve   go on as proposed (or as the promotion gate decided)
     revise    withdraw the proposal; the agent proposes again for the same trial, told the
@@ -60,36 +61,41 @@ def submit(run_dir: Path, events: list[dict], trial: int, decision: str, feedbac
         now = ", ".join(f"trial {e['trial']} at {e['point']}" for e in open_) or "none"
         raise UsageError(f"trial {trial} is not waiting at a gate; waiting now: {now}")
     f = decision_file(run_dir, trial)
-    if f.exists():
-        raise UsageError(f"trial {trial} already has a decision the run has not read yet ({f})")
     out = {"trial": trial, "point": gate["point"], "round": gate["round"], "decision": decision,
            "feedback": feedback.strip()}
-    tmp = f.with_suffix(".tmp")
+    tmp = f.with_name(f"{f.stem}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(out))
-    os.replace(tmp, f)
+    try:  # exclusive: of two decisions sent at once, one lands and the other is refused
+        os.link(tmp, f)
+    except FileExistsError:
+        raise UsageError(f"trial {trial} already has a decision the run has not read yet ({f})") from None
+    finally:
+        tmp.unlink()
     return out
 
 
 def ask(store, run_dir: Path, trial: int, point: str, round_: int, shown: dict, on_event, poll_s: float) -> dict:
     """The controller's side: the decision for this gate, recorded in the lineage. One recorded
     before a kill is reused; else `gate_waiting` is recorded (once) and the run waits."""
-    key = (trial, point, round_)
+    key, f = (trial, point, round_), decision_file(run_dir, trial)
     done = [e for e in store.events("gate_decided") if (e["trial"], e["point"], e["round"]) == key]
-    if done:
+    if done:  # decided before a kill: the file may still be there, and is spent
+        f.unlink(missing_ok=True)
         return done[-1]
     if not any((e["trial"], e["point"], e["round"]) == key for e in store.events("gate_waiting")):
-        decision_file(run_dir, trial).parent.mkdir(exist_ok=True)
+        f.parent.mkdir(exist_ok=True)
         store.event("gate_waiting", trial, point=point, round=round_, **shown)
-        on_event("gate_waiting", {"trial": trial, "run": str(run_dir), "point": point, "round": round_, **shown})
+    on_event("gate_waiting", {"trial": trial, "run": str(run_dir), "point": point, "round": round_, **shown})
     d = wait_for(run_dir, trial, point, round_, poll_s)
     store.event("gate_decided", trial, point=point, round=round_, **d)
+    f.unlink()  # recorded first: a kill in between finds the decision in the lineage
     on_event("gate_decided", {"trial": trial, "point": point, **d})
     return d
 
 
 def wait_for(run_dir: Path, trial: int, point: str, round_: int, poll_s: float = 1.0) -> dict:
-    """Block until the decision file for this gate arrives; consume it. A file for another gate
-    (stale, or malformed) is set aside (renamed), never acted on."""
+    """Block until the decision file for this gate arrives (the caller deletes it once recorded).
+    A file for another gate (stale, or malformed) is set aside (renamed), never acted on."""
     f = decision_file(run_dir, trial)
     while True:
         if f.exists():
@@ -99,7 +105,6 @@ def wait_for(run_dir: Path, trial: int, point: str, round_: int, poll_s: float =
                 d = None
             if isinstance(d, dict) and d.get("point") == point and d.get("round") == round_ \
                     and d.get("decision") in DECISIONS:
-                f.unlink()
                 return {"decision": d["decision"], "feedback": d.get("feedback", "")}
             f.rename(f.with_suffix(f".rejected-{int(time.time())}"))
         time.sleep(poll_s)

@@ -63,6 +63,9 @@ from evotrainer.tasks import get_task
 from evotrainer.train import saved_checkpoints, segment_seed
 
 
+AGENT_ERRORS_TO_STOP = 3  # agent_error trials in a row (a wrong URL, key or model): stop, do not spend the budget
+
+
 class ControlFailed(RuntimeError):
     """The control (the parent's own harness) or the evaluator failed: nothing can be judged."""
 
@@ -146,6 +149,10 @@ class Controller:
             parent = self._select_parent(n)
             if parent is None:
                 self._event("stopped", reason="no state has segments or untried interventions left")
+                return
+            broken = history.agent_errors_in_a_row(self.store.trials())
+            if len(broken) >= AGENT_ERRORS_TO_STOP:
+                self._event("stopped", reason=f"the agent failed {len(broken)} times in a row: {broken[-1].reflection}")
                 return
             proposal = self._crossover(n, parent) or self._propose(n, parent)
             if proposal is None:
@@ -306,7 +313,8 @@ class Controller:
             starts = self._starts()
             triggers = {starts[t.id].get("trigger", "none").split(":")[0] for t in streak if t.id in starts}
             ignore = sorted(d for d in triggers - {"none"} if self._diagnostic_misleads(d))
-            self._event("escalated", after=last, avoid=sorted({history.family(t.intervention) for t in streak}),
+            self._event("escalated", after=last, avoid=sorted({history.family(t.intervention, starts.get(t.id))
+                                                              for t in streak}),
                         ignore=ignore)
             done = self.store.events("escalated")[-1:]
         e = done[0]
@@ -329,19 +337,21 @@ class Controller:
         """Each new or revised diagnostic of `version` replayed (in a worker) over the evidence of
         every version this run trained and judged, the root included: AUC and whether it is kept."""
         from evotrainer.diagnostics.replay import FAILED, HELD_UP, replay
-        labelled = {}
+        labelled, versions = {}, set()
         for t in self.store.trials():
             if t.label in HELD_UP + FAILED and "state" in t.fitness:
                 for d in t.fitness["state"]["dirs"].values():
-                    labelled.setdefault(d, t.label)  # a version kept without training shares its parent's
+                    if d not in labelled:  # a version kept without training shares its parent's
+                        labelled[d] = t.label
+                        versions.add(t.id)
         out = []
         for name in names:
             try:
                 r = replay(name, [(Path(d), lab) for d, lab in labelled.items()], harness_dir=self._harness_dir(version),
                            timeout_s=self.cfg.budget.trial_timeout_s)
-                out.append({"diagnostic": name, "auc": r.auc, "kept": r.kept, "versions": len(labelled)})
+                out.append({"diagnostic": name, "auc": r.auc, "kept": r.kept, "versions": len(versions)})
             except (UsageError, HarnessFailed) as e:  # it does not load or run: not kept
-                out.append({"diagnostic": name, "auc": None, "kept": False, "versions": len(labelled),
+                out.append({"diagnostic": name, "auc": None, "kept": False, "versions": len(versions),
                             "error": str(e)})
         return out
 
@@ -357,13 +367,17 @@ class Controller:
                            skills=self._skills(), escalation=self._escalation(), seed=1000 * self.cfg.seeds[0] + n,
                            parent=parent.version, harness_dir=self._harness_dir(parent.version),
                            lineage=history.view(trials), feedback=feedback, trial=n, workdir=self.run_dir / "agents")
-        p = self.agent(ctx)
+        try:
+            p = self.agent(ctx)
+        except Exception as e:  # noqa: BLE001 (an agent's own failure is a label, never the run's end)
+            p = AgentFailed("agent_error", f"{type(e).__name__}: {e}", self.cfg.agent)
         if p is None:
             return None
         head = {"parent_state": dataclasses.asdict(parent), "version": f"v{n}" + (f"r{round_}" if round_ else ""),
                 "round": round_}
         if isinstance(p, AgentFailed):  # recorded as a trial with the failure's label: the run goes on
-            return head | {"version": None, "intervention": p.intervention, "family": "agent", "agent": p.agent,
+            return head | {"version": None, "intervention": p.intervention, "agent": p.agent,
+                           "family": p.usage.get("role", "agent"),
                            "hypothesis": p.hypothesis, "success_criterion": "-", "usage": p.usage,
                            "failed": {"label": p.label, "reason": p.reason}}
         return head | dataclasses.asdict(p)
@@ -446,7 +460,13 @@ class Controller:
             return self._findings_of[key]
         worst: dict[str, dict] = {}
         for d in state.dirs.values():  # the state's own harness reads it (a new diagnostic included)
-            for f in diagnose(d, self._harness_dir(state.version))[0]["findings"]:
+            try:
+                report = diagnose(d, self._harness_dir(state.version))[0]["findings"]
+            except HarnessFailed as e:  # its diagnostics.py fails: blocking, so it is never promoted
+                report = [{"diagnostic": "diagnostics_failed", "layer": "custom", "severity": "critical",
+                           "blocking": True, "value": 1.0, "evidence": f"{e.label}: {e.detail}"[:500],
+                           "suggest": "diagnostics: fix or revert diagnostics.py"}]
+            for f in report:
                 kept = worst.get(f["diagnostic"])
                 if kept is None or SEVERITIES.index(f["severity"]) > SEVERITIES.index(kept["severity"]):
                     worst[f["diagnostic"]] = f
@@ -538,13 +558,15 @@ class Controller:
             return self._finish(TrialRecord(
                 **rec, patch=patch, label=history.DIAGNOSTIC_REJECTED, backtest={"diagnostics": replays},
                 budgets=usage, finished=time.time(), reflection="; ".join(
-                    f"{r['diagnostic']}: " + (r.get("error") or f"AUC {r['auc']} over {r['versions']} versions' "
-                                              "evidence does not separate failed from held-up ones (needs 0.8)")
-                    for r in replays if not r["kept"])))
+                    f"{r['diagnostic']}: " + _replay_reason(r) for r in replays if not r["kept"])))
         if replays and self.repo.files_changed(parent.version, version) == ["diagnostics.py"]:
             # what the harness reads changed, not how it trains: kept on its replay alone, on the
             # parent's checkpoints, so the next proposals from it read the new diagnostic
             state = dataclasses.replace(parent, version=version)
+            if self._gate(n, "completion", proposal, label="kept", diagnostics=replays) == "abort":
+                return self._finish(TrialRecord(**rec, patch=patch, label=history.ABORTED, budgets=usage,
+                                                backtest={"diagnostics": replays}, finished=time.time(),
+                                                reflection="aborted by a person at the completion gate"))
             return self._finish(TrialRecord(
                 **{**rec, "depth": parent.depth}, patch=patch, label="kept", backtest={"diagnostics": replays},
                 fitness=self._fitness(state), budgets=usage, findings=self._findings(state), finished=time.time(),
@@ -791,6 +813,16 @@ def _raise_failed(x: "State | SegmentFailed") -> State:
     if isinstance(x, SegmentFailed):
         raise x
     return x
+
+
+def _replay_reason(r: dict) -> str:
+    """Why a replayed diagnostic was not kept, in words."""
+    if r.get("error"):
+        return r["error"]
+    if r["auc"] is None:
+        return (f"undecidable over {r['versions']} versions: a diagnostic is kept only once the run has both a "
+                "failed version and one that held up to separate")
+    return f"AUC {r['auc']} over {r['versions']} versions does not separate failed from held-up ones (needs 0.8)"
 
 
 def _plain(x):

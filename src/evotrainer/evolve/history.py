@@ -26,12 +26,14 @@ FAILED = ("discarded", "invalid", "illegal", "backtest_rejected", "crash", "time
 CRASHED = ("crash", "timeout", "oom")
 
 
-def family(intervention: str) -> str:
+def family(intervention: str, start: Mapping | None = None) -> str:
+    """The harness surface of an intervention: the catalog's family, else what its proposal
+    recorded (an llm or command agent's specialist role), else 'other'."""
     if intervention == CROSSOVER:
         return CROSSOVER
     if intervention.startswith("revert_"):
         return "subtract"
-    return FAMILY.get(intervention, "other")
+    return FAMILY.get(intervention) or (start or {}).get("family") or "other"
 
 
 def changes(trials: Iterable) -> dict[str, frozenset[str]]:
@@ -76,6 +78,17 @@ def failures_in_a_row(trials: Sequence) -> list:
         if t.label == EQUIVALENT:
             continue
         if not t.parents or t.label not in FAILED:
+            break
+        out.append(t)
+    return out[::-1]
+
+
+def agent_errors_in_a_row(trials: Sequence) -> list:
+    """The trailing run of `agent_error` trials (oldest first): an endpoint that is down or
+    misconfigured, not an idea that failed."""
+    out = []
+    for t in sorted(trials, key=lambda t: t.id, reverse=True):
+        if t.label != "agent_error":
             break
         out.append(t)
     return out[::-1]
