@@ -175,3 +175,18 @@ def test_a_run_with_the_llm_agent_goes_on_past_every_failure_and_its_lineage_sho
     assert "Leaderboard (kept versions" in brief and "Path from the root to the best: v0 [root]" in brief
     assert "Children of v" in brief
     store.close()
+
+
+def test_an_endpoint_that_keeps_failing_stops_the_run_instead_of_spending_the_budget(tiny_run, serve):
+    from evotrainer.config import config_from_dict
+    from evotrainer.evolve.controller import Controller
+    server = serve(*[Say("<html>502 Bad Gateway</html>", raw=True)] * 5)
+    cfg, run = tiny_run
+    raw = yaml.safe_load(cfg.read_text()) | {"final_seeds": [], "agent": "llm",
+                                             "llm": {"base_url": server.url, "model": "scripted", "max_retries": 0}}
+    raw["budget"]["trials"] = 6
+    ctl = Controller(config_from_dict(raw).validate(), run)
+    ctl.run()
+    assert [t.label for t in ctl.store.trials()] == ["kept", "agent_error", "agent_error", "agent_error"]
+    stop = ctl.store.events("stopped")[-1]["reason"]
+    assert stop.startswith("the agent failed 3 times in a row") and "not a chat completion" in stop
