@@ -71,27 +71,27 @@ def children(trials: Iterable, starts: Mapping[int, Mapping]) -> list[Child]:
     return out
 
 
-def failures_in_a_row(trials: Sequence) -> list:
-    """The trailing run of failed trials since the last kept one (oldest first)."""
+def _trailing(trials: Iterable, counts, skip=lambda t: False) -> list:
+    """The newest run of trials for which `counts` holds (oldest first), passing over `skip`ped ones."""
     out = []
     for t in sorted(trials, key=lambda t: t.id, reverse=True):
-        if t.label == EQUIVALENT:
+        if skip(t):
             continue
-        if not t.parents or t.label not in FAILED:
+        if not counts(t):
             break
         out.append(t)
     return out[::-1]
+
+
+def failures_in_a_row(trials: Sequence) -> list:
+    """The trailing run of failed trials since the last kept one (oldest first)."""
+    return _trailing(trials, lambda t: t.parents and t.label in FAILED, skip=lambda t: t.label == EQUIVALENT)
 
 
 def agent_errors_in_a_row(trials: Sequence) -> list:
     """The trailing run of `agent_error` trials (oldest first): an endpoint that is down or
     misconfigured, not an idea that failed."""
-    out = []
-    for t in sorted(trials, key=lambda t: t.id, reverse=True):
-        if t.label != "agent_error":
-            break
-        out.append(t)
-    return out[::-1]
+    return _trailing(trials, lambda t: t.label == "agent_error")
 
 
 def operations(trials: Iterable) -> list[str]:
