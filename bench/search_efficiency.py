@@ -127,8 +127,8 @@ def bench(config: Path, methods: list[str], replicates: int, seeds: list[int], o
     raw = yaml.safe_load(config.read_text())
     out = out / config.stem
     runs = {m: [] for m in methods}
-    for m in methods:
-        for r in range(replicates):
+    for r in range(replicates):  # replicate by replicate, so a run cut short leaves paired searches
+        for m in methods:
             runs[m].append(search(raw, m, r, out, library if m == TRANSFER else None))
     cfg = config_from_dict(raw).validate()
     # the root harness as every run checked it out: the reference recipe of this config

@@ -7,7 +7,9 @@ import pytest
 
 from evidence_factory import harness, write_train_dir
 from evotrainer.backtest import BacktestConfig, backtest
-from evotrainer.backtest.analysis import dead_ratio, off_score_signal, ordering_violations
+import dataclasses
+
+from evotrainer.backtest.analysis import dead_ratio, off_score_signal, ordering_violations, verdict
 from evotrainer.cli import main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "harnesses"
@@ -28,6 +30,31 @@ def test_pure_statistics_on_a_hand_made_group():
     assert dead_ratio([0, 0, 0, 0, 1, 0, 0, 0], 4) == 0.5
     # all of the second group's advantage is in an equal-score group
     assert off_score_signal([1, -1, 0, 0, 0.5, -0.5, 0, 0], [True] * 8, [1, 0, 0, 0, 0, 0, 0, 0], 4) == pytest.approx(1 / 3)
+
+
+def test_pairs_of_wrong_answers_a_graded_verifier_tells_apart_are_counted_apart():
+    # reasoning-gym's fallback: oracle "-1", "-1 -15" contains it (1/3), "-4" does not (0);
+    # a per-digit reward pays "-4" more. The correct "-1" must still earn the most.
+    scores = [1.0, 1 / 3, 0.0, 0.0]
+    rewards = [1.0, 0.2, 0.5, 0.0]
+    assert ordering_violations(rewards, scores, 4) == (1, 5)
+    assert ordering_violations(rewards, scores, 4, graded=True) == (1, 2)
+    assert ordering_violations(rewards, scores, 4, graded=False) == (0, 3)
+    assert ordering_violations([0.4, 0.2, 0.5, 0.0], scores, 4, graded=False) == (1, 3)
+
+
+def test_verdict_tolerates_some_regrading_of_wrong_answers_but_no_wrong_answer_above_a_correct_one(evidence):
+    rep = backtest(evidence, PARTIAL_CREDIT).report
+    cfg = BacktestConfig()
+    regraded = dataclasses.replace(rep, pairs_compared=rep.pairs_compared + 100, graded_pairs=100,
+                                   ordering_violations=rep.ordering_violations + 10, graded_violations=10)
+    reasons, notes = verdict(regraded, cfg)
+    assert reasons == [] and any("10 of 100 pairs of wrong answers" in n for n in notes)
+    inverted = dataclasses.replace(regraded, ordering_violations=rep.ordering_violations + 60, graded_violations=60)
+    assert "60 of 100 pairs of wrong answers" in verdict(inverted, cfg)[0][0]
+    assert verdict(regraded, dataclasses.replace(cfg, max_graded_violation_rate=0.05))[0]
+    against_correct = dataclasses.replace(rep, ordering_violations=1)
+    assert "1 ordering violations" in verdict(against_correct, cfg)[0][0]
 
 
 def test_partial_credit_removes_dead_groups_without_ordering_violations(tmp_path, evidence):

@@ -106,7 +106,8 @@ def cmd_backtest(args) -> dict:
     from evotrainer.backtest import BacktestConfig, backtest
     from evotrainer.backtest.run import to_markdown
     try:
-        cfg = BacktestConfig(max_violation_rate=args.max_violation_rate).validate()
+        cfg = BacktestConfig(max_violation_rate=args.max_violation_rate,
+                             max_graded_violation_rate=args.max_graded_violation_rate).validate()
     except ValueError as e:
         raise UsageError(str(e)) from None
     outcome = backtest(args.evidence, args.harness, args.parent, cfg, timeout_s=args.timeout)
@@ -115,7 +116,7 @@ def cmd_backtest(args) -> dict:
     if outcome.report:
         r = outcome.report
         result |= {k: getattr(r, k) for k in (
-            "ordering_violations", "pairs_compared", "correct_cut_by_truncation", "dead_group_ratio_before",
+            "ordering_violations", "pairs_compared", "graded_violations", "graded_pairs", "correct_cut_by_truncation", "dead_group_ratio_before",
             "dead_group_ratio_after", "reward_score_spearman_after", "off_score_signal_after", "off_score_tracks")}
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -297,7 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--parent", type=Path, default=None,
                     help="parent harness for the legality check (default: the evidence's own harness)")
     sp.add_argument("--max-violation-rate", type=float, default=0.0,
-                    help="share of same-group pairs the candidate may order against the verifier")
+                    help="share of same-group pairs with a correct rollout in which the candidate pays the wrong one more")
+    sp.add_argument("--max-graded-violation-rate", type=float, default=0.25,
+                    help="share of pairs of differently graded wrong answers the candidate may order the other way")
     sp.add_argument("--out", type=Path, default=None, help="write backtest.json and backtest.md here")
     sp.add_argument("--timeout", type=float, default=600.0, help="seconds before the candidate's code is killed")
     sp.set_defaults(fn=cmd_backtest)

@@ -5,6 +5,12 @@ What it asks of a candidate reward, filter or truncation rule, before any traini
 
 - ordering: within a group, does a lower-score rollout ever get more reward than a
   higher-score one? (EvoTrainer: penalty weights 0.01/0.02/0.03 gave 1/7/26 violations)
+  A wrong answer out-earning a correct one is what accuracy pays for, so those pairs have
+  their own (zero) tolerance; pairs of two wrong answers that a graded verifier tells apart
+  have a looser one. reasoning-gym's fallback grades a wrong answer by whether it contains
+  the oracle as a substring ("-1 -15" gets 1/3 for "-1", "-4" gets 0), which per-digit
+  partial credit rightly orders the other way: on chain_sum every one of the 8 and 630
+  violations that rejected partial credit was such a pair.
 - cuts: would the truncation rule cut correct rollouts, or the filter drop groups whose
   scores disagree (the only groups binary correctness can learn from)?
 - signal: how much advantage falls in groups whose verifier scores are all equal, and what
@@ -34,8 +40,14 @@ CORRECTNESS_FEATURE = "answer_similarity"
 class BacktestConfig:
     """Tolerances of the verdict.
 
-    max_violation_rate: share of differently-scored same-group pairs that a candidate may
-        order against the verifier (0: none).
+    max_violation_rate: share of same-group pairs with a correct (full-credit) rollout in
+        which the candidate pays the other one more (0: none).
+    max_graded_violation_rate: share of same-group pairs of two wrong answers, graded
+        differently by the verifier, that the candidate may order the other way. Looser:
+        a shaped reward exists to grade wrong answers its own way, and accuracy does not
+        see their order. A quarter: per-digit partial credit re-grades 0.2% and 7% of
+        chain_sum's such pairs (two evidence sets), a reward that inverts the verifier all
+        of them; past a quarter a candidate grades against the verifier, not finer than it.
     max_correct_cut: share of correct rollouts a truncation rule or filter may cut
         (EvoTrainer picked a truncation threshold that still cut a few).
     max_off_score_signal: share of advantage mass in equal-score groups below which it is
@@ -46,6 +58,7 @@ class BacktestConfig:
     min_tracking: |correlation| from which a feature counts as what the signal tracks.
     """
     max_violation_rate: float = 0.0
+    max_graded_violation_rate: float = 0.25
     max_correct_cut: float = 0.01
     max_off_score_signal: float = 0.02
     min_tracking: float = 0.3
@@ -67,6 +80,8 @@ class BacktestReport:
     pairs_compared: int                # same-group pairs whose scores differ
     ordering_violations: int
     ordering_violations_before: int
+    graded_pairs: int                  # of those, pairs of two answers below full credit
+    graded_violations: int             # of the violations, those in graded pairs
     correct_rollouts: int
     correct_cut_by_truncation: int
     correct_in_dropped_live_groups: int
@@ -104,13 +119,19 @@ def _groups(n: int, G: int) -> list[range]:
     return [range(i, i + G) for i in range(0, n, G)]
 
 
-def ordering_violations(rewards: Sequence[float], scores: Sequence[float], G: int) -> tuple[int, int]:
-    """(violations, pairs): same-group pairs with different scores where reward orders them the other way."""
+FULL_CREDIT = 1.0  # a verifier's score for a correct answer (Task.score is in [0, 1])
+
+
+def ordering_violations(rewards: Sequence[float], scores: Sequence[float], G: int,
+                        graded: bool | None = None) -> tuple[int, int]:
+    """(violations, pairs): same-group pairs with different scores where reward orders them
+    the other way. graded=True counts only pairs of two answers below full credit,
+    graded=False only pairs with a full-credit one, None all of them."""
     bad = pairs = 0
     for g in _groups(len(rewards), G):
         for i in g:
             for j in g:
-                if scores[i] > scores[j]:
+                if scores[i] > scores[j] and (graded is None or graded == (scores[i] < FULL_CREDIT)):
                     pairs += 1
                     bad += rewards[i] < rewards[j]
     return bad, pairs
@@ -160,6 +181,7 @@ def analyse(records: Sequence[RolloutRecord], new: dict, cfg: BacktestConfig = B
 
     bad, pairs = ordering_violations(rew, scores, G)
     bad_before, _ = ordering_violations(old_r, old_s, G)
+    graded_bad, graded_pairs = ordering_violations(rew, scores, G, graded=True)
     correct = [i for i, s in enumerate(old_s) if s > 0]
     cut = sum(new["cut"][i] for i in correct)
     dropped_live = sum(1 for g in groups if not kept[g[0]] and len({scores[i] for i in g}) > 1
@@ -168,6 +190,7 @@ def analyse(records: Sequence[RolloutRecord], new: dict, cfg: BacktestConfig = B
     rep = BacktestReport(
         verdict="pass", reasons=[], notes=[], rollouts=len(records), groups=len(groups),
         pairs_compared=pairs, ordering_violations=bad, ordering_violations_before=bad_before,
+        graded_pairs=graded_pairs, graded_violations=graded_bad,
         correct_rollouts=len(correct), correct_cut_by_truncation=cut, correct_in_dropped_live_groups=dropped_live,
         dead_group_ratio_before=round(dead_ratio(old_r, G), 4), dead_group_ratio_after=round(dead_ratio(rew, G), 4),
         kept_group_ratio=round(sum(kept[g[0]] for g in groups) / max(len(groups), 1), 4),
@@ -186,13 +209,22 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
+def _rate(bad: int, pairs: int) -> float:
+    return bad / pairs if pairs else 0.0
+
+
 def verdict(rep: BacktestReport, cfg: BacktestConfig) -> tuple[list[str], list[str]]:
     """(reasons to reject, notes): pure function of the report's numbers."""
     reasons, notes = [], []
-    rate = rep.ordering_violations / rep.pairs_compared if rep.pairs_compared else 0.0
-    msg = (f"{rep.ordering_violations} ordering violations in {rep.pairs_compared} same-group pairs with "
-           f"different scores (a lower-score rollout gets more reward than a higher-score one)")
-    (reasons if rate > cfg.max_violation_rate else notes).append(msg)
+    bad, pairs = rep.ordering_violations - rep.graded_violations, rep.pairs_compared - rep.graded_pairs
+    msg = (f"{bad} ordering violations in {pairs} same-group pairs with a correct rollout "
+           f"(a wrong answer gets more reward than a correct one)")
+    (reasons if _rate(bad, pairs) > cfg.max_violation_rate else notes).append(msg)
+    if rep.graded_pairs:
+        msg = (f"{rep.graded_violations} of {rep.graded_pairs} pairs of wrong answers that the verifier grades "
+               f"differently are ordered the other way (tolerance {cfg.max_graded_violation_rate:.0%})")
+        (reasons if _rate(rep.graded_violations, rep.graded_pairs) > cfg.max_graded_violation_rate
+         else notes).append(msg)
 
     n_correct = max(rep.correct_rollouts, 1)
     if rep.correct_cut_by_truncation / n_correct > cfg.max_correct_cut:

@@ -101,6 +101,7 @@ def to_markdown(outcome: BacktestOutcome, evidence_dir, candidate_dir) -> str:
     rows = [("rollouts / groups", f"{rep.rollouts} / {rep.groups}"),
             ("ordering violations (before -> after)", f"{rep.ordering_violations_before} -> {rep.ordering_violations}"
              f" of {rep.pairs_compared} pairs"),
+            ("  of those, in pairs of differently graded wrong answers", f"{rep.graded_violations} of {rep.graded_pairs} pairs"),
             ("correct rollouts cut by truncation", f"{rep.correct_cut_by_truncation} of {rep.correct_rollouts}"),
             ("correct rollouts in dropped live groups", str(rep.correct_in_dropped_live_groups)),
             ("dead-group ratio (before -> after)", f"{rep.dead_group_ratio_before:.3f} -> {rep.dead_group_ratio_after:.3f}"),
