@@ -134,3 +134,14 @@ def test_the_lineage_view_an_agent_reads_ranks_kept_versions_and_shows_the_best_
     assert "Path from the root to the best: v0 [root] -> v1 [partial_credit] -> v4 [clip_higher]" in text
     assert text.endswith("Children of v4:\n- trial 5 kl_anchor: invalid, gain +0.150; hypothesis 5")
     assert view(trials[:0]) == ""
+
+
+def test_a_free_text_intervention_counts_under_the_surface_its_proposal_recorded():
+    from evotrainer.evolve import history
+    trials = [TrialRecord(0, "v0", [], "-", "root", 1, "", "-", "", "kept"),
+              TrialRecord(1, "v1", ["v0"], "llm", "soften_the_format_gate", 2, "", "", "", "kept"),
+              TrialRecord(2, "v2", ["v0"], "rules", "clip_higher", 2, "", "", "", "kept")]
+    starts = {1: {"family": "reward"}, 2: {"family": "reward"}}
+    assert history.surfaces(trials) == {"v0": "root", "v1": "other", "v2": history.FAMILY["clip_higher"]}
+    # the catalog's own family wins over a recorded one; a free-text name takes the recorded one
+    assert history.surfaces(trials, starts) == {"v0": "root", "v1": "reward", "v2": history.FAMILY["clip_higher"]}

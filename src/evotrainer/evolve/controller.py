@@ -286,7 +286,7 @@ class Controller:
     def _elites(self, states: list[State]) -> list[Elite]:
         """States as selection sees them, from one read of the lineage."""
         trials = self.store.trials()
-        changes, surfaces = history.changes(trials), history.surfaces(trials)
+        changes, surfaces = history.changes(trials), history.surfaces(trials, self._starts())
         return [Elite(s.version, s.depth, s.mean_val, changes.get(s.version, frozenset()),
                       surfaces.get(s.version, "root")) for s in states]
 

@@ -51,9 +51,12 @@ def changes(trials: Iterable) -> dict[str, frozenset[str]]:
     return out
 
 
-def surfaces(trials: Iterable) -> dict[str, str]:
-    """Version -> the harness surface (intervention family) its own change touched."""
-    return {t.version: ("root" if not t.parents else family(t.intervention)) for t in trials if t.version}
+def surfaces(trials: Iterable, starts: Mapping[int, Mapping] | None = None) -> dict[str, str]:
+    """Version -> the harness surface (intervention family) its own change touched; an llm or
+    command agent's free-text intervention counts under the surface its proposal recorded."""
+    starts = starts or {}
+    return {t.version: ("root" if not t.parents else family(t.intervention, starts.get(t.id)))
+            for t in trials if t.version}
 
 
 def children(trials: Iterable, starts: Mapping[int, Mapping]) -> list[Child]:
