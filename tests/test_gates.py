@@ -63,7 +63,8 @@ def test_approve_revise_and_abort_each_do_what_they_say(tiny_run, capsys):
     def agent(ctx):  # the rules agent's catalog, in a fixed order, told what a person said
         seen.append((ctx.trial, ctx.feedback, sorted(ctx.tried)))
         name = next(n for n in ["warmup", "lower_lr", "raise_temperature", "entropy_bonus"] if n not in ctx.tried)
-        return dataclasses.replace(CATALOG.get(name)(ctx.knobs, 1), agent="scripted")
+        return dataclasses.replace(CATALOG.get(name)(ctx.knobs, 1), agent="scripted",
+                                   usage={"calls": 1, "prompt_tokens": 100, "completion_tokens": 10})
 
     run, th, errors = start(tiny_run, agent, trials=3, gates=["design", "backtest", "completion"])
     # the plan: trial 1 revised at design then approved throughout; trial 2 aborted at design;
@@ -100,6 +101,10 @@ def test_approve_revise_and_abort_each_do_what_they_say(tiny_run, capsys):
     assert t3.version not in {s.version for s in again._states()}  # never a parent, never the winner
     decided = [(e["trial"], e["point"], e["decision"]) for e in store.events("gate_decided")]
     assert decided[:2] == [(1, "design", "revise"), (1, "design", "approve")] and len(decided) == len(plan)
+    # what proposing cost: trial 1's two rounds add up in its budgets, and status counts each once
+    assert t1.budgets["agent"] == {"calls": 2, "prompt_tokens": 200, "completion_tokens": 20}
+    assert status(run)["agent_tokens"]["prompt_tokens"] == sum(t.budgets["agent"]["prompt_tokens"]
+                                                               for t in trials[1:]) == 400
 
 
 def test_failures_in_a_row_escalate_to_a_design_gate(tiny_run, capsys):

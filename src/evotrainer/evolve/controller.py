@@ -448,7 +448,7 @@ class Controller:
                     continue
                 lib.record(run=str(self.run_dir.resolve()), trial=t.id, task=self.cfg.task,
                            trigger=s.get("trigger", "none"), intervention=t.intervention,
-                           family=history.family(t.intervention), patch=s.get("knobs", {}),
+                           family=history.family(t.intervention, s), patch=s.get("knobs", {}),
                            expected=t.hypothesis, label=t.label, gain=t.fitness.get("gain"))
         finally:
             lib.close()
@@ -523,7 +523,9 @@ class Controller:
                     new = {**proposal, "round": round_, "failed": {
                         "label": history.ABORTED, "reason": "revised at a gate, and the agent has nothing else to "
                                                             f"propose from {parent.version}"}}
-                proposal = {**new, "rejected": list(rejected), "feedback": r.feedback}
+                # what proposing cost covers every round, so the trial's budgets hold the whole bill
+                proposal = {**new, "rejected": list(rejected), "feedback": r.feedback,
+                            "usage": history.add_usage(proposal.get("usage"), new.get("usage"))}
                 self.store.begin_trial(n, **proposal)  # the latest start is what a resume redoes
 
     def _attempt(self, n: int, parent: State, proposal: dict) -> None:

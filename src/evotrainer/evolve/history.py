@@ -36,6 +36,16 @@ def family(intervention: str, start: Mapping | None = None) -> str:
     return FAMILY.get(intervention) or (start or {}).get("family") or "other"
 
 
+def add_usage(before: Mapping | None, after: Mapping | None) -> dict:
+    """Two rounds' proposing costs as one: counts and seconds add up, the rest is the later's."""
+    before, after = dict(before or {}), dict(after or {})
+    out = before | after
+    for k, v in after.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(before.get(k), (int, float)):
+            out[k] = round(before[k] + v, 3) if isinstance(v, float) else before[k] + v
+    return out
+
+
 def changes(trials: Iterable) -> dict[str, frozenset[str]]:
     """Version -> the interventions along its lineage (a crossover carries both parents')."""
     out: dict[str, frozenset[str]] = {}

@@ -37,8 +37,10 @@ def status(run_dir: Path | str) -> dict:
         "noise_sd": next((t.fitness.get("noise_sd") for t in trials if t.id == 0), None),
         "escalations": len(store.events("escalated")),
         "crossovers": sum(t.intervention == "crossover" for t in trials),
-        # what proposing cost where an llm proposed (every round of a revised trial included)
-        "agent_tokens": _tokens([e.get("usage") or {} for e in store.events("trial_started")]),
+        # what proposing cost where an llm proposed: each trial's latest start, which carries
+        # every round of a revised trial, as its recorded budgets do
+        "agent_tokens": _tokens([e.get("usage") or {} for e in
+                                 {e["trial"]: e for e in store.events("trial_started")}.values()]),
         "waiting": [{"trial": e["trial"], "point": e["point"], "intervention": e["intervention"]}
                     for e in waiting(events)],
         "state": "finished" if last in ("final_finished", "run_finished", "stopped") else "running or interrupted",
