@@ -13,7 +13,7 @@ from evotrainer.agents import AgentContext, AgentFailed, Proposal
 from evotrainer.agents.brief import specialist_for
 from evotrainer.agents.llm import LLMAgent
 from evotrainer.cli import main
-from evotrainer.config import LLMConfig
+from evotrainer.config import LLMConfig, config_from_dict
 from evotrainer.errors import UsageError
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.knobs import load_knobs
@@ -62,11 +62,20 @@ def test_a_good_reply_becomes_a_proposal_with_its_hypothesis_files_and_tokens(ct
     sent = server.requests[0]
     system, user = (m["content"] for m in sent["messages"])
     assert sent["model"] == "scripted" and sent["response_format"] == {"type": "json_object"}
+    assert sent["max_tokens"] == 4096 and "max_completion_tokens" not in sent
     assert "signal specialist" in system and "learning signal" in system
     assert "dead_group_ratio [critical] = 0.9" in user and "Leaderboard: v2 val 0.120" in user
     assert "group_filter: keep_all" in user and "- reward: " in user  # knobs.yaml, and the built-in choices
     transcript = json.loads(open(p.usage["transcript"]).read())
     assert [m["role"] for m in transcript["messages"]] == ["system", "user", "assistant"]
+
+
+def test_the_token_limit_goes_in_the_field_the_endpoint_wants(ctx, serve):
+    server = serve(Say(GOOD))
+    assert isinstance(agent(server, token_limit="max_completion_tokens", max_tokens=500)(ctx), Proposal)
+    assert server.requests[0]["max_completion_tokens"] == 500 and "max_tokens" not in server.requests[0]
+    with pytest.raises(UsageError, match="llm.token_limit.*max_tokens, max_completion_tokens"):
+        config_from_dict({"task": "arith", "agent": "llm", "llm": {"model": "m", "token_limit": "tokens"}}).validate()
 
 
 def test_malformed_json_is_sent_back_with_the_reason_and_the_repair_is_used(ctx, serve):

@@ -18,6 +18,8 @@
       repair_turns: 2            # replies that fail to parse, apply or pass legality, sent back to fix
       temperature: 0.2
       max_tokens: 4096
+      token_limit: max_tokens    # the request field max_tokens is sent as: max_tokens (vLLM, Ollama,
+                                 # llama.cpp) or max_completion_tokens (OpenAI's reasoning models)
       json_mode: true            # ask for response_format json_object (turn off for servers without it)
     command:                     # agent: command, an external coding agent run in a worktree of the parent
       run: null                  # e.g. "my-agent --brief {brief}"; the brief also arrives on stdin
@@ -67,6 +69,7 @@ from evotrainer.errors import UsageError
 POLICIES = ("continue", "restart")
 AGENTS = ("rules", "random", "llm", "command")
 GATES = ("design", "backtest", "completion")
+TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
 SELECTIONS = ("population", "greedy")
 DEFAULT_SKILLS = "~/.local/share/evotrainer/skills.sqlite"
 
@@ -117,6 +120,7 @@ class LLMConfig:
     repair_turns: int = 2
     temperature: float = 0.2
     max_tokens: int = 4096
+    token_limit: str = "max_tokens"
     json_mode: bool = True
 
 
@@ -162,6 +166,8 @@ class RunConfig:
             need(self.llm.max_retries >= 0, "llm.max_retries", f"must be >= 0, got {self.llm.max_retries}")
             need(self.llm.repair_turns >= 0, "llm.repair_turns", f"must be >= 0, got {self.llm.repair_turns}")
             need(self.llm.max_tokens > 0, "llm.max_tokens", f"must be > 0, got {self.llm.max_tokens}")
+            need(self.llm.token_limit in TOKEN_LIMITS, "llm.token_limit",
+                 f"must be one of {', '.join(TOKEN_LIMITS)}, got '{self.llm.token_limit}'")
             need(0 <= self.llm.temperature <= 2, "llm.temperature", f"must be in [0, 2], got {self.llm.temperature}")
         if self.agent == "command":
             need(bool((self.command.run or "").strip()), "command.run", "must give the command line of the agent to run")

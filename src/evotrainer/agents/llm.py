@@ -101,11 +101,12 @@ class LLMAgent:
 
     def _complete(self, messages: list[dict], usage: dict) -> str:
         t, before = time.time(), self.requests
-        extra = {"response_format": {"type": "json_object"}} if self.cfg.json_mode else {}
+        extra = {self.cfg.token_limit: self.cfg.max_tokens}
+        if self.cfg.json_mode:
+            extra["response_format"] = {"type": "json_object"}
         try:
             r = self.client.chat.completions.create(model=self.model, messages=messages,
-                                                    temperature=self.cfg.temperature,
-                                                    max_tokens=self.cfg.max_tokens, **extra)
+                                                    temperature=self.cfg.temperature, **extra)
         finally:
             usage["calls"] += 1
             usage["requests"] += self.requests - before
