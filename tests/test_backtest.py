@@ -9,7 +9,8 @@ from evidence_factory import harness, write_train_dir
 from evotrainer.backtest import BacktestConfig, backtest
 import dataclasses
 
-from evotrainer.backtest.analysis import dead_ratio, off_score_signal, ordering_violations, verdict
+from evotrainer.backtest.analysis import analyse, dead_ratio, off_score_signal, ordering_violations, verdict
+from evotrainer.evidence.records import RolloutRecord
 from evotrainer.cli import main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "harnesses"
@@ -41,6 +42,19 @@ def test_pairs_of_wrong_answers_a_graded_verifier_tells_apart_are_counted_apart(
     assert ordering_violations(rewards, scores, 4, graded=True) == (1, 2)
     assert ordering_violations(rewards, scores, 4, graded=False) == (0, 3)
     assert ordering_violations([0.4, 0.2, 0.5, 0.0], scores, 4, graded=False) == (1, 3)
+
+
+def test_a_cut_that_loses_only_partial_credit_cuts_no_correct_rollout():
+    # oracle "-1": the long "-1 -15" earns 1/3 from the substring fallback, not an answer
+    texts, scores = ["-1", "-1 -15", "-4", "7"], [1.0, 1 / 3, 0.0, 0.0]
+    recs = [RolloutRecord(0, 0, "p", "1 - 2 =", "-1", 2, t, s, s, 0.0, len(t.split()) + 1, False, -1.0, 1.0, True)
+            for t, s in zip(texts, scores)]
+    cut = {"group_size": 4, "reward": [1.0, 0.0, 0.0, 0.0], "advantage": [1.5, -0.5, -0.5, -0.5],
+           "kept": [True] * 4, "score": [1.0, 0.0, 0.0, 0.0], "cut": [False, True, False, False], "max_new_tokens": 2}
+    rep = analyse(recs, cut)
+    assert rep.correct_rollouts == 1 and rep.correct_cut_by_truncation == 0 and rep.verdict == "pass"
+    rep = analyse(recs, cut | {"cut": [True, True, False, False], "score": [0.0] * 4})
+    assert rep.correct_cut_by_truncation == 1 and "would cut 1 of 1 correct rollouts" in rep.reasons[0]
 
 
 def test_verdict_tolerates_some_regrading_of_wrong_answers_but_no_wrong_answer_above_a_correct_one(evidence):

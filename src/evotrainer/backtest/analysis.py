@@ -182,10 +182,12 @@ def analyse(records: Sequence[RolloutRecord], new: dict, cfg: BacktestConfig = B
     bad, pairs = ordering_violations(rew, scores, G)
     bad_before, _ = ordering_violations(old_r, old_s, G)
     graded_bad, graded_pairs = ordering_violations(rew, scores, G, graded=True)
-    correct = [i for i, s in enumerate(old_s) if s > 0]
+    # correct: full credit. A graded verifier's partial credit is not an answer a cut would lose
+    # (reasoning-gym credits a long completion that merely contains the oracle)
+    correct = [i for i, s in enumerate(old_s) if s >= FULL_CREDIT]
     cut = sum(new["cut"][i] for i in correct)
     dropped_live = sum(1 for g in groups if not kept[g[0]] and len({scores[i] for i in g}) > 1
-                       for i in g if scores[i] > 0)
+                       for i in g if scores[i] >= FULL_CREDIT)
     tracks = off_score_tracks(records, adv, kept, scores, G)
     rep = BacktestReport(
         verdict="pass", reasons=[], notes=[], rollouts=len(records), groups=len(groups),
