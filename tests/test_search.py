@@ -145,3 +145,11 @@ def test_a_free_text_intervention_counts_under_the_surface_its_proposal_recorded
     assert history.surfaces(trials) == {"v0": "root", "v1": "other", "v2": history.FAMILY["clip_higher"]}
     # the catalog's own family wins over a recorded one; a free-text name takes the recorded one
     assert history.surfaces(trials, starts) == {"v0": "root", "v1": "reward", "v2": history.FAMILY["clip_higher"]}
+
+
+def test_two_rounds_of_proposing_cost_add_up_and_a_round_that_cost_nothing_adds_nothing():
+    from evotrainer.evolve.history import add_usage
+    first = {"model": "a", "calls": 1, "prompt_tokens": 100, "seconds": 0.5, "transcript": "t1"}
+    assert add_usage(first, {"model": "b", "calls": 2, "prompt_tokens": 50, "seconds": 0.25, "transcript": "t2"}) == \
+        {"model": "b", "calls": 3, "prompt_tokens": 150, "seconds": 0.75, "transcript": "t2"}
+    assert add_usage(first, {}) == first and add_usage(None, None) == {}

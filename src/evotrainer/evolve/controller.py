@@ -520,7 +520,7 @@ class Controller:
                 round_ = proposal.get("round", 0) + 1
                 new = self._propose(n, parent, feedback=r.feedback, rejected=rejected, round_=round_)
                 if new is None:
-                    new = {**proposal, "round": round_, "failed": {
+                    new = {**proposal, "round": round_, "usage": {}, "failed": {
                         "label": history.ABORTED, "reason": "revised at a gate, and the agent has nothing else to "
                                                             f"propose from {parent.version}"}}
                 # what proposing cost covers every round, so the trial's budgets hold the whole bill
