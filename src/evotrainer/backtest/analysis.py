@@ -179,9 +179,11 @@ def analyse(records: Sequence[RolloutRecord], new: dict, cfg: BacktestConfig = B
     rew, adv, kept, scores = new["reward"], new["advantage"], new["kept"], new["score"]
     groups = _groups(len(records), G)
 
-    bad, pairs = ordering_violations(rew, scores, G)
-    bad_before, _ = ordering_violations(old_r, old_s, G)
+    # one pass per kind of pair; the totals are their sums
+    correct_bad, correct_pairs = ordering_violations(rew, scores, G, graded=False)
     graded_bad, graded_pairs = ordering_violations(rew, scores, G, graded=True)
+    bad, pairs = correct_bad + graded_bad, correct_pairs + graded_pairs
+    bad_before, _ = ordering_violations(old_r, old_s, G)
     # correct: full credit. A graded verifier's partial credit is not an answer a cut would lose
     # (reasoning-gym credits a long completion that merely contains the oracle)
     correct = [i for i, s in enumerate(old_s) if s >= FULL_CREDIT]
