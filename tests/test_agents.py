@@ -72,11 +72,16 @@ def test_the_skill_library_reorders_the_rules_by_what_the_same_finding_led_to(tm
                                                  ("clip_higher", "kept", 0.04)]):
         lib.record(run="r", trial=trial, task="arith", trigger="dead_group_ratio:critical", intervention=name,
                    family="x", patch={}, expected="", label=label, gain=gain)
-    p = propose(ctx([DEAD], skills=lib.skills()))
+    p = propose(ctx([DEAD], skills=lib.skills(), task="arith"))
     assert p.intervention == "clip_higher"           # held before on this signature
     # the measured loser goes last, not out: with everything else tried it is still proposed
     others = set(CATALOG.names()) - {"partial_credit"}
-    assert propose(ctx([DEAD], tried=others, skills=lib.skills())).intervention == "partial_credit"
+    assert propose(ctx([DEAD], tried=others - {"drop_dead"}, skills=lib.skills(), task="arith")).intervention \
+        == "drop_dead"
+    assert propose(ctx([DEAD], tried=others, skills=lib.skills(), task="arith")).intervention == "partial_credit"
+    # on another task what held still leads, but one task's failure does not demote the rules' pick
+    assert [propose(ctx([DEAD], tried=t, skills=lib.skills(), task="rg:chain_sum")).intervention
+            for t in ((), {"clip_higher"})] == ["clip_higher", "partial_credit"]
     # a skill learned on another finding does not steer this one
     other = {**DEAD, "diagnostic": "entropy_collapse"}
     assert propose(ctx([other], skills=lib.skills())).intervention == "partial_credit"

@@ -1,5 +1,5 @@
 """The skill library: outcomes in, effects, domains and rankings out."""
-from evotrainer.evolve.skills import SkillLibrary, matching, rank, signature
+from evotrainer.evolve.skills import SkillLibrary, matching, rank, signature, standing
 
 DEAD = {"diagnostic": "dead_group_ratio", "severity": "critical"}
 
@@ -49,8 +49,8 @@ def test_matching_and_rank_follow_the_findings(tmp_path):
     skills = lib.skills()
     assert [s.intervention for s in matching(skills, [DEAD])] == ["clip_higher", "partial_credit"]
     names = ["partial_credit", "drop_dead", "clip_higher", "entropy_bonus"]
-    assert rank(names, [DEAD], skills) == ["clip_higher", "drop_dead", "entropy_bonus", "partial_credit"]
-    assert rank(names, [], skills) == names                  # no matching evidence: the rules' order
+    assert rank(names, [DEAD], skills, "arith") == ["clip_higher", "drop_dead", "entropy_bonus", "partial_credit"]
+    assert rank(names, [], skills, "arith") == names          # no matching evidence: the rules' order
     assert signature(None) == "none" and signature(DEAD) == "dead_group_ratio:critical"
 
 
@@ -66,3 +66,23 @@ def test_absorbing_libraries_is_their_union_counting_each_outcome_once(tmp_path)
     pc = merged.get("dead_group_ratio:critical -> partial_credit")
     assert [s.intervention for s in merged.skills()] == ["lower_lr", "partial_credit"]
     assert pc.tried == 2 and abs(pc.mean_gain - 0.04) < 1e-9
+
+
+def test_other_tasks_count_only_what_generalises(tmp_path):
+    lib = SkillLibrary(tmp_path / "s.sqlite")
+    record(lib, 1, "arith", "clip_higher", "kept", 0.04)
+    record(lib, 2, "arith", "partial_credit", "discarded", -0.03)
+    record(lib, 3, "arith", "drop_dead", "invalid", 0.01)
+    sk = {s.intervention: s for s in lib.skills()}
+    names = ["drop_dead", "partial_credit", "clip_higher"]
+    # on the task itself every outcome counts: the held one first, the losers last, the hack last of all
+    assert rank(names, [DEAD], lib.skills(), "arith") == ["clip_higher", "partial_credit", "drop_dead"]
+    # elsewhere the held one still leads, and one task's failures have no say (the rules' order)
+    assert rank(names, [DEAD], lib.skills(), "rg:chain_sum") == ["clip_higher", "drop_dead", "partial_credit"]
+    assert standing(sk["partial_credit"], "rg:chain_sum") is None and standing(sk["clip_higher"], "x") > 0
+    record(lib, 4, "rg:leg_counting", "drop_dead", "discarded", 0.0)   # a second task where it did not hold
+    assert rank(names, [DEAD], lib.skills(), "rg:chain_sum") == ["clip_higher", "partial_credit", "drop_dead"]
+    assert standing({s.intervention: s for s in lib.skills()}["drop_dead"], "rg:chain_sum") < 0
+    # measured here, the task's own evidence wins over what held elsewhere
+    record(lib, 6, "rg:chain_sum", "clip_higher", "discarded", -0.02, run="r2")
+    assert rank(names, [DEAD], lib.skills(), "rg:chain_sum") == ["partial_credit", "clip_higher", "drop_dead"]

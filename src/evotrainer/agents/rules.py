@@ -41,6 +41,7 @@ class AgentContext:
     knobs: Knobs                            # the parent's knobs
     root_knobs: Knobs                       # the root harness's knobs (what subtracting returns to)
     target_level: int
+    task: str = ""                          # the task's name as the skill library records it ("arith", "rg:chain_sum")
     tried: frozenset[str] = frozenset()     # interventions already tried from this parent
     skills: Sequence[Skill] = ()            # the skill library's entries (ranked by the findings)
     escalation: Escalation | None = None
@@ -91,7 +92,7 @@ def propose(ctx: AgentContext) -> Proposal | None:
     if not cands:
         return None
     by_name = {p.intervention: p for p in cands}
-    order = rank(list(by_name), ctx.findings, ctx.skills)
+    order = rank(list(by_name), ctx.findings, ctx.skills, ctx.task)
     if ctx.escalation and ctx.escalation.subtract:  # subtractions stay first when escalated
         order = [n for n in by_name if n.startswith("revert_")] + [n for n in order if not n.startswith("revert_")]
     return by_name[order[0]]

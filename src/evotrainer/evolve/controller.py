@@ -363,7 +363,7 @@ class Controller:
         trials = self.store.trials()
         tried = {t.intervention for t in trials if t.parents[:1] == [parent.version]} | set(rejected)
         ctx = AgentContext(findings=findings, knobs=self._knobs(parent.version), root_knobs=self._knobs("v0"),
-                           target_level=self.task.target_level, tried=frozenset(tried),
+                           target_level=self.task.target_level, task=self.cfg.task, tried=frozenset(tried),
                            skills=self._skills(), escalation=self._escalation(), seed=1000 * self.cfg.seeds[0] + n,
                            parent=parent.version, harness_dir=self._harness_dir(parent.version),
                            lineage=history.view(trials), feedback=feedback, trial=n, workdir=self.run_dir / "agents")

@@ -14,6 +14,9 @@ The library is one SQLite file (default ~/.local/share/evotrainer/skills.sqlite,
 
 `rank` is pure: it orders the rules agent's applicable proposals by what the matching
 skills measured, so a library learned on one task steers the first choices on another.
+Evidence from the task at hand counts both ways; from other tasks only what generalises
+does (`standing`): a skill that held elsewhere is tried early, and one is put last only
+after it failed on two or more other tasks.
 """
 from __future__ import annotations
 
@@ -72,10 +75,35 @@ class Skill:
 
     @property
     def score(self) -> float:
-        """Expected gain, shrunk towards 0 by one imaginary neutral outcome: one lucky trial is
-        worth less than three steady ones. An `invalid` outcome counts as a loss of 0.05."""
-        gains = [(-0.05 if o["label"] == "invalid" else (o["gain"] or 0.0)) for o in self.evidence]
-        return sum(gains) / (len(gains) + 1)
+        return _score(self.evidence)
+
+
+def _score(evidence: Sequence[Mapping]) -> float:
+    """Expected gain, shrunk towards 0 by one imaginary neutral outcome: one lucky trial is
+    worth less than three steady ones. An `invalid` outcome counts as a loss of 0.05."""
+    gains = [(-0.05 if o["label"] == "invalid" else (o["gain"] or 0.0)) for o in evidence]
+    return sum(gains) / (len(gains) + 1)
+
+
+def standing(skill: Skill, task: str) -> float | None:
+    """What a skill says about trying its intervention on `task`: a positive score (try it
+    early), a negative one (try it late) or None (nothing; the rules' order stands).
+
+    Outcomes measured on `task` itself count both ways. From other tasks only what
+    generalises counts: having held on another task earns an early try (at the score it
+    held with), but a failure puts the intervention last only once it failed on
+    GENERAL_AFTER or more tasks. One task's failure can be that task's own (partial credit
+    was gamed through rg:chain_sum's substring-fallback scorer and held on arith), and
+    demoting the rules' first pick on its word can push the one working change past a
+    small trial budget, while promoting a skill that held costs at most one trial."""
+    here = [o for o in skill.evidence if o["task"] == task]
+    if here:
+        return _score(here) or None
+    if skill.held_on:
+        return max(_score([o for o in skill.evidence if o["task"] == t]) for t in skill.held_on) or None
+    if len({o["task"] for o in skill.evidence}) >= GENERAL_AFTER:
+        return _score(skill.evidence) or None
+    return None
 
 
 def signature(finding: Mapping | None) -> str:
@@ -158,16 +186,18 @@ def matching(skills: Iterable[Skill], findings: Iterable[Mapping]) -> list[Skill
     return sorted((s for s in skills if s.trigger in sigs), key=lambda s: -s.score)
 
 
-def rank(candidates: Sequence[str], findings: Iterable[Mapping], skills: Iterable[Skill]) -> list[str]:
-    """Intervention names reordered by evidence: those whose best matching skill has a positive
-    score first (highest first), then those without evidence in their given order, then those
-    the library measured to hurt (least harmful first). A stable sort: no evidence, no change."""
+def rank(candidates: Sequence[str], findings: Iterable[Mapping], skills: Iterable[Skill], task: str) -> list[str]:
+    """Intervention names reordered by evidence for `task`: those whose best matching skill
+    stands positive first (highest first), then those without a say in their given order,
+    then those measured to hurt (least harmful first). A stable sort: no evidence, no change."""
     best: dict[str, float] = {}
     for s in matching(skills, findings):
-        best.setdefault(s.intervention, s.score)
+        sc = standing(s, task)
+        if sc is not None and sc > best.get(s.intervention, -float("inf")):
+            best[s.intervention] = sc
     def key(name: str) -> tuple[int, float]:
         sc = best.get(name)
-        if sc is None or sc == 0:
+        if sc is None:
             return (1, 0.0)
         return (0, -sc) if sc > 0 else (2, -sc)
     return sorted(candidates, key=key)
