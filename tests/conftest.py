@@ -1,6 +1,12 @@
+import os
 import shutil
 
 import pytest
+
+# the tests never download: every model they use is built on the fly (set before transformers loads)
+for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+    os.environ[_var] = "1"
+
 
 from evotrainer.harness import REFERENCE
 from evotrainer.policy import build_model, build_tokenizer, save_policy
@@ -26,6 +32,14 @@ def tiny_run(tmp_path, ckpt):
     (root / "knobs.yaml").write_text(text)
     cfg = tmp_path / "run.yaml"
     cfg.write_text(f"task: arith\nlevel: 1\nharness: {root}\nseeds: [0]\nfinal_seeds: [100]\n"
-                   f"base: {{checkpoint: {ckpt}}}\nsearch: {{skills: {tmp_path / 'skills.sqlite'}}}\n"
+                   f"model: {ckpt}\nsearch: {{skills: {tmp_path / 'skills.sqlite'}}}\n"
                    "budget: {trials: 2, steps_per_segment: 2, total_steps: 6, trial_timeout_s: 120}\n")
     return cfg, tmp_path / "run"
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen(tmp_path_factory):
+    """A tiny Qwen2-architecture model with a byte-level BPE tokenizer and a chat template, built
+    locally: a user's Hugging Face model as evotrainer sees it."""
+    from tiny_hf import build_tiny_qwen
+    return build_tiny_qwen(tmp_path_factory.mktemp("qwen"))

@@ -72,7 +72,7 @@ def test_diagnostics_that_fail_to_run_are_a_blocking_finding_not_a_crash(tmp_pat
     blocking `diagnostics_failed` finding (so nothing under it is promoted), and the run goes on."""
     from evotrainer.train import train_segment
     cfg = config_from_dict({"task": "arith", "level": 1, "seeds": [0], "final_seeds": [],
-                            "base": {"checkpoint": str(ckpt)}, "search": {"skills": None}}).validate()
+                            "model": str(ckpt), "search": {"skills": None}}).validate()
     ctl = Controller(cfg, tmp_path / "run")
     ctl._setup()
     ctl._candidate("v0", "v1", {"knobs": {}, "hypothesis": "a broken diagnostic", "files": {"diagnostics.py": HEADER + (

@@ -30,13 +30,13 @@ def run_cli(capsys, *argv):
     ("bad_type", ["knob 'lr' must be float", "'fast'"]),
     ("negative", ["steps must be >= 0"]),
     ("bad_yaml", ["malformed YAML"]),
-    ("missing_ckpt", ["no checkpoint at", "pretrain"]),
+    ("missing_ckpt", ["no model at", "config.json"]),
     ("no_harness", ["not a harness directory"]),
     ("unknown_family", ["unknown reasoning-gym family 'no_such_family'", "chain_sum"]),
     ("bad_level", ["arith level must be in 1..6"]),
 ])
 def test_bad_input_gives_one_line_and_exit_code_2(tmp_path, capsys, ckpt, case, expect):
-    args = ["train", "--out", str(tmp_path / "out"), "--base", str(ckpt), "--steps", "1"]
+    args = ["train", "--out", str(tmp_path / "out"), "--model", str(ckpt), "--steps", "1"]
     knobs = {
         "unknown_slot": "reward: shiny\n", "unknown_knob": "learning_rate: 0.1\n",
         "bad_type": "lr: fast\n", "negative": "steps: -3\n", "bad_yaml": "lr: [1, 2\nsteps: 3\n",
@@ -44,7 +44,7 @@ def test_bad_input_gives_one_line_and_exit_code_2(tmp_path, capsys, ckpt, case, 
     if case in knobs:
         args += ["--harness", str(harness_with(tmp_path, knobs[case]))]
     extra = {
-        "unknown_task": ["--task", "arithmetic"], "missing_ckpt": ["--base", str(tmp_path / "nope")],
+        "unknown_task": ["--task", "arithmetic"], "missing_ckpt": ["--model", str(tmp_path / "nope")],
         "no_harness": ["--harness", str(tmp_path)], "unknown_family": ["--task", "rg:no_such_family"],
         "bad_level": ["--level", "9"],
     }
@@ -58,6 +58,36 @@ def test_bad_input_gives_one_line_and_exit_code_2(tmp_path, capsys, ckpt, case, 
     assert not (tmp_path / "out" / "summary.json").exists()
 
 
+@pytest.mark.parametrize("case, expect", [
+    ("not_causal", ["t5 model, which is not a causal LM"]),
+    ("task_import", ["no_such_module_xyz", "ModuleNotFoundError"]),
+    ("jsonl_row", ["rows.jsonl:2", "'answer'"]),
+    ("trl_refused", ["backend trl cannot train", "loss_agg 'seq_mean_token_sum'", "token_mean (dapo)"]),
+    ("bad_device", ["device must be auto, cpu, cuda, cuda:N or mps"]),
+])
+def test_a_users_model_task_or_backend_gone_wrong_is_one_line_and_exit_code_2(tmp_path, capsys, ckpt, case, expect):
+    from transformers import T5Config
+    args = ["train", "--out", str(tmp_path / "out"), "--model", str(ckpt), "--steps", "1"]
+    if case == "not_causal":
+        T5Config(vocab_size=10, d_model=8, num_layers=1, num_heads=1, d_ff=8).save_pretrained(tmp_path / "t5")
+        args[args.index("--model") + 1] = str(tmp_path / "t5")
+    elif case == "task_import":
+        args += ["--task", "no_such_module_xyz:Make"]
+    elif case == "jsonl_row":
+        (tmp_path / "rows.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n')
+        args += ["--task", f"jsonl:{tmp_path / 'rows.jsonl'}"]
+    elif case == "trl_refused":
+        args += ["--backend", "trl", "--harness", str(harness_with(tmp_path, "loss_agg: seq_mean_token_sum\n"))]
+    elif case == "bad_device":
+        args += ["--device", "gpu"]
+    code, out, err = run_cli(capsys, *args)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1 and lines[0].startswith("evotrainer: error: "), err
+    for word in expect:
+        assert word in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()
+
+
 def test_argparse_errors_are_one_line_too(capsys):
     code, out, err = run_cli(capsys, "train", "--steps", "x", "--out", "o")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "invalid int value" in err
@@ -67,7 +97,7 @@ def test_train_command_end_to_end_prints_summary_json_last(tmp_path, ckpt):
     out_dir = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "evotrainer.cli", "train", "--task", "arith", "--steps", "3", "--seed", "1",
-         "--out", str(out_dir), "--base", str(ckpt)],
+         "--out", str(out_dir), "--model", str(ckpt)],
         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -82,7 +112,7 @@ def test_train_command_end_to_end_prints_summary_json_last(tmp_path, ckpt):
 
 def test_missing_checkpoint_via_subprocess_has_no_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "evotrainer.cli", "train", "--out", str(tmp_path / "o"),
-                           "--base", str(tmp_path / "missing")], capture_output=True, text=True,
+                           "--model", str(tmp_path / "missing")], capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr

@@ -13,7 +13,7 @@ def load(tmp_path, text):
 
 def test_a_full_config_loads_with_types(tmp_path):
     cfg = load(tmp_path, "task: arith\nlevel: 3\npolicy: restart\nseeds: [0, 1, 2]\n"
-                         "base: {target_acc: 0.1, checkpoint: null}\nbudget: {trials: 4, wall_clock_s: 600}\n"
+                         "base: {target_acc: 0.1}\nbudget: {trials: 4, wall_clock_s: 600}\n"
                          "gate: {z: 1}\n")
     assert cfg.policy == "restart" and cfg.seeds == (0, 1, 2) and cfg.base.target_acc == 0.1
     assert cfg.budget.trials == 4 and cfg.budget.wall_clock_s == 600.0 and cfg.gate.z == 1.0

@@ -128,7 +128,7 @@ def test_planted_length_reward_is_stopped_by_the_backtest_and_without_it_by_the_
     cfg_path, run = tiny_run
     raw = yaml.safe_load(cfg_path.read_text())
     raw["budget"] |= {"trials": 1, "steps_per_segment": 10, "total_steps": 20}
-    raw["base"] = {"checkpoint": str(sft_base)}
+    raw["model"] = str(sft_base)
     raw["final_seeds"] = []
     root = Path(raw["harness"])
     (root / "knobs.yaml").write_text((root / "knobs.yaml").read_text().replace("prompts_per_step: 4",
@@ -164,7 +164,7 @@ def test_unplanted_partial_credit_on_a_longer_target_is_invalid(tmp_path, sft_ba
                                      .replace("eval_every: 25", "eval_every: 15"))
     cfg = config_from_dict({"task": "arith", "level": 3, "harness": str(root), "seeds": [0], "final_seeds": [],
                             "search": {"skills": None},
-                            "base": {"checkpoint": str(sft_base)},  # trained on 1-digit sums only
+                            "model": str(sft_base),  # trained on 1-digit sums only
                             "budget": {"trials": 1, "steps_per_segment": 30, "total_steps": 60,
                                        "trial_timeout_s": 300}}).validate()
     ctl = Controller(cfg, tmp_path / "run")

@@ -1,7 +1,8 @@
 import torch
 
 from evotrainer.policy import build_model, build_tokenizer, load_policy, save_policy
-from evotrainer.policy.generate import decode, encode_prompts, generate
+from evotrainer.policy.generate import decode, generate
+from evotrainer.policy.prompts import encode_prompts
 
 
 def test_tokenizer_is_character_level_and_round_trips():

@@ -20,7 +20,7 @@ REF = load_knobs(REFERENCE / "knobs.yaml")
 @pytest.fixture
 def ctl(tmp_path, ckpt):
     cfg = config_from_dict({"task": "arith", "level": 2, "seeds": [0], "final_seeds": [],
-                            "base": {"checkpoint": str(ckpt)},
+                            "model": str(ckpt),
                             "search": {"skills": str(tmp_path / "skills.sqlite")},
                             "budget": {"trials": 9, "steps_per_segment": 10, "total_steps": 50}}).validate()
     c = Controller(cfg, tmp_path / "run")

@@ -131,6 +131,15 @@ def test_arith_train_streams_seeded():
     assert [next(it).id for _ in range(50)] == ids(0)
 
 
+def test_arith_splits_and_streams_are_pinned():
+    # other runs' evidence and checkpoints refer to these problems: they must never move
+    task = get_task("arith")
+    assert (task.name, task.spec, task.max_new_tokens) == ("arith", "arith", 9)
+    assert [p.id for p in task.split("val")[:4]] == ["820+702", "701+580", "597+940", "602+333"]
+    assert [p.id for p in task.split("test")[:4]] == ["563+793", "573+495", "906+422", "537+439"]
+    assert task.train_stream(0).draw(3).id == "883+773"
+
+
 def test_arith_bad_level_is_usage_error():
     with pytest.raises(UsageError, match="level"):
         get_task("arith", 9)
@@ -147,7 +156,7 @@ def test_rg_families_listed():
 @pytest.mark.parametrize("family", ["chain_sum", "basic_arithmetic"])
 def test_rg_reference_scores_one_and_garbage_zero(family):
     task = get_task(f"rg:{family}")
-    assert task.name == f"rg:{family}" and task.levels == (0,)
+    assert task.name == task.spec == f"rg:{family}" and task.levels == (0,)
     probs = task.split("val", n=10)
     assert len(probs) == 10
     for p in probs:
@@ -193,6 +202,16 @@ def test_rg_splits_reproducible_and_disjoint():
     assert not {stream.draw(0).id for _ in range(50)} & (v | t)
 
 
+def test_rg_budget_fits_the_familys_answers():
+    # the budget comes from the family's answers (no longer a fixed 16): every reference
+    # answer fits with room for the end token, and a family with long answers gets more
+    short, long = get_task("rg:chain_sum"), get_task("rg:spell_backward")
+    for task in (short, long):
+        answers = [p.answer for p in task.split("val", n=100)]
+        assert max(map(len, answers)) < task.max_new_tokens
+    assert long.max_new_tokens > short.max_new_tokens
+
+
 # --------------------------------------------------------------------------- registry
 
 def test_unknown_task_names_valid_tasks():
@@ -200,3 +219,4 @@ def test_unknown_task_names_valid_tasks():
         get_task("nope")
     msg = str(e.value)
     assert "'nope'" in msg and "arith" in msg and "rg:" in msg
+    assert "jsonl:PATH" in msg and "module:Factory" in msg and "file.py:Factory" in msg

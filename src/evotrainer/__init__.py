@@ -1,9 +1,6 @@
-"""evotrainer: RL from verifiable rewards that evolves its own training harness."""
-import os as _os
+"""evotrainer: RL from verifiable rewards that evolves its own training harness.
 
-# Nothing is ever downloaded at run time: models and tokenizers are built locally.
-_os.environ.setdefault("HF_HUB_OFFLINE", "1")
-_os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-_os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
+Importing the package changes nothing in the process: Hugging Face offline mode is set by
+our own command line and worker processes, which never download, not here.
+"""
 __version__ = "0.1.0"

@@ -48,10 +48,9 @@ def _task(args):
 
 def _base(args, task):
     from evotrainer.pretrain import PretrainConfig, pretrain
-    if args.base:
-        from evotrainer.policy import load_policy
-        load_policy(args.base)  # fail early, with the one-line error, if it is not a checkpoint
-        return Path(args.base), None
+    if getattr(args, "model", None):
+        from evotrainer.policy.model import resolve_model
+        return Path(resolve_model(args.model)), None  # fails early, in one line, if it is no causal LM
     cfg = PretrainConfig(target_acc=args.target_acc, seed=args.base_seed, warm_start=args.warm_start)
     with _progress() as prog:
         bar = prog.add_task("pretrain base", total=cfg.max_steps, info="")
@@ -68,11 +67,21 @@ def cmd_pretrain(args) -> dict:
     return {"base": str(path), **{k: meta[k] for k in ("steps", "probe_acc", "seconds", "params")}}
 
 
+def _runtime(args):
+    from evotrainer.policy.config import PolicyConfig
+    from evotrainer.runtime import Runtime
+    return Runtime(args.backend, PolicyConfig(args.dtype, args.device, not args.no_chat_template),
+                   args.micro_batch_size).validate()
+
+
 def cmd_train(args) -> dict:
     from evotrainer.harness import inspect_harness
+    from evotrainer.inner.backends import check_backend
     from evotrainer.train import TrainingFailed, train_run
     task = _task(args)
+    runtime = _runtime(args)
     knobs = inspect_harness(args.harness)  # bad knobs or slot names fail here, before any work
+    check_backend(runtime, knobs, str(args.harness or "the reference harness"))
     steps = knobs.steps if args.steps is None else args.steps
     if steps < 0:
         raise UsageError(f"--steps must be >= 0, got {steps}")
@@ -85,10 +94,12 @@ def cmd_train(args) -> dict:
                         f"score {m['score_mean']:.3f} dead {m['dead_groups']:.2f}")
         try:
             summary = train_run(task, args.harness, base, Path(args.out), seed=args.seed, steps=steps,
-                                timeout_s=args.timeout, on_step=on_step)
+                                timeout_s=args.timeout, on_step=on_step, runtime=runtime,
+                                memory_mb=args.memory_mb)
         except TrainingFailed as e:
             raise RunFailed(str(e)) from None
-    keys = ("task", "level", "seed", "steps", "base_val", "val", "base_test", "test", "seconds")
+    keys = ("task", "level", "seed", "steps", "backend", "base_val", "val", "base_test", "test", "reward_first",
+            "reward_last", "seconds")
     return {k: summary[k] for k in keys} | {"out": str(args.out)}
 
 
@@ -179,8 +190,12 @@ def _run_loop(cfg, out: Path) -> dict:
 
 
 def cmd_run(args) -> dict:
+    import dataclasses
+
     from evotrainer.config import load_config
     cfg = load_config(args.config)  # every key checked before any work
+    if args.model:
+        cfg = dataclasses.replace(cfg, model=args.model)
     if (args.out / "lineage.sqlite").exists():
         raise UsageError(f"'{args.out}' already holds a run; continue it with `evotrainer resume {args.out}`")
     return _run_loop(cfg, args.out)
@@ -261,10 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def common(sp):
-        sp.add_argument("--task", default="arith", help="arith (default) or rg:<reasoning-gym family>")
+        sp.add_argument("--task", default="arith",
+                        help="task spec: arith (default), rg:<reasoning-gym family>, jsonl:PATH[?verifier=exact|numeric|"
+                             "math], package.module:Factory, file.py:Factory, or an evotrainer.tasks entry point")
         sp.add_argument("--level", type=int, default=None, help="target difficulty (arith: digits, default 3)")
         sp.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where base checkpoints are cached")
-        sp.add_argument("--base", type=Path, default=None, help="start from this checkpoint instead of the cached base")
         sp.add_argument("--target-acc", type=float, default=PretrainConfig().target_acc,
                         help="the cached base's SFT stops at this greedy accuracy on a train-stream probe")
         sp.add_argument("--base-seed", type=int, default=PretrainConfig().seed,
@@ -277,6 +293,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_pretrain)
     sp = sub.add_parser("train", help="train one harness from the base and evaluate it")
     common(sp)
+    sp.add_argument("--model", default=None, help="any Hugging Face causal LM (a directory, or a hub id in the "
+                    "local cache), or a checkpoint of ours (default: the built-in tiny model's cached SFT base)")
+    sp.add_argument("--backend", default="embedded", help="embedded (our GRPO trainer, default) or trl")
+    sp.add_argument("--dtype", default="auto", help="auto, fp32, bf16 or fp16 (autocast; weights stay fp32)")
+    sp.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    sp.add_argument("--no-chat-template", action="store_true", help="prompt with plain text even if the "
+                    "tokenizer has a chat template")
+    sp.add_argument("--micro-batch-size", type=int, default=0, help="rollouts per forward/backward, gradients "
+                    "accumulated over the batch (0: all at once)")
+    sp.add_argument("--memory-mb", type=int, default=8192, help="resident memory past which a worker is killed")
     sp.add_argument("--harness", type=Path, default=None, help="harness directory (default: the reference)")
     sp.add_argument("--steps", type=int, default=None, help="training steps (default: the harness's knob)")
     sp.add_argument("--seed", type=int, default=0)
@@ -316,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("run", help="evolve the harness with the policy, as the run config says")
     sp.add_argument("config", type=Path, help="run config (YAML)")
+    sp.add_argument("--model", default=None, help="the config's `model`: any Hugging Face causal LM directory")
     sp.add_argument("--out", type=Path, required=True, help="the run directory (lineage, versions, evidence)")
     sp.set_defaults(fn=cmd_run)
     sp = sub.add_parser("resume", help="continue a run that was stopped or killed")
@@ -350,6 +377,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
+    # this process is ours: nothing it runs downloads (models resolve to local directories first)
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        os.environ.setdefault(var, "1")
     import transformers
 
     from evotrainer.pretrain import PretrainFailed

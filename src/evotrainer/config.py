@@ -1,7 +1,20 @@
 """The run configuration of `evotrainer run`: typed, loaded from YAML, validated before any work.
 
-    task: arith                  # required: arith or rg:<family>
+    task: arith                  # required: a task spec (evotrainer.tasks.get_task): arith, rg:<family>,
+                                 # jsonl:PATH?verifier=exact|numeric|math, package.module:Factory,
+                                 # file.py:Factory, or an `evotrainer.tasks` entry-point name
     level: 3                     # the task's target level (arith: digits)
+    model: null                  # the policy: a Hugging Face causal LM (a directory, or a hub id already
+                                 # in the local cache); null: the built-in tiny model, SFT'd as `base:` says
+    backend: embedded            # who trains a segment: embedded (our GRPO trainer) or trl (TRL's GRPOTrainer)
+    dtype: auto                  # auto | fp32 | bf16 | fp16: autocast precision; weights stay fp32
+    device: auto                 # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
+    chat_template: true          # wrap prompts in the tokenizer's chat template when it has one
+    micro_batch_size: 0          # rollouts per forward/backward, gradients accumulated (0: all at once)
+    worker_memory_mb: 8192       # a training or evaluation worker is killed (oom) past this resident memory
+    trl:                         # backend: trl only
+      use_vllm: false            # sample with vLLM (pip install vllm) instead of transformers' generate
+      vllm_mode: colocate        # colocate (in the training process) or server (`trl vllm-serve`)
     harness: null                # root harness directory (default: the reference)
     policy: continue             # continue: a version trains on from its parent's checkpoint
                                  # restart: every version retrains from the base (published protocol)
@@ -33,11 +46,10 @@
       crossover: true            # merge two elites' harness changes when none happened lately
       escalation: true           # after 3 failures in a row: subtract, switch layer, roll back
       skills: ~/.local/share/evotrainer/skills.sqlite   # the skill library (null: none)
-    base:
+    base:                        # the built-in tiny model's SFT base (when no `model` is given)
       target_acc: 0.25           # the cached base's SFT stops here
       seed: 0
       warm_start: 0              # 0: SFT from scratch; N: continue from the level-N base
-      checkpoint: null           # or start from this checkpoint
     budget:
       trials: 8                  # versions proposed, whatever becomes of them
       steps_per_segment: 50      # training steps a version adds (continue mode)
@@ -65,6 +77,8 @@ from pathlib import Path
 import yaml
 
 from evotrainer.errors import UsageError
+from evotrainer.policy.config import PolicyConfig
+from evotrainer.runtime import Runtime
 
 POLICIES = ("continue", "restart")
 AGENTS = ("rules", "random", "llm", "command")
@@ -79,7 +93,12 @@ class BaseConfig:
     target_acc: float = 0.25
     seed: int = 0
     warm_start: int = 0
-    checkpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class TRLConfig:
+    use_vllm: bool = False
+    vllm_mode: str = "colocate"
 
 
 @dataclass(frozen=True)
@@ -136,6 +155,14 @@ class CommandConfig:
 class RunConfig:
     task: str
     level: int | None = None
+    model: str | None = None
+    backend: str = "embedded"
+    dtype: str = "auto"
+    device: str = "auto"
+    chat_template: bool = True
+    micro_batch_size: int = 0
+    worker_memory_mb: int = 8192
+    trl: TRLConfig = field(default_factory=TRLConfig)
     harness: str | None = None
     policy: str = "continue"
     seeds: tuple[int, ...] = (0, 1)
@@ -155,7 +182,12 @@ class RunConfig:
         def need(ok: bool, key: str, msg: str):
             if not ok:
                 raise UsageError(f"config: '{key}' {msg}")
-        need(bool(self.task), "task", "must name a task (arith or rg:<family>)")
+        need(bool(self.task), "task", "must name a task (arith, rg:<family>, jsonl:PATH, module:Factory, ...)")
+        need(self.worker_memory_mb >= 0, "worker_memory_mb", f"must be >= 0 (0: no limit), got {self.worker_memory_mb}")
+        try:
+            self.runtime().validate()
+        except UsageError as e:
+            raise UsageError(f"config: {e}") from None
         need(self.policy in POLICIES, "policy", f"must be one of {', '.join(POLICIES)}, got '{self.policy}'")
         need(self.agent in AGENTS, "agent", f"must be one of {', '.join(AGENTS)}, got '{self.agent}'")
         bad = [g for g in self.gates if g not in GATES]
@@ -195,6 +227,12 @@ class RunConfig:
         return self
 
 
+    def runtime(self) -> Runtime:
+        """Backend, device and precision: what every training and evaluation job of the run shares."""
+        return Runtime(self.backend, PolicyConfig(self.dtype, self.device, self.chat_template),
+                       self.micro_batch_size, self.trl.use_vllm, self.trl.vllm_mode)
+
+
 def load_config(path: Path | str) -> RunConfig:
     path = Path(path)
     if not path.is_file():
@@ -214,6 +252,8 @@ def config_from_dict(raw, cls=RunConfig, prefix: str = ""):
     fields_ = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     for key in raw:
+        if f"{prefix}{key}" == "base.checkpoint":  # renamed when any Hugging Face model became a policy
+            raise UsageError("config: 'base.checkpoint' is now the top-level key 'model' (any causal LM directory)")
         if key not in fields_:
             raise UsageError(f"config: unknown key '{prefix}{key}'; valid keys: {', '.join(fields_)}")
     missing = [n for n, f in fields_.items() if n not in raw and f.default is dataclasses.MISSING

@@ -20,6 +20,7 @@ from evotrainer import __version__
 from evotrainer.errors import UsageError
 from evotrainer.evaluate import accuracy
 from evotrainer.policy import build_model, build_tokenizer, load_policy, save_policy
+from evotrainer.policy.config import PolicyConfig
 from evotrainer.tasks import Task, get_task
 from evotrainer.tasks.base import HELD_OUT_SHARE
 
@@ -63,7 +64,8 @@ class PretrainConfig:
 def cache_key(task: Task, cfg: PretrainConfig) -> str:
     fields = {k: v for k, v in asdict(cfg).items() if k != "warm_start" or v}  # older bases keep their keys
     blob = json.dumps({"task": task.name, "target": task.target_level, "v": __version__,
-                       "train_stream": f"outside the held-out pool (1/{HELD_OUT_SHARE})", **fields},
+                       "train_stream": f"outside the held-out pool (1/{HELD_OUT_SHARE})",
+                       "tokenizer": "adds its own <bos>", **fields},  # older bases' tokenizers did not
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -121,8 +123,8 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
         if cfg.warm_start not in task.levels or cfg.warm_start >= task.target_level:
             raise UsageError(f"warm_start must be a level below the target {task.target_level}, "
                              f"one of {[lv for lv in task.levels if lv < task.target_level]}")
-        start, _ = pretrain(get_task(task.name, cfg.warm_start), PretrainConfig(seed=cfg.seed), cache_dir, progress)
-        model, tok = load_policy(start)
+        start, _ = pretrain(get_task(task.spec, cfg.warm_start), PretrainConfig(seed=cfg.seed), cache_dir, progress)
+        model, tok = load_policy(start, PolicyConfig(device="cpu"))  # the SFT below runs on the CPU
     else:
         tok = build_tokenizer()
         model = build_model(len(tok), cfg.hidden, cfg.layers, cfg.heads, cfg.ffn, seed=cfg.seed)

@@ -20,6 +20,8 @@ from typing import Callable
 
 from evotrainer.executors import WorkerResult, run_in_worker
 from evotrainer.harness import REFERENCE, inspect_harness
+from evotrainer.inner.backends import check_backend
+from evotrainer.runtime import Runtime
 from evotrainer.tasks import Task
 
 
@@ -33,43 +35,41 @@ class TrainingFailed(RuntimeError):
 
 
 def train_segment(task: str, level: int | None, harness: str, base: str, out: str, seed: int,
-                  steps: int) -> dict:
-    """Worker entry point: plain arguments in, a plain dict out."""
+                  steps: int, runtime: dict | None = None) -> dict:
+    """Worker entry point: plain arguments in, a plain dict out. `task` is the task's spec
+    string; `runtime` (evotrainer.runtime.Runtime as a dict) names the backend, device and precision."""
     import torch
 
-    from evotrainer.evidence import EvidenceWriter
     from evotrainer.harness import load_harness
-    from evotrainer.inner import GRPOTrainer
+    from evotrainer.inner.backends import get_backend
+    from evotrainer.inner.segment import SegmentLog
     from evotrainer.policy import load_policy, save_policy
+    from evotrainer.runtime import Runtime
     from evotrainer.tasks import get_task
 
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     h = load_harness(harness)
     shutil.copytree(h.path, out_dir / "harness", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
-    model, tok = load_policy(base)
-    trainer = GRPOTrainer(model, tok, get_task(task, level), h, seed=seed)
+    rt = Runtime.of(runtime)
+    model, tok = load_policy(base, rt.policy)
+    t = get_task(task, level)
     carried = Path(base, OPTIMIZER_FILE)
-    if carried.exists():  # a segment after the first: Adam goes on where the parent's stopped
-        trainer.resume_optimizer(torch.load(carried, weights_only=True))
+    # a segment after the first: Adam goes on where the parent's stopped
+    state = torch.load(carried, weights_only=True, map_location=model.device) if carried.exists() else None
     # what the evidence was sampled under: backtests re-score it against these
     (out_dir / "run.json").write_text(json.dumps({
         "task": task, "level": level, "seed": seed, "steps": steps, "group_size": h.knobs.group_size,
-        "prompts_per_step": h.knobs.prompts_per_step, "max_new_tokens": trainer.T,
-        "harness_hash": h.content_hash}, indent=2))
-    evidence = EvidenceWriter(out_dir / "evidence.jsonl")
-    every = h.knobs.eval_every
-    with open(out_dir / "metrics.jsonl", "w") as mf:
-        for _ in range(steps):
-            m, recs = trainer.step()
-            evidence.write(recs)
-            mf.write(json.dumps(m.to_dict()) + "\n")
-            mf.flush()
-            if every and m.step % every == 0 and m.step < steps:
-                save_policy(model, tok, out_dir / "checkpoints" / f"step-{m.step}")
-    evidence.close()
+        "prompts_per_step": h.knobs.prompts_per_step, "max_new_tokens": h.knobs.completion_budget(t.max_new_tokens),
+        "harness_hash": h.content_hash, "backend": rt.backend}, indent=2))
+    log = SegmentLog(out_dir, steps, h.knobs.eval_every)
+    try:
+        state = get_backend(rt.backend).run(model, tok, t, h, seed=seed, steps=steps, log=log,
+                                            optimizer_state=state, runtime=rt)
+    finally:
+        log.close()
     save_policy(model, tok, out_dir / "checkpoint")
-    torch.save(trainer.optimizer_state(), out_dir / "checkpoint" / OPTIMIZER_FILE)
+    torch.save(state, out_dir / "checkpoint" / OPTIMIZER_FILE)
     return {"steps": steps, "harness_hash": h.content_hash[:12]}
 
 
@@ -80,14 +80,14 @@ def segment_seed(seed: int, depth: int) -> int:
 
 
 def train_schedule(task: str, level: int | None, harnesses: list[str], base: str, out: str, seed: int,
-                   steps: int) -> dict:
+                   steps: int, runtime: dict | None = None) -> dict:
     """Worker entry point: one segment of `steps` per harness, each from the last one's
     checkpoint, in OUT/segment-1, segment-2, ... (segment d seeded by `segment_seed(seed, d)`,
     as in the search). The last segment's directory holds the result."""
     start = base
     for d, harness in enumerate(harnesses, 1):
         seg = Path(out) / f"segment-{d}"
-        train_segment(task, level, harness, start, str(seg), segment_seed(seed, d), steps)
+        train_segment(task, level, harness, start, str(seg), segment_seed(seed, d), steps, runtime)
         start = str(seg / "checkpoint")
     return {"last": str(Path(out) / f"segment-{len(harnesses)}")}
 
@@ -114,17 +114,21 @@ def _metrics_follower(path: Path, on_step: Callable[[dict], None]) -> Callable[[
 
 def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed: int = 0,
               steps: int | None = None, timeout_s: float = 3600.0,
-              on_step: Callable[[dict], None] | None = None) -> dict:
+              on_step: Callable[[dict], None] | None = None, runtime: Runtime | None = None,
+              memory_mb: int | None = 8192) -> dict:
     t0 = time.time()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    runtime = runtime or Runtime()
     knobs = inspect_harness(harness_dir)
+    check_backend(runtime, knobs, str(harness_dir or "the reference harness"))
     steps = knobs.steps if steps is None else steps
     follow = _metrics_follower(out / "metrics.jsonl", on_step) if on_step else None
-    level = task.target_level or None
+    level = task.target_level  # the spec and this level rebuild the same task in every process
     result = run_in_worker("evotrainer.train:train_segment", dict(
-        task=task.name, level=level, harness=str(harness_dir or REFERENCE),
-        base=str(base), out=str(out), seed=seed, steps=steps), timeout_s=timeout_s, on_poll=follow)
+        task=task.spec, level=level, harness=str(harness_dir or REFERENCE),
+        base=str(base), out=str(out), seed=seed, steps=steps, runtime=runtime.to_dict()),
+        timeout_s=timeout_s, memory_mb=memory_mb, on_poll=follow)
     (out / "worker.log").write_text(result.log_tail)
     if not result.ok:
         raise TrainingFailed(result, out)
@@ -132,7 +136,8 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     saved = saved_checkpoints(out)
     jobs = {str(base): ["val", "test"], **{str(c): ["val"] for c in saved}, str(out / "checkpoint"): ["val", "test"]}
     ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
-                       dict(task=task.name, level=level, jobs=jobs), timeout_s=timeout_s)
+                       dict(task=task.spec, level=level, jobs=jobs, policy=runtime.policy.to_dict()),
+                       timeout_s=timeout_s, memory_mb=memory_mb)
     if not ev.ok:
         (out / "worker.log").write_text(ev.log_tail)
         raise TrainingFailed(ev, out, stage="evaluation")
@@ -143,9 +148,9 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
              {"step": steps, "val": val}]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     summary = {
-        "task": task.name, "level": task.target_level, "seed": seed, "steps": steps,
+        "task": task.spec, "level": task.target_level, "seed": seed, "steps": steps, "backend": runtime.backend,
         "harness": str(harness_dir or "reference"), "harness_hash": result.value["harness_hash"],
-        "base_val": base_val, "base_test": base_test, "val": val, "test": test, "evals": evals,
+        "base": str(base), "base_val": base_val, "base_test": base_test, "val": val, "test": test, "evals": evals,
         "reward_first": metrics[0]["reward_mean"] if metrics else None,
         "reward_last": metrics[-1]["reward_mean"] if metrics else None,
         "seconds": round(time.time() - t0, 1), "worker_seconds": round(result.seconds, 1),

@@ -20,7 +20,7 @@ import torch
 
 from evotrainer.evidence.records import RolloutRecord, read_evidence
 from evotrainer.harness import Rollouts, load_harness
-from evotrainer.harness.rollouts import check_output
+from evotrainer.harness.signal import harness_signal
 from evotrainer.tasks.base import Problem
 
 
@@ -64,13 +64,10 @@ def rescore(evidence_dir: str, harness_dir: str) -> dict:
                       completions=[c[0] for c in cut], scores=scores,
                       lengths=torch.tensor([c[1] for c in cut]), truncated=torch.tensor([c[2] for c in cut]),
                       group_size=G, max_new_tokens=T)
-        B, n = len(rows), len(rows) // G
-        rewards = check_output("reward", h.reward(ro), (B,)).float()
-        keep = check_output("group_filter", h.group_filter(ro.grouped(rewards), ro.grouped(scores)), (n,)).bool()
-        adv = check_output("advantage", h.advantage(ro.grouped(rewards)), (n, G)).reshape(-1).float()
-        out["reward"] += rewards.tolist()
-        out["advantage"] += adv.tolist()
-        out["kept"] += keep.repeat_interleave(G).tolist()
+        sig = harness_signal(h, ro)
+        out["reward"] += sig.rewards.tolist()
+        out["advantage"] += sig.advantages.tolist()
+        out["kept"] += sig.row_keep.tolist()
         out["score"] += scores.tolist()
         out["cut"] += [r.length > T for r in rows]
     return out

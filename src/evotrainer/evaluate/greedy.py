@@ -5,43 +5,51 @@ from pathlib import Path
 import torch
 
 from evotrainer.policy import load_policy
-from evotrainer.policy.generate import decode, encode_prompts, generate
+from evotrainer.policy.config import PolicyConfig
+from evotrainer.policy.generate import decode, generate
+from evotrainer.policy.prompts import encode_prompts, stop_token_ids
 from evotrainer.tasks import Problem, Task
 
 
-def accuracy(model, tok, task: Task, problems: list[Problem], batch_size: int = 512) -> float:
-    """Mean verifier score of greedy completions."""
+def accuracy(model, tok, task: Task, problems: list[Problem], batch_size: int = 512,
+             policy: PolicyConfig | None = None) -> float:
+    """Mean verifier score of greedy completions, prompted as in training."""
+    policy = policy or PolicyConfig()
     was_training = model.training
     model.eval()
+    device, stops = next(model.parameters()).device, stop_token_ids(model, tok)
     total = 0.0
     for i in range(0, len(problems), batch_size):
         chunk = problems[i:i + batch_size]
-        ids, mask = encode_prompts(tok, [p.prompt for p in chunk])
-        gen = generate(model, ids, mask, task.max_new_tokens, tok.eos_token_id,
-                       tok.pad_token_id, greedy=True)
+        ids, mask = encode_prompts(tok, [p.prompt for p in chunk], policy.chat_template, device)
+        with policy.autocast():
+            gen = generate(model, ids, mask, task.max_new_tokens, stops, tok.pad_token_id, greedy=True)
         total += sum(task.score(p, c) for p, c in zip(chunk, decode(tok, gen)))
     model.train(was_training)
     return total / max(len(problems), 1)
 
 
-def evaluate_checkpoint(path: Path, task: Task, split: str, level: int | None = None) -> float:
-    model, tok = load_policy(path)
+def evaluate_checkpoint(path: Path, task: Task, split: str, level: int | None = None,
+                        policy: PolicyConfig | None = None) -> float:
+    model, tok = load_policy(path, policy)
     with torch.inference_mode():
-        return accuracy(model, tok, task, task.split(split, level))
+        return accuracy(model, tok, task, task.split(split, level), policy=policy)
 
 
-def evaluate_checkpoints(task: str, level: int | None, jobs: dict[str, list[str]]) -> dict[str, dict[str, float]]:
+def evaluate_checkpoints(task: str, level: int | None, jobs: dict[str, list[str]],
+                         policy: dict | None = None, batch_size: int = 512) -> dict[str, dict[str, float]]:
     """Evaluator process entry point: {checkpoint: {split: accuracy}} for {checkpoint: [splits]}.
 
-    Loads only checkpoints and the task (no harness code), so it runs in a process of its
-    own, apart from the controller and from every training worker.
+    `task` is the task's spec string. Loads only checkpoints and the task (no harness code),
+    so it runs in a process of its own, apart from the controller and from every training worker.
     """
     from evotrainer.tasks import get_task
     t = get_task(task, level)
+    cfg = PolicyConfig.of(policy)
     sets = {s: t.split(s) for s in sorted({s for splits in jobs.values() for s in splits})}
     out = {}
     for ckpt, splits in jobs.items():
-        model, tok = load_policy(ckpt)
+        model, tok = load_policy(ckpt, cfg)
         with torch.inference_mode():
-            out[ckpt] = {s: accuracy(model, tok, t, sets[s]) for s in splits}
+            out[ckpt] = {s: accuracy(model, tok, t, sets[s], batch_size, cfg) for s in splits}
     return out

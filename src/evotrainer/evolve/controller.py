@@ -54,11 +54,13 @@ from evotrainer.evolve.population import Elite, SelectionConfig, crossover_due, 
 from evotrainer.evolve.skills import SkillLibrary
 from evotrainer.evolve.stats import average_last, noise_floor
 from evotrainer.executors import Call
-from evotrainer.harness import REFERENCE
+from evotrainer.harness import REFERENCE, inspect_harness
 from evotrainer.harness.candidate import Candidate, propose_files, vet
 from evotrainer.harness.knobs import load_knobs
 from evotrainer.harness.versions import HarnessRepo, PatchError
+from evotrainer.inner.backends import check_backend
 from evotrainer.lineage import LineageStore, TrialRecord
+from evotrainer.policy.model import resolve_model
 from evotrainer.tasks import get_task
 from evotrainer.train import saved_checkpoints, segment_seed
 
@@ -115,6 +117,10 @@ class Controller:
         self.gate_poll_s = gate_poll_s
         self.selection = SelectionConfig(capacity=cfg.search.population)
         self.task = get_task(cfg.task, cfg.level)
+        self.runtime = cfg.runtime().validate()
+        # a user's model: a local directory every worker loads (checked now: bad input stops here)
+        self.model = resolve_model(cfg.model) if cfg.model else None
+        check_backend(self.runtime, inspect_harness(cfg.harness or REFERENCE), "the root harness")
         # continue mode: segments to the reference's total steps; restart mode: every state is whole
         self.max_depth = 1 if cfg.policy == "restart" else cfg.budget.total_steps // cfg.budget.steps_per_segment
         self.on_event = on_event or (lambda kind, data: None)
@@ -174,9 +180,9 @@ class Controller:
         self._event("final_started", winner=label, schedule=harnesses, seeds=list(self.cfg.final_seeds))
         arms = {"reference": Arm((str(self._harness_dir("v0")),), self.cfg.budget.total_steps), "evolved": arm}
         try:
-            rep = replay(self.task.name, self.task.target_level or None, self.base, arms, self.cfg.final_seeds,
+            rep = replay(self.task.spec, self.task.target_level, self.base, arms, self.cfg.final_seeds,
                          self.run_dir / "final", self.cfg.gate.last_k, self.cfg.budget.trial_timeout_s,
-                         self.cfg.workers)
+                         self.cfg.workers, self.runtime, self.cfg.worker_memory_mb)
         except ReplayFailed as e:
             raise ControlFailed(f"the final comparison: {e}") from None
         result = {"winner": label, "schedule": harnesses, "seeds": list(self.cfg.final_seeds),
@@ -224,8 +230,8 @@ class Controller:
         self.base = started[0]["base"]
 
     def _base_checkpoint(self) -> str:
-        if self.cfg.base.checkpoint:  # absolute: a resume may start from another directory
-            return str(Path(self.cfg.base.checkpoint).resolve())
+        if self.model:  # absolute: a resume may start from another directory
+            return self.model
         from evotrainer.pretrain import PretrainConfig, pretrain
         b = self.cfg.base
         path, _ = pretrain(self.task, PretrainConfig(target_acc=b.target_acc, seed=b.seed, warm_start=b.warm_start),
@@ -658,12 +664,20 @@ class Controller:
 
     def _candidate(self, parent: str, version: str, proposal: dict) -> Candidate:
         if version in self.repo.versions():  # a resumed trial: the child was committed before the kill
-            return vet(self.repo, parent, version)
-        text = proposal.get("files", {}).get("knobs.yaml") or (self._harness_dir(parent) / "knobs.yaml").read_text()
-        for key, value in proposal["knobs"].items():
-            text = set_knob(text, key, value)
-        files = {**proposal.get("files", {}), "knobs.yaml": text}
-        return propose_files(self.repo, parent, files, version, proposal["hypothesis"])
+            cand = vet(self.repo, parent, version)
+        else:
+            text = proposal.get("files", {}).get("knobs.yaml") or (self._harness_dir(parent) / "knobs.yaml").read_text()
+            for key, value in proposal["knobs"].items():
+                text = set_knob(text, key, value)
+            files = {**proposal.get("files", {}), "knobs.yaml": text}
+            cand = propose_files(self.repo, parent, files, version, proposal["hypothesis"])
+        if not cand.legal:
+            return cand
+        try:  # legal, but this run's backend must be able to train it as written
+            check_backend(self.runtime, inspect_harness(self._harness_dir(version)), version)
+        except UsageError as e:
+            return dataclasses.replace(cand, label="illegal", reasons=[str(e)])
+        return cand
 
     def _train_against_control(self, parent: State, version: str, clock: Clock) -> tuple[State, State]:
         """Train the child and, where not trained yet, its control; return (control, child).
@@ -722,7 +736,7 @@ class Controller:
                 # paired: every version at a depth sees the same prompts per seed (restart: one depth)
                 seg_seed = segment_seed(seed, 1 if self.restart else sg.depth) + sg.seed_offset
                 calls.append(Call("evotrainer.train:train_segment", dict(
-                    task=self.task.name, level=self.task.target_level or None,
+                    task=self.task.spec, level=self.task.target_level, runtime=self.runtime.to_dict(),
                     harness=str(self._harness_dir(sg.version)),
                     base=sg.start.checkpoint(seed) if sg.start.dirs else self.base, out=str(out),
                     seed=seg_seed, steps=self.segment_steps)))
@@ -766,7 +780,8 @@ class Controller:
         """Accuracy per checkpoint and split (replay.evaluate: a process with no harness code)."""
         t = time.time()
         try:
-            return evaluate(self.task.name, self.task.target_level or None, jobs, self.cfg.budget.trial_timeout_s)
+            return evaluate(self.task.spec, self.task.target_level, jobs, self.cfg.budget.trial_timeout_s,
+                            self.runtime, self.cfg.worker_memory_mb)
         except ReplayFailed as e:
             raise ControlFailed(str(e)) from None
         finally:
@@ -775,7 +790,7 @@ class Controller:
     def _pool(self, calls: list[Call], clock: Clock, timeout_s: float) -> list:
         """Training calls in one pool (replay.pool: `workers` at once, threads shared)."""
         t = time.time()
-        results = pool(calls, self.cfg.workers, timeout_s)
+        results = pool(calls, self.cfg.workers, timeout_s, self.cfg.worker_memory_mb)
         clock.train_s += time.time() - t
         return results
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from evotrainer.executors import Call, run_all, run_in_worker
+from evotrainer.runtime import Runtime
 from evotrainer.train import saved_checkpoints
 
 SPLITS = ("val", "test")
@@ -26,18 +27,21 @@ class ReplayFailed(RuntimeError):
     """A replay's training worker or the evaluator failed."""
 
 
-def pool(calls: list[Call], workers: int, timeout_s: float) -> list:
+def pool(calls: list[Call], workers: int, timeout_s: float, memory_mb: int | None = 8192) -> list:
     """Training calls in one pool: `workers` at once (0: one per core, at most one per call),
     each capped to its share of the cores' threads so they do not oversubscribe them."""
     workers = workers or min(os.cpu_count() or 1, len(calls))
-    return run_all(calls, workers, timeout_s=timeout_s, threads=max(1, (os.cpu_count() or 1) // workers))
+    return run_all(calls, workers, timeout_s=timeout_s, memory_mb=memory_mb,
+                   threads=max(1, (os.cpu_count() or 1) // workers))
 
 
-def evaluate(task: str, level: int | None, jobs: dict[str, list[str]], timeout_s: float) -> dict[str, dict[str, float]]:
+def evaluate(task: str, level: int | None, jobs: dict[str, list[str]], timeout_s: float,
+             runtime: Runtime | None = None, memory_mb: int | None = 8192) -> dict[str, dict[str, float]]:
     """Accuracy per checkpoint and split, from the evaluator: a process of its own that loads
-    checkpoints and the task's verifier, and no harness code."""
-    ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints", dict(task=task, level=level, jobs=jobs),
-                       timeout_s=timeout_s)
+    checkpoints and the task's verifier, and no harness code. `task` is the task's spec string."""
+    policy = (runtime or Runtime()).policy.to_dict()
+    ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
+                       dict(task=task, level=level, jobs=jobs, policy=policy), timeout_s=timeout_s, memory_mb=memory_mb)
     if not ev.ok:
         raise ReplayFailed(f"the evaluator failed: {ev.label}: {ev.error}")
     return ev.value
@@ -58,8 +62,10 @@ class Replay:
 
 
 def replay(task: str, level: int | None, base: str, arms: Mapping[str, Arm], seeds: Sequence[int], out_root: Path,
-           last_k: int, timeout_s: float, workers: int = 0) -> Replay:
+           last_k: int, timeout_s: float, workers: int = 0, runtime: Runtime | None = None,
+           memory_mb: int | None = 8192) -> Replay:
     """Train every arm on every seed from `base` under out_root/ARM/seed-S and score them."""
+    runtime = runtime or Runtime()
     calls, where = [], []
     for name, arm in arms.items():
         for seed in seeds:
@@ -67,10 +73,10 @@ def replay(task: str, level: int | None, base: str, arms: Mapping[str, Arm], see
             shutil.rmtree(out, ignore_errors=True)  # a replay cut off by a kill starts clean
             calls.append(Call("evotrainer.train:train_schedule", dict(
                 task=task, level=level, base=base, out=str(out), harnesses=list(arm.harnesses), seed=seed,
-                steps=arm.steps)))
+                steps=arm.steps, runtime=runtime.to_dict())))
             where.append((name, seed, out / f"segment-{len(arm.harnesses)}"))
     t = time.time()
-    results = pool(calls, workers, timeout_s * max(len(a.harnesses) for a in arms.values()))
+    results = pool(calls, workers, timeout_s * max(len(a.harnesses) for a in arms.values()), memory_mb)
     train_s = time.time() - t
     for (name, seed, _), res in zip(where, results):
         if not res.ok:
@@ -79,7 +85,7 @@ def replay(task: str, level: int | None, base: str, arms: Mapping[str, Arm], see
             for name, seed, d in where}
     jobs = {base: list(SPLITS)} | {c: list(SPLITS) for cs in last.values() for c in cs}
     t = time.time()
-    acc = evaluate(task, level, jobs, timeout_s)
+    acc = evaluate(task, level, jobs, timeout_s, runtime, memory_mb)
     eval_s = time.time() - t
     scores: dict[str, dict[int, dict[str, float]]] = {name: {} for name in arms}
     for (name, seed), cs in last.items():

@@ -1,9 +1,12 @@
-"""The worker side of `run_in_worker`: limit memory, run the target, pickle the outcome."""
+"""The worker side of `run_in_worker`: run the target, pickle the outcome.
+
+Workers never download: the controller resolves every model to a local directory, so
+Hugging Face offline mode is set here, in our own process, not in the user's."""
 from __future__ import annotations
 
 import importlib
+import os
 import pickle
-import resource
 import sys
 import traceback
 from pathlib import Path
@@ -12,9 +15,8 @@ from pathlib import Path
 def main(job_dir: str) -> int:
     job_dir = Path(job_dir)
     job = pickle.loads((job_dir / "job.pkl").read_bytes())
-    if job["memory_mb"]:
-        limit = job["memory_mb"] * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        os.environ.setdefault(var, "1")
     if job.get("threads"):
         import torch  # every target here uses torch; cap it before the target builds anything
         torch.set_num_threads(job["threads"])

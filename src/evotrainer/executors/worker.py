@@ -1,14 +1,17 @@
 """Run untrusted work (harness code, training segments) in a worker process.
 
 The controller never imports harness code. `run_in_worker("pkg.module:function", kwargs)`
-starts a fresh Python process in its own process group with an address-space limit, and
-waits with a deadline; past it the whole group is killed with SIGKILL (a thread cannot be
-stopped, a process group can). The outcome is labelled:
+starts a fresh Python process in its own process group and waits with a deadline; past it
+the whole group is killed with SIGKILL (a thread cannot be stopped, a process group can).
+Memory is watched the same way: the caller reads the worker's resident memory as it polls
+and kills the group past `memory_mb`. (An address-space limit would be simpler, but CUDA
+reserves far more address space than it ever uses and fails to start under one.) The
+outcome is labelled:
 
     ok       the function returned; `value` holds its (picklable) result
     crash    it raised, or the process died; `log_tail` holds the traceback
     timeout  it ran past the deadline and was killed
-    oom      it ran out of the memory it was allowed (MemoryError, or killed by the kernel)
+    oom      it passed its memory limit (resident memory, MemoryError, or killed by the kernel)
 """
 from __future__ import annotations
 
@@ -71,7 +74,9 @@ def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memor
         while waiting or running:
             while waiting and len(running) < workers:
                 i, call = waiting.pop(0)
-                running.append((i, _Job(call, memory_mb, cwd, threads)))
+                running.append((i, _Job(call, cwd, threads)))
+            for _, job in running:
+                job.check_memory(memory_mb)
             for i, job in [r for r in running if r[1].done(timeout_s)]:
                 results[i] = job.finish(timeout_s)
                 running.remove((i, job))
@@ -90,15 +95,16 @@ def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memor
 class _Job:
     """One started worker: its process group, its scratch directory and its log."""
 
-    def __init__(self, call: Call, memory_mb: int | None, cwd: Path | None, threads: int | None):
+    def __init__(self, call: Call, cwd: Path | None, threads: int | None):
         self.t0 = time.monotonic()
         self._tmp = tempfile.TemporaryDirectory(prefix="evotrainer-worker-")
         self.dir = Path(self._tmp.name)
         (self.dir / "job.pkl").write_bytes(pickle.dumps({"target": call.target, "kwargs": call.kwargs,
-                                                         "memory_mb": memory_mb, "threads": threads}))
+                                                         "threads": threads}))
         env = dict(os.environ)
         if threads:  # read by the OpenMP/MKL runtimes when torch loads; the child also calls set_num_threads
             env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        self.over_memory: int | None = None  # resident MB when it was killed for memory
         self.log = open(self.dir / "log.txt", "w+b")
         self.proc = subprocess.Popen([sys.executable, "-m", "evotrainer.executors.child", str(self.dir)],
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
@@ -106,6 +112,19 @@ class _Job:
 
     def done(self, timeout_s: float) -> bool:
         return self.proc.poll() is not None or time.monotonic() - self.t0 > timeout_s
+
+    def check_memory(self, memory_mb: int | None) -> None:
+        """Kill the group once the worker's resident memory passes memory_mb (Linux /proc)."""
+        if not memory_mb or self.over_memory is not None or self.proc.poll() is not None:
+            return
+        try:
+            pages = int(Path(f"/proc/{self.proc.pid}/statm").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            return  # gone already, or no /proc (macOS): the kernel's own limits apply
+        rss_mb = pages * os.sysconf("SC_PAGE_SIZE") // 2**20
+        if rss_mb > memory_mb:
+            self.over_memory = rss_mb
+            _kill_group(self.proc)
 
     def finish(self, timeout_s: float) -> WorkerResult:
         was_running = self.proc.poll() is None
@@ -121,6 +140,9 @@ class _Job:
             self._tmp.cleanup()
 
     def _label(self, killed: bool, was_running: bool, tail: str, seconds: float, timeout_s: float) -> WorkerResult:
+        if self.over_memory is not None:
+            return WorkerResult("oom", error=f"resident memory {self.over_memory} MB passed the worker's limit",
+                                log_tail=tail, seconds=seconds)
         if killed:
             return WorkerResult("timeout", error=f"killed after {timeout_s:g} s", log_tail=tail, seconds=seconds)
         if was_running:  # the caller was interrupted (Ctrl-C, an exception) and took its workers down with it

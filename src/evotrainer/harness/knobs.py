@@ -17,6 +17,10 @@ Parameters (the defaults are the reference recipe):
     prompts_per_step: prompt groups per step.
     group_size: rollouts per prompt (GRPO's G).
     temperature: sampling temperature; log-probs in the loss use the same temperature.
+    top_k: sample only from the k most likely tokens (0: all), after the temperature.
+    top_p: nucleus sampling (Holtzman et al. 1904.09751): sample from the smallest set of
+        tokens whose probability reaches top_p (1.0: all). As in TRL and verl, the loss's
+        log-probs use the temperature only, so top-k/top-p make sampling slightly off-policy.
     max_new_tokens: completion budget; 0 means the task's own budget, which is also the
         ceiling (a harness may truncate below it, never raise it: a truncation rule).
     clip_low / clip_high: ratio bounds 1 - clip_low, 1 + clip_high (PPO 1707.06347;
@@ -56,6 +60,8 @@ class Knobs:
     prompts_per_step: int = 64
     group_size: int = 8
     temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
     max_new_tokens: int = 0
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -78,6 +84,8 @@ class Knobs:
         need(self.prompts_per_step >= 1, f"prompts_per_step must be >= 1, got {self.prompts_per_step}")
         need(self.group_size >= 2, f"group_size must be >= 2 (GRPO compares within a group), got {self.group_size}")
         need(self.temperature > 0, f"temperature must be > 0, got {self.temperature}")
+        need(self.top_k >= 0, f"top_k must be >= 0 (0: no top-k), got {self.top_k}")
+        need(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
         need(self.max_new_tokens >= 0, f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         need(0 <= self.clip_low < 1, f"clip_low must be in [0, 1), got {self.clip_low}")
         need(self.clip_high >= 0, f"clip_high must be >= 0, got {self.clip_high}")
@@ -87,6 +95,11 @@ class Knobs:
         need(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
         need(all(isinstance(lv, int) for lv in self.train_levels), f"train_levels must be integers, got {list(self.train_levels)}")
         return self
+
+    def completion_budget(self, task_budget: int) -> int:
+        """Tokens a completion may take: the task's budget, or this harness's lower one (a
+        harness may truncate below the task's budget, never raise it)."""
+        return min(self.max_new_tokens, task_budget) if self.max_new_tokens else task_budget
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

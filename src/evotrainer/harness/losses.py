@@ -2,7 +2,10 @@
 
 Policy loss: per-token loss [B, T] from log-probs, old log-probs and advantages.
 Aggregation: per-token loss [B, T] and mask [B, T] -> scalar. Any form pairs with any
-aggregation; the KL and entropy terms are added per token before aggregation.
+aggregation; the KL and entropy terms are added per token before aggregation. The trainer
+hands an aggregation the whole batch: rows a group filter dropped have an all-zero mask
+(verl leaves them out of every denominator, and so do we), and the mask is as wide as
+the completion budget (max_new_tokens), not as the longest completion of the batch.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from evotrainer.harness.registry import Registry
 PolicyLossFn = Callable[..., torch.Tensor]
 LossAggFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+LOG_RATIO_CLAMP = 20.0  # as verl: exp() of a stale or broken log-ratio must not overflow to inf
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy_loss")
 LOSS_AGGS: Registry[LossAggFn] = Registry("loss_agg")
 KL_ESTIMATORS: Registry[KLFn] = Registry("kl_estimator")
@@ -28,7 +32,7 @@ def clipped(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
     clip_high > clip_low is DAPO's clip-higher (2503.14476): more room to raise unlikely
     tokens, which fights entropy collapse. adv is [B] (one per rollout), broadcast over T.
     """
-    ratio = torch.exp(logp - old_logp)
+    ratio = torch.exp((logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     a = adv.unsqueeze(-1)
     return torch.maximum(-a * ratio, -a * ratio.clamp(1 - clip_low, 1 + clip_high))
 
@@ -39,23 +43,29 @@ def token_mean(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (loss * mask).sum() / mask.sum().clamp(min=1)
 
 
+def _live_rows(mask: torch.Tensor) -> torch.Tensor:
+    """How many rows have any token in the loss: rows a group filter dropped do not count."""
+    return (mask.sum(-1) > 0).sum().clamp(min=1)
+
+
 @LOSS_AGGS.register()
 def seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean per sequence, then mean over sequences (original GRPO): every rollout weighs the same."""
+    """Mean per sequence, then mean over the sequences in the loss (original GRPO): every rollout weighs the same."""
     per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    return per_seq.mean()
+    return per_seq.sum() / _live_rows(mask)
 
 
 @LOSS_AGGS.register()
 def seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Sum per sequence, mean over sequences."""
-    return (loss * mask).sum(-1).mean()
+    """Sum per sequence, mean over the sequences in the loss."""
+    return (loss * mask).sum() / _live_rows(mask)
 
 
 @LOSS_AGGS.register()
 def seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Sum over tokens divided by a constant (the max completion length): Dr. GRPO's unbiased form."""
-    return (loss * mask).sum() / (mask.shape[0] * mask.shape[1])
+    """Sum per sequence divided by a constant, the completion budget (the mask's width), then the
+    mean over sequences: Dr. GRPO's unbiased form (2503.20783), verl's seq-mean-token-sum-norm."""
+    return (loss * mask).sum() / (_live_rows(mask) * mask.shape[1])
 
 
 @KL_ESTIMATORS.register()

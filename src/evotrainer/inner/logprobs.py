@@ -21,7 +21,7 @@ def completion_logprobs(model, gen: Generation, temperature: float,
     pmask = gen.prompt_mask[gen.prompt_index]
     padded = bool((gen.prompt_mask == 0).any())
     mask = torch.cat([pmask, torch.ones_like(comp)], 1) if padded else None
-    pos = position_ids(pmask)[:, -1:] + 1 + torch.arange(T)[None, :]
+    pos = position_ids(pmask)[:, -1:] + 1 + torch.arange(T, device=comp.device)[None, :]
     logits = first[:, None]
     if T > 1:
         rest = model(input_ids=comp[:, :-1], attention_mask=None if mask is None else mask[:, :-1],

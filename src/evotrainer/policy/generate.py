@@ -4,7 +4,7 @@ A hand-rolled loop instead of `model.generate`, for two savings: each distinct p
 through the model once and its KV cache is shared by all the rows that answer it (a GRPO
 group of 8 pays for one prompt forward, not 8), and we stop as soon as every row has
 written its end token. Without left padding we pass no attention mask, so attention takes
-the fused causal path.
+the fused causal path. Prompts are encoded by `evotrainer.policy.prompts`.
 """
 from __future__ import annotations
 
@@ -29,12 +29,6 @@ class Generation:
         return self.completion_mask.sum(-1)
 
 
-def encode_prompts(tok, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    enc = tok([tok.bos_token + p for p in prompts], add_special_tokens=False,
-              padding=True, return_tensors="pt")
-    return enc["input_ids"], enc["attention_mask"]
-
-
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
@@ -49,20 +43,45 @@ def prompt_forward(model, prompt_ids, prompt_mask, index):
     return out.logits[index, -1], cache
 
 
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Top-k, then nucleus (top-p) filtering of [B, V] logits, as transformers orders them:
+    tokens outside are set to -inf. top_k 0 and top_p 1.0 keep every token."""
+    if top_k and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) >= top_p  # mass before the token already covers top_p
+        drop[..., 0] = False                               # the most likely token always stays
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
-             eos_id: int, pad_id: int, temperature: float = 1.0, greedy: bool = False,
-             generator: torch.Generator | None = None, repeats: int = 1) -> Generation:
-    """`repeats` completions per prompt (a GRPO group), rows of one prompt contiguous."""
-    index = torch.arange(prompt_ids.shape[0]).repeat_interleave(repeats)
+             stop_ids: int | list[int], pad_id: int, temperature: float = 1.0, greedy: bool = False,
+             generator: torch.Generator | None = None, repeats: int = 1, top_k: int = 0,
+             top_p: float = 1.0) -> Generation:
+    """`repeats` completions per prompt (a GRPO group), rows of one prompt contiguous.
+
+    A row ends at the first of `stop_ids` (every end-of-sequence id the model's generation
+    config lists). Tensors live on the prompts' device; the log-probs and entropies are
+    those of the distribution sampled from (temperature, then top-k / top-p)."""
+    dev = prompt_ids.device
+    stops = torch.tensor([stop_ids] if isinstance(stop_ids, int) else list(stop_ids), device=dev)
+    index = torch.arange(prompt_ids.shape[0], device=dev).repeat_interleave(repeats)
     B = index.shape[0]
     logits, cache = prompt_forward(model, prompt_ids, prompt_mask, index)
     mask = prompt_mask[index] if bool((prompt_mask == 0).any()) else None
     next_pos = position_ids(prompt_mask)[index, -1:] + 1
-    tokens, logps, ents, done = [], [], [], torch.zeros(B, dtype=torch.bool)
+    tokens, logps, ents, done = [], [], [], torch.zeros(B, dtype=torch.bool, device=dev)
     for t in range(max_new_tokens):
         # evidence comes for free: the sampling distribution is already computed here
-        logp_all = torch.log_softmax(logits.float() / (1.0 if greedy else temperature), -1)
+        scaled = logits.float() / (1.0 if greedy else temperature)
+        if not greedy:
+            scaled = filter_logits(scaled, top_k, top_p)
+        logp_all = torch.log_softmax(scaled, -1)
         if greedy:
             nxt = logits.argmax(-1)
         else:
@@ -70,21 +89,22 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
         nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
         tokens.append(nxt)
         logps.append(logp_all.gather(-1, nxt[:, None]).squeeze(-1))
-        ents.append(-(logp_all.exp() * logp_all).sum(-1))
-        done |= nxt == eos_id
+        p = logp_all.exp()
+        ents.append(-(p * logp_all.masked_fill(p == 0, 0.0)).sum(-1))
+        done |= torch.isin(nxt, stops)
         if bool(done.all()) or t == max_new_tokens - 1:
             break
         if mask is not None:
-            mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype)], dim=1)
+            mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=dev)], dim=1)
         out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=next_pos,
                     past_key_values=cache, use_cache=True)
         cache, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
     comp = torch.stack(tokens, dim=1)
     # mask covers tokens up to and including the first end token
-    is_eos = comp == eos_id
-    after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0
-    comp_mask = (~after_eos).long()
-    return Generation(prompt_ids, prompt_mask, index, comp, comp_mask, truncated=~is_eos.any(-1),
+    is_stop = torch.isin(comp, stops)
+    after_stop = (is_stop.cumsum(-1) - is_stop.long()) > 0
+    comp_mask = (~after_stop).long()
+    return Generation(prompt_ids, prompt_mask, index, comp, comp_mask, truncated=~is_stop.any(-1),
                       logprobs=torch.stack(logps, 1) * comp_mask, entropy=torch.stack(ents, 1) * comp_mask)
 
 
@@ -98,8 +118,11 @@ def select_rows(gen: Generation, rows: torch.Tensor) -> Generation:
 
 def decode(tok, gen: Generation) -> list[str]:
     """Completion text up to (not including) the end token."""
-    rows = []
-    for ids, m in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist()):
-        ids = [i for i, keep in zip(ids, m) if keep and i != tok.eos_token_id]
-        rows.append(tok.decode(ids, skip_special_tokens=True))
-    return rows
+    rows = [ids[:n - (not tr)] for ids, n, tr in zip(gen.completion_ids.tolist(), gen.lengths.tolist(),
+                                                     gen.truncated.tolist())]
+    return decode_ids(tok, rows)
+
+
+def decode_ids(tok, rows: list[list[int]]) -> list[str]:
+    """Text of completions given as ids without their end token (special tokens dropped)."""
+    return tok.batch_decode(rows, skip_special_tokens=True)

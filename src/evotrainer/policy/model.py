@@ -1,7 +1,10 @@
-"""The tiny policy: a ~1M-parameter Llama-style causal LM and a character tokenizer.
+"""Policies: any Hugging Face causal LM, and the built-in tiny one.
 
-Both are built locally (nothing is downloaded) and saved in Hugging Face format, so any
-transformers-based tool (TRL included) can load them with `from_pretrained`.
+`load_policy` loads any checkpoint in Hugging Face format (`AutoModelForCausalLM` and
+`AutoTokenizer`): a user's model, or one of ours. The built-in policy, a ~1M-parameter
+Llama-style model with a character tokenizer, is built locally (nothing is downloaded) and
+saved in the same format, so TRL and every transformers-based tool load it too. It is the
+default when a run names no `model`.
 """
 from __future__ import annotations
 
@@ -9,10 +12,13 @@ import string
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
+                          PreTrainedTokenizerFast)
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from evotrainer.errors import UsageError
+from evotrainer.policy.config import PolicyConfig
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 # Printable ASCII without the vertical whitespace that string.printable also holds.
@@ -25,6 +31,9 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     # One token per character; Fuse() glues them back without spaces when decoding.
     core.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
     core.decoder = decoders.Fuse()
+    # The tokenizer, not the trainer, says that a text starts with <bos> (as Llama's do): prompts are
+    # encoded with add_special_tokens=True for every model, and Qwen's tokenizer adds nothing there.
+    core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
         unk_token="<unk>", padding_side="left",  # left padding: generation appends on the right
@@ -54,11 +63,51 @@ def save_policy(model, tok, path: Path) -> None:
     tok.save_pretrained(path)
 
 
-def load_policy(path: Path):
+def resolve_model(name: str | Path) -> str:
+    """A local directory for `name` (a directory, or a hub id already in the local cache),
+    checked to hold a causal LM and a tokenizer. Nothing is downloaded: workers load the
+    returned directory, so every process of a run reads the same files."""
+    path = Path(name).expanduser()
+    if not path.exists():
+        if str(name).startswith((".", "/", "~")) or str(name).count("/") != 1:
+            raise UsageError(f"no model at '{name}' (expected a directory with config.json, or a hub id "
+                             "such as Qwen/Qwen2.5-0.5B-Instruct that is already in the local cache)")
+        from huggingface_hub import snapshot_download
+        try:
+            path = Path(snapshot_download(str(name), local_files_only=True))
+        except Exception:
+            raise UsageError(f"model '{name}' is neither a directory nor in the local Hugging Face cache; "
+                             f"download it first (`hf download {name}`) or pass a directory") from None
+    if not (path / "config.json").is_file():
+        raise UsageError(f"no checkpoint at '{path}' (expected config.json and model weights; "
+                         "run `evotrainer pretrain` or pass --model PATH to a Hugging Face model directory)")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as e:
+        raise UsageError(f"'{path}/config.json' is not a model config transformers can read: "
+                         f"{str(e).splitlines()[0][:200]}") from None
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UsageError(f"'{path}' holds a {config.model_type} model, which is not a causal LM "
+                         "(AutoModelForCausalLM cannot load it); pass a decoder-only model such as Qwen2, Llama or GPT-2")
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")):
+        raise UsageError(f"'{path}' has no tokenizer files (tokenizer.json or tokenizer_config.json); "
+                         "save the tokenizer beside the model with tokenizer.save_pretrained")
+    return str(path.resolve())
+
+
+def load_policy(path: Path | str, cfg: PolicyConfig | None = None):
+    """(model, tokenizer) of a Hugging Face checkpoint, the model in fp32 on cfg's device.
+
+    The tokenizer pads on the left (generation appends on the right) and, if it has no
+    pad token, pads with its end token (as TRL does); pads are always masked out."""
     path = Path(path)
     if not (path / "config.json").exists():
         raise UsageError(f"no checkpoint at '{path}' (expected config.json and model weights; "
-                         "run `evotrainer pretrain` or pass --base PATH to a checkpoint)")
-    model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
-    tok = PreTrainedTokenizerFast.from_pretrained(path)
+                         "run `evotrainer pretrain` or pass --model PATH to a checkpoint)")
+    cfg = cfg or PolicyConfig()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(cfg.resolved_device())
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
     return model, tok

@@ -29,7 +29,7 @@ class ArithTask(Task):
     def __init__(self, config: ArithConfig | None = None):
         self.config = config or ArithConfig()
         self.config.validate()
-        self.name = "arith"
+        self.name = self.spec = "arith"
         self.levels = tuple(range(1, self.config.max_level + 1))
         self.target_level = self.config.target_level
         self.split_size = self.config.split_size

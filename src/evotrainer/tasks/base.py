@@ -34,7 +34,8 @@ class Problem:
 class Task(ABC):
     """A task family. Subclasses generate problems; splits and streams come from here."""
 
-    name: str
+    name: str             # stable identity: hashes splits and streams (never a path)
+    spec: str             # canonical spec string: get_task(spec, level) rebuilds this task anywhere
     levels: tuple[int, ...]
     target_level: int
     max_new_tokens: int   # completion budget the task needs (answer + end token, with slack)
@@ -67,8 +68,7 @@ class Task(ABC):
 
     def held_out(self, problem: Problem) -> bool:
         """Whether the problem is in the held-out pool (validation and test come from it only)."""
-        digest = hashlib.sha256(f"{self.name}/{problem.level}/{problem.id}".encode()).digest()
-        return digest[0] % HELD_OUT_SHARE == 0
+        return pool_digest(self.name, problem)[0] % HELD_OUT_SHARE == 0
 
     def train_stream(self, seed: int) -> "TrainStream":
         return TrainStream(self, seed)
@@ -84,6 +84,23 @@ class Task(ABC):
             if tries > 50 * HELD_OUT_SHARE * n:  # tiny problem spaces run out of distinct items
                 break
         return out
+
+
+def pool_digest(task_name: str, problem: Problem) -> bytes:
+    """The stable hash behind the held-out rule; its later bytes are free for other fixed choices."""
+    return hashlib.sha256(f"{task_name}/{problem.level}/{problem.id}".encode()).digest()
+
+
+def budget_from_answers(answers) -> int:
+    """Default completion budget from reference answers: the longest, plus half again (at least 4).
+
+    The built-in character model writes one token per character, so the longest answer plus
+    the end token is the least it needs; the slack lets over-long answers show up as wrong
+    rather than cut off. Models that reason before answering need far more: they pass
+    `?max_new_tokens=N` in the task spec.
+    """
+    longest = max((len(a) for a in answers), default=0)
+    return longest + max(4, longest // 2)
 
 
 class TrainStream:

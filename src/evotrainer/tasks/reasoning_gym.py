@@ -9,16 +9,35 @@ Levels: without one (or 0) a family is its default config, one level 0. Level L 
 step L-1 of the family's own curriculum (reasoning-gym's `create_curriculum`, every
 attribute at that step), so `rg:chain_sum` level 1 is 2 terms of 1 digit and level 2 is
 2-3 terms of 1-2 digits; the levels below the target are what a curriculum harness mixes in.
+
+Datasets: one per level, built on first use and kept. A reasoning-gym item is a pure function
+of (seed, index), and a dataset's construction does not depend on its size for almost every
+family, so each level is one dataset of `DATASET_SIZE` items with a seed fixed by the task, and
+a draw is `ds[rng.randrange(size)]`, not a new dataset per draw. The four families whose
+constructors do work per item get a smaller size (SIZE_CAPS).
 """
 from __future__ import annotations
 
+import hashlib
 import random
 
 import reasoning_gym
 from reasoning_gym.factory import create_curriculum, has_curriculum
 
 from evotrainer.errors import UsageError, unknown
-from evotrainer.tasks.base import Problem, Task
+from evotrainer.tasks.base import Problem, Task, budget_from_answers
+
+# seed + index stays below 2**32 (numpy's seed limit, which some families use per item)
+DATASET_SIZE = 2**31 - 1
+# families whose constructor does work per item (or refuses large sizes): a size they build
+# in well under a second, still far more items than a run draws
+SIZE_CAPS = {
+    "acre": 2_000,               # generates every question up front
+    "gsm_symbolic": 1_000_000,   # draws a template index per item up front
+    "list_functions": 1_000_000,  # likewise
+    "word_ladder": 20_000,       # its config refuses more
+}
+BUDGET_SAMPLE = 64  # items of the target level whose longest answer sets the completion budget
 
 
 def families() -> list[str]:
@@ -41,11 +60,12 @@ def level_configs(family: str) -> list[dict]:
 
 
 class ReasoningGymTask(Task):
-    def __init__(self, family: str, level: int | None = None, split_size: int = 200, max_new_tokens: int = 16):
+    def __init__(self, family: str, level: int | None = None, split_size: int = 200,
+                 max_new_tokens: int | None = None):
         if family not in families():
             raise unknown("reasoning-gym family", family, families())
         self.family, self.configs = family, level_configs(family)
-        self.name = f"rg:{family}"
+        self.name = self.spec = f"rg:{family}"
         self.target_level = level or 0
         if not 0 <= self.target_level < len(self.configs):
             steps = f"1..{len(self.configs) - 1} (its reasoning-gym curriculum)" if len(self.configs) > 1 else "none"
@@ -54,18 +74,37 @@ class ReasoningGymTask(Task):
         # the defaults stand alone; curriculum levels are a ladder a curriculum can mix
         self.levels = (0,) if self.target_level == 0 else tuple(range(1, len(self.configs)))
         self.split_size = split_size
+        self.size = SIZE_CAPS.get(family, DATASET_SIZE)
+        self._datasets: dict[int, object] = {}
+        # the family decides the budget: the longest of a fixed sample of target-level answers
+        # plus slack (budget_from_answers); the built-in character model writes one token per
+        # character, models that reason first pass `?max_new_tokens=N` in the spec instead
+        if max_new_tokens is None:
+            rng = random.Random(f"{self.name}/budget/{self.target_level}")
+            ds = self._dataset(self.target_level)
+            max_new_tokens = budget_from_answers(str(ds[rng.randrange(self.size)]["answer"])
+                                                 for _ in range(BUDGET_SAMPLE))
         self.max_new_tokens = max_new_tokens
-        self._scorer = reasoning_gym.create_dataset(family, size=1, seed=0, **self.configs[self.target_level])
+
+    def _dataset(self, level: int):
+        """The level's dataset, built once; its seed is fixed by (family, level)."""
+        if level not in self._datasets:
+            seed = int.from_bytes(hashlib.sha256(f"{self.name}/{level}".encode()).digest()[:4], "big") % 2**31
+            self._datasets[level] = reasoning_gym.create_dataset(self.family, size=self.size, seed=seed,
+                                                                 **self.configs[level])
+        return self._datasets[level]
 
     def problem_space(self, level: int) -> int:
-        return 10 ** 9  # procedural families are effectively unbounded (at the levels we train)
+        # procedural families are effectively unbounded (at the levels we train); a capped
+        # dataset holds at most its size
+        return min(10 ** 9, self.size)
 
     def generate(self, rng: random.Random, level: int) -> Problem:
-        # reasoning-gym items are a pure function of (seed, index); one fresh seed per draw.
-        ds = reasoning_gym.create_dataset(self.family, size=1, seed=rng.randrange(2**31), **self.configs[level])
-        entry = ds[0]
+        entry = self._dataset(level)[rng.randrange(self.size)]
         return Problem(id=entry["question"], prompt=entry["question"] + "\nAnswer: ",
                        answer=str(entry["answer"]), level=level, entry=entry)
 
     def score(self, problem: Problem, completion: str) -> float:
-        return float(self._scorer.score_answer(answer=completion.strip(), entry=problem.entry))
+        # the scorer of the problem's own level: a few families score against their config
+        level = problem.level if 0 <= problem.level < len(self.configs) else self.target_level
+        return float(self._dataset(level).score_answer(answer=completion.strip(), entry=problem.entry))

@@ -1,0 +1,61 @@
+"""Who trains a segment: a registry of backends, each a `run` function and the list of what
+it cannot express.
+
+    run(model, tok, task, harness, seed, steps, log, optimizer_state, runtime) -> optimizer_state
+
+trains `steps` steps on the model in place, records each through `log` (SegmentLog) and
+returns AdamW's state for the next segment. `refusals(knobs, runtime)` names, one line
+each, what a harness asks for that the backend cannot do; the controller and the `train`
+command check it before any work, so nothing is silently approximated.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+from evotrainer.errors import UsageError, unknown
+from evotrainer.inner.trl_mapping import trl_refusals
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    target: str                                  # "module:function", imported in the worker only
+    refusals: Callable[..., list[str]]            # (knobs, runtime) -> what it cannot express
+
+    def run(self, *args, **kwargs) -> dict:
+        module, _, fn = self.target.partition(":")
+        return getattr(importlib.import_module(module), fn)(*args, **kwargs)
+
+
+def run_embedded(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
+                 runtime) -> dict:
+    from evotrainer.inner.grpo import GRPOTrainer
+    trainer = GRPOTrainer(model, tok, task, harness, seed=seed, policy=runtime.policy,
+                          micro_batch_size=runtime.micro_batch_size)
+    if optimizer_state is not None:
+        trainer.resume_optimizer(optimizer_state)
+    for _ in range(steps):
+        m, recs = trainer.step()
+        log.record(m.to_dict(), recs, model, tok)
+    return trainer.optimizer_state()
+
+
+BACKENDS = {
+    "embedded": Backend("embedded", "evotrainer.inner.backends:run_embedded", lambda knobs, runtime: []),
+    "trl": Backend("trl", "evotrainer.inner.trl_backend:run_trl", trl_refusals),
+}
+
+
+def get_backend(name: str) -> Backend:
+    if name not in BACKENDS:
+        raise unknown("backend", name, BACKENDS)
+    return BACKENDS[name]
+
+
+def check_backend(runtime, knobs, harness: str = "the harness") -> None:
+    """One line, before any work, if the backend cannot train this harness as it is written."""
+    refused = get_backend(runtime.backend).refusals(knobs, runtime)
+    if refused:
+        raise UsageError(f"backend {runtime.backend} cannot train {harness}: {refused[0]}")

@@ -1,0 +1,219 @@
+"""The TRL backend: a segment trained by TRL's GRPOTrainer under the same harness.
+
+TRL samples, computes the loss and steps the optimizer; the harness enters at four points:
+
+- prompts: a stream drawn by the harness's curriculum from the task's train stream (an
+  IterableDataset read one step at a time), encoded by our prompt encoder, so both
+  backends feed the model identical token ids;
+- reward: one `reward_funcs` entry that scores the completions with the task's verifier and
+  runs the harness's reward, group filter and advantage (harness.signal, as the embedded
+  trainer does);
+- advantages and group filter: `_generate_and_score_completions` replaces TRL's advantages
+  with the harness's and takes dropped groups out of the loss through TRL's own loss mask
+  (its `tool_mask`) and token count;
+- evidence: the loss forward's log-probs and entropies (the sampling policy's, at the first
+  update of a batch) fill the same per-rollout records and per-step metrics as the embedded
+  trainer writes, through the same SegmentLog.
+
+What TRL cannot express is refused before training (inner.trl_mapping.trl_refusals).
+Single process only: groups are whole within the one process that trains.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from datasets import IterableDataset
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from evotrainer.harness.filters import DEAD_STD
+from evotrainer.harness.rollouts import Rollouts
+from evotrainer.harness.signal import Signal, harness_signal
+from evotrainer.inner.grpo import StepMetrics, add_ppo_stats, rollout_records
+from evotrainer.inner.levels import LevelPicker
+from evotrainer.inner.optim import lr_at, make_adamw, resume_adamw
+from evotrainer.inner.trl_mapping import LOSS_TYPES, grpo_config_kwargs
+from evotrainer.policy.generate import decode_ids
+from evotrainer.policy.prompts import prompt_token_ids, stop_token_ids
+
+
+@dataclass
+class Batch:
+    """One sampled batch, as the reward function saw it, and what the loss passes add to it."""
+    problems: list
+    texts: list[str]
+    scores: torch.Tensor
+    lengths: torch.Tensor
+    truncated: torch.Tensor
+    signal: Signal
+    logp_sum: torch.Tensor = None      # [B] sum of the sampling policy's token log-probs
+    entropy_sum: torch.Tensor = None   # [B] sum of its per-token entropies
+    stats: dict = field(default_factory=lambda: dict(loss=0.0, kl=0.0, clip=0.0, approx_kl=0.0, tokens=0.0))
+    started: float = 0.0
+    generate_s: float = 0.0
+
+
+class HarnessGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer with the harness's reward, filter, advantage and curriculum."""
+
+    def __init__(self, *args, task, harness, chat_template: bool, seed: int, log, steps_before: int = 0, **kwargs):
+        self.task, self.harness, self.segment_log = task, harness, log
+        self.evo_chat_template = chat_template  # (TRL sets its own self.chat_template)
+        self.level_picker = LevelPicker(harness, task, seed)
+        self.stream = task.train_stream(seed)
+        self.problems: list = []           # every prompt handed to TRL, by index
+        self.rollout_batch: Batch | None = None
+        self.batches_done, self.steps_before = 0, steps_before
+        self.G = harness.knobs.group_size
+        super().__init__(*args, reward_funcs=[self.harness_reward],
+                         train_dataset=IterableDataset.from_generator(self._prompts), **kwargs)
+        self.stop_ids = stop_token_ids(self.model, self.processing_class)
+        self.budget = harness.knobs.completion_budget(task.max_new_tokens)
+        self.add_callback(_StepEnd(self))
+
+    # -- prompts --------------------------------------------------------------------------
+    def _prompts(self):
+        """Endless prompts, prompts_per_step at a time, from the levels the curriculum picks."""
+        step = 0
+        while True:
+            step += 1
+            for lv in self.level_picker.levels(step, self.harness.knobs.prompts_per_step):
+                self.problems.append(self.stream.draw(lv))
+                yield {"prompt": self.problems[-1].prompt, "pid": len(self.problems) - 1}
+
+    def _tokenize_prompts(self, prompts: list):
+        return prompt_token_ids(self.processing_class, prompts, self.evo_chat_template), None, {}
+
+    def _generate(self, prompts: list):
+        t = time.perf_counter()
+        out = super()._generate(prompts)
+        self._generate_s = time.perf_counter() - t
+        return out
+
+    # -- reward, filter, advantage -------------------------------------------------------
+    def harness_reward(self, prompts, completions, completion_ids, pid, **_):
+        """TRL's reward function: verifier scores, then the harness's signal for the whole batch."""
+        problems = [self.problems[i] for i in pid]
+        ended = [bool(ids) and ids[-1] in self.stop_ids for ids in completion_ids]
+        texts = decode_ids(self.processing_class, [ids[:-1] if e else ids for ids, e in zip(completion_ids, ended)])
+        scores = torch.tensor([self.task.score(p, c) for p, c in zip(problems, texts)], dtype=torch.float32)
+        lengths = torch.tensor([len(ids) for ids in completion_ids])
+        truncated = torch.tensor([not e for e in ended])
+        sig = harness_signal(self.harness, Rollouts(problems, texts, scores, lengths, truncated, self.G, self.budget))
+        self.rollout_batch = Batch(problems, texts, scores, lengths, truncated, sig,
+                           logp_sum=torch.zeros(len(problems)), entropy_sum=torch.zeros(len(problems)),
+                           started=self._batch_start, generate_s=self._generate_s)
+        self.level_picker.observe([p.level for p in problems[::self.G]], scores.view(-1, self.G).mean(1).tolist())
+        return sig.rewards.tolist()
+
+    def _generate_and_score_completions(self, inputs):
+        self._batch_start = getattr(self, "_last_step_end", None) or time.perf_counter()
+        out = super()._generate_and_score_completions(inputs)
+        sig, dev = self.rollout_batch.signal, out["advantages"].device
+        keep = sig.row_keep.to(dev)
+        adv = sig.advantages.to(dev)
+        if LOSS_TYPES[self.harness.knobs.loss_agg] != "dapo" and bool(keep.any()):
+            # TRL's per-sequence losses average over every row of a micro-batch; scaling the
+            # advantages by rows / kept rows makes that the mean over kept rows, as ours
+            # (the clipped surrogate is linear in the advantage)
+            adv = adv * (len(keep) / keep.sum())
+        out["advantages"] = adv
+        out["tool_mask"] = keep[:, None].expand_as(out["completion_mask"]).to(out["completion_mask"].dtype)
+        out["num_items_in_batch"] = (out["completion_mask"] * out["tool_mask"]).sum()
+        out["row_index"] = torch.arange(len(keep), device=dev)
+        return out
+
+    # -- evidence from the loss forward ---------------------------------------------------
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        S = self.args.steps_per_generation
+        self._micro = inputs
+        self._first_update = (self._step % (S * self.num_iterations)) // S == 0
+        if self._step % S == 0:
+            self.rollout_batch.stats["loss"] = 0.0  # the reported loss is the last update's
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        self.rollout_batch.stats["loss"] += float(loss.detach())
+        return loss
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        if kwargs.get("compute_entropy") and self.model.training:  # the loss forward of a micro-batch
+            self._record_micro(logps.detach().float(), entropies.detach().float())
+        return logps, entropies, aux
+
+    def _record_micro(self, logps, entropies) -> None:
+        x, b, k = self._micro, self.rollout_batch, self.harness.knobs
+        rows = x["row_index"].cpu()
+        seq_mask = x["completion_mask"].float()
+        if self._first_update:  # the sampling policy's own log-probs: the evidence records'
+            b.logp_sum[rows] = (logps * seq_mask).sum(-1).cpu()
+            b.entropy_sum[rows] = (entropies * seq_mask).sum(-1).cpu()
+        loss_mask = seq_mask * x["tool_mask"].float()
+        old = x.get("old_per_token_logps")
+        add_ppo_stats(b.stats, logps, logps if old is None else old.float(), x["advantages"].float(),
+                      loss_mask, k.clip_low, k.clip_high)
+        ref = x.get("ref_per_token_logps")
+        if ref is not None:
+            d = ref.float() - logps
+            b.stats["kl"] += float(((d.exp() - d - 1) * loss_mask).sum())
+
+    # -- one sampled batch done -----------------------------------------------------------
+    def batch_done(self) -> None:
+        """After the last optimizer step on a batch: its metrics and records, as the embedded trainer's."""
+        b, G = self.rollout_batch, self.G
+        self.batches_done += 1
+        n_tok = b.lengths.clamp(min=1).float()
+        seq_logp, seq_ent = b.logp_sum / n_tok, b.entropy_sum / n_tok
+        sig = b.signal
+        dead = sig.rewards.view(-1, G).std(dim=1, unbiased=False) <= DEAD_STD
+        tokens = max(b.stats["tokens"], 1.0)
+        now = time.perf_counter()
+        m = StepMetrics(
+            step=self.batches_done, reward_mean=float(sig.rewards.mean()), score_mean=float(b.scores.mean()),
+            dead_groups=float(dead.float().mean()), kept_groups=float(sig.keep.float().mean()),
+            loss=b.stats["loss"], kl=b.stats["kl"] / tokens, entropy=float(seq_ent.mean()),
+            mean_logprob=float(seq_logp.mean()), length_mean=float(b.lengths.float().mean()),
+            truncated=float(b.truncated.float().mean()),
+            lr=lr_at(self.harness.knobs, self.steps_before + self.batches_done),
+            seconds=now - b.started, generate_seconds=b.generate_s,
+            clip_frac=b.stats["clip"] / tokens, approx_kl=b.stats["approx_kl"] / tokens)
+        recs = rollout_records(self.batches_done, b.problems, b.texts, b.scores, sig, b.lengths, b.truncated,
+                               seq_logp, seq_ent)
+        self.segment_log.record(m.to_dict(), recs, self.model, self.processing_class)
+        for values in self._metrics["train"].values():  # TRL's own metrics: nobody logs them here
+            values.clear()
+        self._last_step_end = now
+
+
+class _StepEnd(TrainerCallback):
+    """Every num_iterations optimizer steps, one sampled batch is done."""
+
+    def __init__(self, trainer: HarnessGRPOTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.trainer.num_iterations == 0:
+            self.trainer.batch_done()
+
+
+def run_trl(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
+            runtime) -> dict:
+    """Backend entry point (inner.backends): train `steps` sampled batches with TRL."""
+    import transformers
+    k = harness.knobs
+    transformers.logging.set_verbosity_error()
+    config = GRPOConfig(**grpo_config_kwargs(k, runtime, task.max_new_tokens, seed, steps,
+                                             str(log.out_dir / "trl")))
+    opt = make_adamw(model, k)
+    steps_before = resume_adamw(opt, optimizer_state, k) if optimizer_state is not None else 0
+    # the learning rate of each optimizer step: num_iterations steps share one sampled batch
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_at(k, steps_before + s // k.num_iterations + 1) / k.lr)
+    trainer = HarnessGRPOTrainer(model=model, args=config, processing_class=tok, optimizers=(opt, sched),
+                                 task=task, harness=harness, chat_template=runtime.policy.chat_template, seed=seed,
+                                 log=log, steps_before=steps_before)
+    trainer.remove_callback(transformers.PrinterCallback)
+    trainer.train()
+    return {"optimizer": opt.state_dict(), "steps": steps_before + steps}

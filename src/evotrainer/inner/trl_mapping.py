@@ -1,0 +1,78 @@
+"""A harness's knobs as TRL's GRPOConfig, and what TRL cannot express (pure: imports no TRL).
+
+The reward, group-filter, advantage and curriculum slots work with any TRL run: the reward
+becomes a `reward_funcs` entry, the filter and advantage act through one subclass hook,
+the curriculum feeds the prompt stream. The loss is TRL's own, so its form and aggregation
+must be one TRL has:
+
+| policy_loss, loss_agg               | TRL loss_type | what it is                          |
+|-------------------------------------|---------------|-------------------------------------|
+| clipped, token_mean                 | dapo          | token mean over the batch (DAPO)    |
+| clipped, seq_mean_token_mean        | grpo          | mean per sequence, then over them   |
+| clipped, seq_mean_token_sum_norm    | dr_grpo       | sum / (rows x completion budget)    |
+
+KL is TRL's `beta` with its k3 estimator; the entropy bonus is TRL's `entropy_coef`, a token
+mean whatever the loss type, so it is the same term as ours under token_mean only.
+"""
+from __future__ import annotations
+
+LOSS_TYPES = {"token_mean": "dapo", "seq_mean_token_mean": "grpo", "seq_mean_token_sum_norm": "dr_grpo"}
+# TRL's own reward scaling, for its logs only: the advantage slot's values replace TRL's advantages
+SCALE_REWARDS = {"grpo": "group", "dr_grpo": "none", "rloo": "none"}
+
+
+def trl_refusals(knobs, runtime) -> list[str]:
+    """What this harness asks for that TRL's GRPOTrainer cannot do, each with what would work."""
+    out = []
+    if knobs.policy_loss != "clipped":
+        out.append(f"policy_loss '{knobs.policy_loss}': TRL runs its own clipped surrogate; "
+                   "use policy_loss: clipped, or backend: embedded for a custom loss form")
+    if knobs.loss_agg not in LOSS_TYPES:
+        out.append(f"loss_agg '{knobs.loss_agg}' has no TRL loss_type; use "
+                   + ", ".join(f"{a} ({t})" for a, t in LOSS_TYPES.items()) + ", or backend: embedded")
+    if knobs.kl_coef and knobs.kl_estimator != "k3":
+        out.append(f"kl_estimator '{knobs.kl_estimator}': TRL's KL penalty (beta) is the k3 estimator; "
+                   "use kl_estimator: k3, kl_coef: 0, or backend: embedded")
+    if knobs.kl_coef and knobs.group_filter != "keep_all" and knobs.loss_agg != "token_mean":
+        out.append(f"group_filter '{knobs.group_filter}' with kl_coef > 0 under loss_agg {knobs.loss_agg}: TRL "
+                   "averages its KL term over dropped rows too; use loss_agg: token_mean, kl_coef: 0 or keep_all")
+    if knobs.entropy_coef and knobs.loss_agg != "token_mean":
+        out.append(f"entropy_coef > 0 under loss_agg {knobs.loss_agg}: TRL's entropy bonus is a token mean "
+                   "whatever the loss type; use loss_agg: token_mean, entropy_coef: 0, or backend: embedded")
+    batch = knobs.prompts_per_step * knobs.group_size
+    if runtime.micro_batch_size and batch % runtime.micro_batch_size:
+        out.append(f"micro_batch_size {runtime.micro_batch_size} does not divide the batch of {batch} rollouts "
+                   "(TRL accumulates whole micro-batches); pick a divisor of it")
+    return out
+
+
+def grpo_config_kwargs(knobs, runtime, task_budget: int, seed: int, steps: int, output_dir: str) -> dict:
+    """GRPOConfig arguments that train like the embedded trainer under the same harness: one
+    generation of prompts_per_step x group_size rollouts per sampled batch, num_iterations
+    optimizer steps on it (TRL counts each as a step), micro-batches accumulated."""
+    batch = knobs.prompts_per_step * knobs.group_size
+    micro = runtime.micro_batch_size or batch
+    accum = batch // micro
+    device = runtime.policy.resolved_device()
+    dtype = runtime.policy.compute_dtype()
+    loss_type = LOSS_TYPES[knobs.loss_agg]
+    return dict(
+        output_dir=output_dir, seed=seed, data_seed=seed, max_steps=steps * knobs.num_iterations,
+        use_cpu=device.type == "cpu",
+        # on a CPU TRL's defaults (bf16 autocast, gradient checkpointing) only slow a run down
+        bf16=str(dtype) == "torch.bfloat16", fp16=str(dtype) == "torch.float16",
+        gradient_checkpointing=device.type == "cuda",
+        per_device_train_batch_size=micro, gradient_accumulation_steps=accum, steps_per_generation=accum,
+        num_generations=knobs.group_size, num_iterations=knobs.num_iterations,
+        max_completion_length=knobs.completion_budget(task_budget),
+        temperature=knobs.temperature, top_p=knobs.top_p, top_k=knobs.top_k,
+        learning_rate=knobs.lr, adam_beta1=knobs.adam_beta1, adam_beta2=knobs.adam_beta2,
+        weight_decay=knobs.weight_decay, max_grad_norm=knobs.max_grad_norm,
+        beta=knobs.kl_coef, epsilon=knobs.clip_low, epsilon_high=knobs.clip_high,
+        loss_type=loss_type, scale_rewards=SCALE_REWARDS.get(knobs.advantage, "none"),
+        entropy_coef=knobs.entropy_coef,
+        use_vllm=runtime.use_vllm, vllm_mode=runtime.vllm_mode,
+        shuffle_dataset=False,  # the stream is already random, and a shuffle buffer would read ahead of the curriculum
+        report_to="none", save_strategy="no", eval_strategy="no", logging_steps=10**9, disable_tqdm=True,
+        log_completions=False, dataloader_pin_memory=False,
+    )

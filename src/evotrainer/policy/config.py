@@ -1,0 +1,81 @@
+"""How every process of a run loads, places and prompts a checkpoint.
+
+One `PolicyConfig` travels with each job (training workers, the evaluator) as a plain
+dict, so the policy trains and is judged on the same device, precision and prompt format.
+
+    dtype: precision of the forward and backward passes. The weights and AdamW's moments
+        stay fp32 (TRL's default too: fp32 weights, bf16 mixed precision); `bf16` and
+        `fp16` autocast the model's matmuls (fp16 with a gradient scaler). `auto`: bf16 on
+        a CUDA device that supports it, else fp32 (CPU autocast is slower than fp32 for
+        small models, and MPS autocast is incomplete).
+    device: `auto` picks cuda, then mps, then cpu; or name one (`cpu`, `cuda`, `cuda:1`, `mps`).
+    chat_template: wrap each prompt as one user message in the tokenizer's chat template,
+        when it has one (instruction-tuned models expect it); off, or without a template,
+        prompts are plain text and the tokenizer adds whatever special tokens it adds
+        (a BOS for Llama-style tokenizers, nothing for Qwen's).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+
+import torch
+
+from evotrainer.errors import UsageError
+
+DTYPES = ("auto", "fp32", "bf16", "fp16")
+_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    dtype: str = "auto"
+    device: str = "auto"
+    chat_template: bool = True
+
+    def validate(self) -> "PolicyConfig":
+        if self.dtype not in DTYPES:
+            raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        kind = self.device.split(":")[0]
+        if kind not in ("auto", "cpu", "cuda", "mps"):
+            raise UsageError(f"device must be auto, cpu, cuda, cuda:N or mps, got '{self.device}'")
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise UsageError(f"device '{self.device}' asked for, but torch sees no CUDA device "
+                             f"(torch {torch.__version__}); use device: cpu or auto")
+        if kind == "mps" and not torch.backends.mps.is_available():
+            raise UsageError("device 'mps' asked for, but torch sees no MPS device; use device: cpu or auto")
+        if self.dtype == "fp16" and self.resolved_device().type != "cuda":
+            raise UsageError("dtype fp16 needs a CUDA device (its gradient scaler is CUDA's); use bf16 or fp32")
+        return self
+
+    def resolved_device(self) -> torch.device:
+        if self.device != "auto":
+            return torch.device(self.device)
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+
+    def compute_dtype(self) -> torch.dtype:
+        """The autocast dtype (fp32: no autocast)."""
+        if self.dtype != "auto":
+            return _TORCH_DTYPES[self.dtype]
+        dev = self.resolved_device()
+        return torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+
+    def autocast(self):
+        """Mixed precision around the model's forward passes (a no-op at fp32)."""
+        dtype = self.compute_dtype()
+        if dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.resolved_device().type, dtype=dtype)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def of(cls, d: "dict | PolicyConfig | None") -> "PolicyConfig":
+        if isinstance(d, PolicyConfig):
+            return d
+        return cls(**(d or {}))

@@ -1,0 +1,54 @@
+"""Where and how a run trains: the same for every segment and evaluation of a run, and never
+a harness choice (an agent may not move the run to another device or backend).
+
+    backend: `embedded` (our GRPO trainer: small, readable, fast on a CPU) or `trl` (TRL's
+        GRPOTrainer, for Hugging Face models on GPUs). Both take the same harness and write
+        the same metrics and evidence; what a backend cannot express is refused by name
+        before training.
+    policy: dtype, device and chat template (evotrainer.policy.config.PolicyConfig).
+    micro_batch_size: rows per forward/backward pass, gradients accumulated over the batch
+        (0: the whole batch at once). The update is the same; only memory and speed change.
+    use_vllm / vllm_mode: the TRL backend samples with vLLM (`colocate`: in the training
+        process, sharing its GPU; `server`: a `trl vllm-serve` process). Needs vllm installed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from evotrainer.errors import UsageError
+from evotrainer.policy.config import PolicyConfig
+
+BACKEND_NAMES = ("embedded", "trl")
+VLLM_MODES = ("colocate", "server")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    backend: str = "embedded"
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    micro_batch_size: int = 0
+    use_vllm: bool = False
+    vllm_mode: str = "colocate"
+
+    def validate(self) -> "Runtime":
+        if self.backend not in BACKEND_NAMES:
+            raise UsageError(f"unknown backend '{self.backend}'; valid choices: {', '.join(BACKEND_NAMES)}")
+        if self.micro_batch_size < 0:
+            raise UsageError(f"micro_batch_size must be >= 0 (0: the whole batch), got {self.micro_batch_size}")
+        if self.vllm_mode not in VLLM_MODES:
+            raise UsageError(f"vllm_mode must be one of {', '.join(VLLM_MODES)}, got '{self.vllm_mode}'")
+        if self.use_vllm and self.backend != "trl":
+            raise UsageError("use_vllm needs backend: trl (the embedded trainer samples with its own KV-cached loop)")
+        self.policy.validate()
+        return self
+
+    def to_dict(self) -> dict:
+        return {"backend": self.backend, "policy": self.policy.to_dict(), "micro_batch_size": self.micro_batch_size,
+                "use_vllm": self.use_vllm, "vllm_mode": self.vllm_mode}
+
+    @classmethod
+    def of(cls, d: "dict | Runtime | None") -> "Runtime":
+        if isinstance(d, Runtime):
+            return d
+        d = dict(d or {})
+        return cls(**{**d, "policy": PolicyConfig.of(d.get("policy"))})

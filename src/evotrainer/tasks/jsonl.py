@@ -1,0 +1,201 @@
+"""A finite task from the user's own data: `jsonl:PATH[?verifier=exact|numeric|math]`.
+
+One JSON object per line: `prompt` and `answer` (strings; a numeric answer becomes its
+string), optional `id` (default: a short hash of the prompt), optional integer `level`
+(default 0) and optional `split` (train, val or test) that pins the row.
+
+Splits. Unpinned rows go to validation/test only where the shared held-out hash
+(`Task.held_out` in base.py) puts them; another byte of that hash halves them into val and
+test, each capped at `split_size` (taken in hash order; the surplus trains, so no row is
+wasted and none is on both sides). The assignment is computed once per file and `held_out`
+answers from it, so a `TrainStream` keeps its usual guarantee. The task's `name` is the
+file's stem, not its path: moving the file keeps its splits; editing a row's prompt or id
+moves only that row.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from evotrainer.errors import UsageError
+from evotrainer.tasks.base import (
+    HELD_OUT_SHARE,
+    SPLITS,
+    Problem,
+    Task,
+    budget_from_answers,
+    pool_digest,
+)
+from evotrainer.tasks.verifiers import VERIFIERS, answer_problem
+
+ROW_SPLITS = ("train",) + SPLITS
+QUERY_KEYS = ("verifier",)
+
+
+@dataclass
+class JsonlConfig:
+    path: Path                 # absolute (the canonical spec carries it to other processes)
+    verifier: str = "exact"
+    level: int | None = None   # target level; None: the highest level in the file
+    split_size: int = 500      # cap on each of validation and test
+
+    def validate(self) -> None:
+        if self.verifier not in VERIFIERS:
+            raise UsageError(f"unknown verifier '{self.verifier}' for jsonl:{self.path}; "
+                             f"valid verifiers: {', '.join(VERIFIERS)}")
+        if self.verifier == "math":
+            try:
+                import math_verify  # noqa: F401  (fail now, not as a silent 0.0 per completion)
+            except ImportError as e:
+                raise UsageError(f"verifier=math needs math-verify (pip install 'math-verify>=0.8'): {e}") from None
+        if not self.path.is_file():
+            raise UsageError(f"jsonl task file not found: {self.path}")
+        if self.split_size < 1:
+            raise UsageError(f"split_size must be positive, got {self.split_size}")
+
+
+class JsonlTask(Task):
+    def __init__(self, config: JsonlConfig):
+        config.validate()
+        self.config = config
+        self.name = f"jsonl:{config.path.stem}"
+        self.spec = f"jsonl:{config.path}?verifier={config.verifier}"
+        self.split_size = config.split_size
+        self._verify = VERIFIERS[config.verifier]
+        rows = read_rows(config.path, config.verifier)
+        self.levels = tuple(sorted({p.level for p, _ in rows}))
+        self.target_level = max(self.levels) if config.level is None else config.level
+        if self.target_level not in self.levels:
+            raise UsageError(f"level {self.target_level} is not a level of {self.name}; "
+                             f"levels present: {', '.join(map(str, self.levels))}")
+        self._split_of, self._rows = assign_splits(self.name, rows, config.split_size)
+        self.max_new_tokens = budget_from_answers(p.answer for p, _ in rows)
+        self._check_target(config.path)
+
+    def _check_target(self, path: Path) -> None:
+        """The target level needs rows to train on and to validate and test with."""
+        lv = self.target_level
+        if not self._rows["train"].get(lv):
+            raise UsageError(f"{path}: no train rows at level {lv} (all of them are held out or pinned "
+                             f"to val/test); add rows or pin some with \"split\": \"train\"")
+        for which in SPLITS:
+            if not self._rows[which].get(lv):
+                raise UsageError(f"{path}: no {which} rows at level {lv} (about 1 row in {HELD_OUT_SHARE * 2} "
+                                 f"lands there); add rows or pin some with \"split\": \"{which}\"")
+
+    def problem_space(self, level: int) -> int:
+        return len(self._rows["train"].get(level, ()))
+
+    def generate(self, rng: random.Random, level: int) -> Problem:
+        # train rows only: whatever draws from here (a stream, a warm start) never sees val/test
+        rows = self._rows["train"].get(level)
+        if not rows:
+            raise UsageError(f"{self.name} has no train rows at level {level}")
+        return rows[rng.randrange(len(rows))]
+
+    def split(self, which: str, level: int | None = None, n: int | None = None) -> list[Problem]:
+        if which not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {which!r}")
+        rows = self._rows[which].get(self.target_level if level is None else level, [])
+        return list(rows if n is None else rows[:n])
+
+    def held_out(self, problem: Problem) -> bool:
+        which = self._split_of.get(problem.id)
+        return super().held_out(problem) if which is None else which != "train"
+
+    def score(self, problem: Problem, completion: str) -> float:
+        return self._verify(problem.answer, completion)
+
+
+def read_rows(path: Path, verifier: str) -> list[tuple[Problem, str | None]]:
+    """Every row as (problem, pinned split or None); any bad line is a one-line UsageError."""
+    rows: list[tuple[Problem, str | None]] = []
+    first_line: dict[str, int] = {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read jsonl task file {path}: {e}") from None
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict):
+            raise UsageError(f"{where}: not a JSON object")
+        problem, split = _row(where, obj, verifier)
+        if problem.id in first_line:
+            raise UsageError(f"{where}: duplicate id '{problem.id}' (first on line {first_line[problem.id]}); "
+                             f"ids must be unique (give rows with the same prompt their own 'id')")
+        first_line[problem.id] = n
+        rows.append((problem, split))
+    if not rows:
+        raise UsageError(f"{path}: no rows; each line needs a JSON object with 'prompt' and 'answer'")
+    return rows
+
+
+def _row(where: str, obj: dict, verifier: str) -> tuple[Problem, str | None]:
+    for key in ("prompt", "answer"):
+        if key not in obj:
+            raise UsageError(f"{where}: row has no '{key}' field; each row needs 'prompt' and 'answer'")
+    prompt, answer = obj["prompt"], obj["answer"]
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        answer = str(answer)
+    if not isinstance(prompt, str) or not isinstance(answer, str):
+        bad = "prompt" if not isinstance(prompt, str) else "answer"
+        raise UsageError(f"{where}: '{bad}' must be a string, got {type(obj[bad]).__name__}")
+    if (why := answer_problem(verifier, answer)) is not None:
+        raise UsageError(f"{where}: {why}")
+    pid = obj.get("id", hashlib.sha256(prompt.encode()).hexdigest()[:16])
+    if isinstance(pid, int) and not isinstance(pid, bool):
+        pid = str(pid)
+    if not isinstance(pid, str) or not pid:
+        raise UsageError(f"{where}: 'id' must be a non-empty string, got {pid!r}")
+    level = obj.get("level", 0)
+    if not isinstance(level, int) or isinstance(level, bool) or level < 0:
+        raise UsageError(f"{where}: 'level' must be a non-negative integer, got {level!r}")
+    split = obj.get("split")
+    if split is not None and split not in ROW_SPLITS:
+        raise UsageError(f"{where}: 'split' must be one of {', '.join(ROW_SPLITS)}, got {split!r}")
+    return Problem(id=pid, prompt=prompt, answer=answer, level=level), split
+
+
+def assign_splits(name: str, rows, split_size: int):
+    """Each row's split, and the rows of each split by level (train in file order)."""
+    split_of: dict[str, str] = {}
+    by_split: dict[str, dict[int, list[Problem]]] = {s: {} for s in ROW_SPLITS}
+    hashed: dict[tuple[str, int], list[tuple[bytes, Problem]]] = {}
+    for problem, pinned in rows:
+        digest = pool_digest(name, problem)
+        if pinned is not None:
+            split_of[problem.id] = pinned
+        elif digest[0] % HELD_OUT_SHARE == 0:   # the held-out rule of base.py, byte for byte
+            hashed.setdefault((SPLITS[digest[1] % 2], problem.level), []).append((digest, problem))
+        else:
+            split_of[problem.id] = "train"
+    pinned_count: dict[tuple[str, int], int] = {}
+    for problem, pinned in rows:
+        if pinned in SPLITS:
+            pinned_count[(pinned, problem.level)] = pinned_count.get((pinned, problem.level), 0) + 1
+    for (which, level), cands in hashed.items():
+        room = max(split_size - pinned_count.get((which, level), 0), 0)
+        for i, (_, problem) in enumerate(sorted(cands, key=lambda c: c[0])):
+            split_of[problem.id] = which if i < room else "train"   # surplus trains
+    for problem, _ in rows:
+        by_split[split_of[problem.id]].setdefault(problem.level, []).append(problem)
+    return split_of, by_split
+
+
+def make(spec_base: str, query: dict[str, str], level: int | None) -> JsonlTask:
+    """Build from the part after `jsonl:` and the task-specific query options."""
+    raw_path = spec_base[len("jsonl:"):]
+    if not raw_path:
+        raise UsageError("jsonl task needs a path: jsonl:PATH[?verifier=exact|numeric|math]")
+    path = Path(os.path.abspath(os.path.expanduser(raw_path)))
+    return JsonlTask(JsonlConfig(path=path, verifier=query.get("verifier", "exact"), level=level))

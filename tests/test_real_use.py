@@ -1,0 +1,172 @@
+"""A user's model, task and backend through `train` and `run`: worker processes and the
+evaluator included, from the command line as a user runs it."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import yaml
+
+from evotrainer.harness import REFERENCE
+
+DIGITS = """
+    import torch
+
+    def digit_share(r):
+        # share of completion characters that are digits: learnable from a random init
+        return torch.tensor([sum(c.isdigit() for c in t) / max(len(t), 1) for t in r.completions])
+"""
+
+
+def cli(*args, cwd=None, timeout=900):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-m", "evotrainer.cli", *map(str, args)], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=timeout, cwd=cwd, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def harness(tmp_path, name="h", files=None, **knobs):
+    d = tmp_path / name
+    shutil.copytree(REFERENCE, d)
+    raw = yaml.safe_load((d / "knobs.yaml").read_text())
+    raw.update({"prompts_per_step": 4, "group_size": 4, "eval_every": 1, **knobs})
+    (d / "knobs.yaml").write_text(yaml.safe_dump(raw))
+    for f, body in (files or {}).items():
+        (d / f).write_text(textwrap.dedent(body))
+    return d
+
+
+def metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("backend", ["embedded", "trl"])
+def test_a_hugging_face_model_trains_with_each_backend_its_reward_rises_and_the_evaluator_scores_it(
+        tmp_path, tiny_qwen, backend):
+    h = harness(tmp_path, reward="digit_share", lr=3e-3, prompts_per_step=8, group_size=8, eval_every=15,
+                files={"reward.py": DIGITS})
+    out = tmp_path / "out"
+    summary = cli("train", "--task", "arith", "--level", "2", "--model", tiny_qwen, "--harness", h,
+                  "--backend", backend, "--steps", 30, "--out", out)
+    rewards = [m["reward_mean"] for m in metrics(out)]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.15, (first, last)
+    assert summary["backend"] == backend and json.loads((out / "run.json").read_text())["backend"] == backend
+    # the evaluator scored the base, the step-15 checkpoint and the final one, on held-out problems
+    assert [e["step"] for e in json.loads((out / "summary.json").read_text())["evals"]] == [0, 15, 30]
+    assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1
+    assert len((out / "evidence.jsonl").read_text().splitlines()) == 30 * 64
+
+
+def run_config(tmp_path, task, model, level=None, backend="embedded"):
+    root = harness(tmp_path, "root")
+    cfg = {"task": task, "model": str(model), "backend": backend, "harness": str(root), "seeds": [0],
+           "final_seeds": [100], "search": {"skills": str(tmp_path / "skills.sqlite")},
+           "budget": {"trials": 1, "steps_per_segment": 2, "total_steps": 4, "trial_timeout_s": 300}}
+    if level is not None:
+        cfg["level"] = level
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def check_run(run, backend="embedded"):
+    """The run finished its final comparison, every replay trained by `backend`."""
+    final = json.loads((run / "final.json").read_text())
+    assert {"val", "test"} <= set(final["comparison"]) and "evolved" in final["table"]
+    segments = list(run.glob("final/*/seed-100/segment-*"))
+    assert segments and all(json.loads((s / "run.json").read_text())["backend"] == backend for s in segments)
+    return final
+
+
+def test_a_run_completes_with_the_trl_backend(tmp_path, tiny_qwen):
+    run = tmp_path / "run"
+    status = cli("run", run_config(tmp_path, "arith", tiny_qwen, level=1, backend="trl"), "--out", run)
+    assert status["trials"] >= 2  # the root and one proposal, labelled
+    check_run(run, backend="trl")
+
+
+USER_TASK = '''
+import random
+
+from evotrainer.tasks import Problem, Task
+
+
+class AnyDigit(Task):
+    """Prompts 'say N:'; the verifier gives full credit to any completion holding a digit."""
+    name, levels, target_level, max_new_tokens = "any_digit", (1,), 1, 6
+
+    def generate(self, rng, level):
+        n = rng.randrange(10 ** 6)
+        return Problem(id=str(n), prompt=f"say {n}:", answer=str(n % 10), level=level)
+
+    def problem_space(self, level):
+        return 10 ** 6
+
+    def score(self, problem, completion):
+        return 1.0 if any(c.isdigit() for c in completion) else 0.0
+'''
+
+
+def test_a_task_defined_outside_the_package_goes_through_train_and_run(tmp_path, ckpt):
+    here = tmp_path / "project"
+    here.mkdir()
+    (here / "my_tasks.py").write_text(USER_TASK)
+    h = harness(tmp_path)
+    out = tmp_path / "train"
+    summary = cli("train", "--task", "my_tasks:AnyDigit", "--model", ckpt, "--harness", h, "--steps", 2,
+                  "--out", out, cwd=here)
+    # the user's verifier ran in the training worker and in the evaluator: a random policy writes a digit often
+    assert summary["task"] == "my_tasks:AnyDigit"
+    assert 0 < sum(m["score_mean"] for m in metrics(out)) and 0 < summary["val"] < 1
+    run = tmp_path / "run"
+    cli("run", run_config(tmp_path, "my_tasks:AnyDigit", ckpt), "--out", run, cwd=here)
+    check_run(run)
+    assert any(m["score_mean"] > 0 for f in run.glob("**/metrics.jsonl") for m in metrics(f.parent))
+
+
+def constant_answer_model(path, answer: str):
+    """The built-in tiny model, SFT'd to answer `answer` to any prompt: a policy whose score
+    depends only on the verifier."""
+    from evotrainer.policy import build_model, build_tokenizer, save_policy
+    from evotrainer.pretrain import sft_batch, sft_loss
+    from evotrainer.tasks import Problem
+    torch.manual_seed(0)
+    tok = build_tokenizer()
+    model = build_model(len(tok))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for step in range(120):
+        batch = [Problem(str(i), f"What is {i}/{2 * i}? ", answer, 0) for i in range(1 + step % 7, 33 + step % 7)]
+        loss = sft_loss(model, *sft_batch(tok, batch))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    save_policy(model, tok, path)
+    return path
+
+
+def test_a_jsonl_math_task_scored_by_math_verify_goes_through_train_and_run(tmp_path):
+    # half the answers are 1/2 in LaTeX: a policy that always writes "1/2" is right on those only if
+    # the verifier understands mathematics (exact match would score it 0)
+    rows = [{"prompt": f"What is {i}/{2 * i if i % 2 else 3 * i}? ",
+             "answer": "\\frac{1}{2}" if i % 2 else "\\frac{1}{3}"} for i in range(1, 400)]
+    data = tmp_path / "fractions.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = constant_answer_model(tmp_path / "half", "1/2")
+    h = harness(tmp_path)
+    summary = cli("train", "--task", f"jsonl:{data}?verifier=math", "--model", model, "--harness", h,
+                  "--steps", 2, "--out", tmp_path / "train")
+    assert 0.3 < summary["base_val"] < 0.7 and 0.3 < summary["val"] < 0.7   # the evaluator: math-verify
+    assert sum(m["score_mean"] for m in metrics(tmp_path / "train")) > 0   # the training worker: math-verify too
+    exact = cli("train", "--task", f"jsonl:{data}", "--model", model, "--harness", h, "--steps", 1,
+                "--out", tmp_path / "exact")
+    assert exact["base_val"] == 0.0
+    run = tmp_path / "run"
+    cli("run", run_config(tmp_path, f"jsonl:{data}?verifier=math", model), "--out", run)
+    final = check_run(run)
+    assert 0.3 < final["base"]["val"] < 0.7

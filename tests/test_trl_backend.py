@@ -1,0 +1,140 @@
+"""The TRL backend: the same harness means the same thing as in the embedded trainer."""
+import json
+import shutil
+import textwrap
+
+import pytest
+import torch
+import yaml
+
+from evotrainer.errors import UsageError
+from evotrainer.harness import REFERENCE, load_harness
+from evotrainer.inner.backends import check_backend
+from evotrainer.inner.grpo import GRPOTrainer
+from evotrainer.inner.segment import SegmentLog
+from evotrainer.policy import load_policy
+from evotrainer.policy.prompts import prompt_token_ids
+from evotrainer.runtime import Runtime
+from evotrainer.tasks import get_task
+
+trl = pytest.importorskip("trl")
+
+
+def harness(tmp_path, name="h", files=None, **knobs):
+    d = tmp_path / name
+    shutil.copytree(REFERENCE, d)
+    raw = yaml.safe_load((d / "knobs.yaml").read_text())
+    raw.update({"prompts_per_step": 4, "group_size": 4, "eval_every": 0, **knobs})
+    (d / "knobs.yaml").write_text(yaml.safe_dump(raw))
+    for f, body in (files or {}).items():
+        (d / f).write_text(textwrap.dedent(body))
+    return d
+
+
+@pytest.mark.parametrize("knobs, slot", [
+    ({"kl_coef": 0.1, "kl_estimator": "k1"}, "kl_estimator 'k1'"),
+    ({"loss_agg": "seq_mean_token_sum"}, "loss_agg 'seq_mean_token_sum' has no TRL loss_type"),
+    ({"policy_loss": "mine"}, "policy_loss 'mine'"),
+    ({"entropy_coef": 0.01, "loss_agg": "seq_mean_token_mean"}, "entropy_coef"),
+])
+def test_what_trl_cannot_express_is_refused_in_one_line_naming_the_slot(tmp_path, knobs, slot):
+    files = {"policy_loss.py": "def mine(logp, old_logp, adv, lo, hi):\n    return -adv[:, None] * logp\n"}
+    h = load_harness(harness(tmp_path, files=files, **knobs))
+    check_backend(Runtime("embedded"), h.knobs)  # the embedded trainer takes anything
+    with pytest.raises(UsageError) as e:
+        check_backend(Runtime("trl"), h.knobs)
+    assert slot in str(e.value) and "\n" not in str(e.value) and "backend: embedded" in str(e.value) \
+        or "kl_coef: 0" in str(e.value)
+
+
+def replay_generation(trainer, completions):
+    """Make a TRL trainer 'sample' the given completion ids (each with its end token, if any)."""
+    def fake(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        trainer.seen_prompt_ids = prompt_ids
+        return [list(c) for c in completions], None
+    trainer._generate_single_turn = fake
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
+def test_same_completions_give_identical_rewards_advantages_and_evidence_in_both_backends(tmp_path, tiny_qwen, agg):
+    from evotrainer.inner.trl_backend import run_trl
+    task = get_task("arith", 2)
+    # a graded reward and a filter that drops the groups whose rewards are all equal
+    h = load_harness(harness(tmp_path, reward="partial_credit", group_filter="drop_dead", loss_agg=agg))
+    model, tok = load_policy(tiny_qwen)
+    emb = GRPOTrainer(model, tok, task, h, seed=3)
+    sampled = {}
+    sample = emb.sample
+    emb.sample = lambda: sampled.setdefault("x", sample())
+    _, emb_records = emb.step()
+    rows, gen, texts, _ = sampled["x"]
+    completions = [ids[:n] for ids, n in zip(gen.completion_ids.tolist(), gen.lengths.tolist())]
+
+    # TRL, from the same initial weights, made to sample exactly those completions
+    from evotrainer.inner import trl_backend
+    model2, _ = load_policy(tiny_qwen)
+    captured = {}
+    init = trl_backend.HarnessGRPOTrainer.__init__
+
+    def patched_init(self, *a, **kw):
+        init(self, *a, **kw)
+        replay_generation(self, completions)
+        score = self._generate_and_score_completions
+        self._generate_and_score_completions = lambda inputs: captured.setdefault("out", score(inputs))
+    trl_backend.HarnessGRPOTrainer.__init__ = patched_init
+    try:
+        out = tmp_path / "trl"
+        out.mkdir()
+        log = SegmentLog(out, 1, 0)
+        run_trl(model2, tok, task, h, seed=3, steps=1, log=log, optimizer_state=None, runtime=Runtime("trl"))
+        log.close()
+    finally:
+        trl_backend.HarnessGRPOTrainer.__init__ = init
+    trl_records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
+
+    assert [r.prompt_id for r in emb_records] == [r["prompt_id"] for r in trl_records]  # the same prompts
+    for e, t in zip(emb_records, trl_records):
+        for key in ("completion", "score", "reward", "advantage", "kept", "length", "truncated"):
+            assert getattr(e, key) == t[key], key
+        # the sampling policy's log-probs and entropies: the same weights, computed by two code paths
+        assert t["mean_logprob"] == pytest.approx(e.mean_logprob, abs=1e-4)
+        assert t["entropy"] == pytest.approx(e.entropy, abs=1e-4)
+    kept = torch.tensor([r.kept for r in emb_records])
+    assert 0 < kept.sum() < len(kept), "the test needs both kept and dropped groups"
+    # TRL was handed our prompt encoding (the chat template) and our advantages, dropped rows masked out
+    o = captured["out"]
+    assert o["prompt_ids"].shape[0] == len(rows)
+    ids = prompt_token_ids(tok, [p.prompt for p in rows], True)
+    assert [list(x) for x in trainer_prompts(o)] == ids
+    adv = torch.tensor([r.advantage for r in emb_records])
+    scale = 1.0 if agg == "token_mean" else len(kept) / kept.sum()  # TRL's per-row mean counts every row
+    assert torch.allclose(o["advantages"].cpu(), adv * scale)
+    assert torch.equal(o["tool_mask"].bool().all(-1).cpu(), kept)
+    assert int(o["num_items_in_batch"]) == int((o["completion_mask"].cpu() * kept[:, None]).sum())
+    # and the update: the same loss from the same weights, so AdamW's first step agrees
+    diffs = torch.cat([(a - b).abs().flatten() for a, b in zip(model.parameters(), model2.parameters())])
+    moved = torch.cat([(a - b).abs().flatten() for a, b in zip(model.parameters(), load_policy(tiny_qwen)[0].parameters())])
+    assert moved.max() > 1e-4 and diffs.max() < 0.02 * moved.max()  # measured: 1.5e-6 against 3e-4
+
+
+def trainer_prompts(out):
+    return [row[m.bool()].tolist() for row, m in zip(out["prompt_ids"].cpu(), out["prompt_mask"].cpu())]
+
+
+def test_a_proposal_the_runs_backend_cannot_train_is_illegal_and_never_runs(tmp_path, tiny_run):
+    from evotrainer.config import config_from_dict
+    from evotrainer.evolve.controller import Controller
+    cfg_path, run = tiny_run
+    raw = yaml.safe_load(cfg_path.read_text()) | {"backend": "trl"}
+    ctl = Controller(config_from_dict(raw).validate(), run)
+    ctl._setup()
+    proposal = {"knobs": {"loss_agg": "seq_mean_token_sum"}, "files": {}, "hypothesis": "sum per sequence"}
+    cand = ctl._candidate("v0", "v1", proposal)
+    assert cand.label == "illegal" and "backend trl cannot train v1: loss_agg 'seq_mean_token_sum'" in cand.reasons[0]
+    ok = ctl._candidate("v0", "v2", {"knobs": {"loss_agg": "seq_mean_token_mean"}, "files": {}, "hypothesis": "x"})
+    assert ok.legal
+    # and a root harness it cannot train stops the run before any work, in one line
+    (tmp_path / "root" / "knobs.yaml").write_text((tmp_path / "root" / "knobs.yaml").read_text()
+                                                   + "kl_coef: 0.1\nkl_estimator: k1\n")
+    with pytest.raises(UsageError, match="backend trl cannot train the root harness: kl_estimator 'k1'"):
+        Controller(config_from_dict(raw).validate(), tmp_path / "run2")
