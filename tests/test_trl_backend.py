@@ -138,3 +138,20 @@ def test_a_proposal_the_runs_backend_cannot_train_is_illegal_and_never_runs(tmp_
                                                    + "kl_coef: 0.1\nkl_estimator: k1\n")
     with pytest.raises(UsageError, match="backend trl cannot train the root harness: kl_estimator 'k1'"):
         Controller(config_from_dict(raw).validate(), tmp_path / "run2")
+
+
+def test_a_batch_whose_groups_the_filter_all_dropped_leaves_the_weights_alone_in_both_backends(tmp_path, tiny_qwen):
+    from evotrainer.inner.backends import get_backend
+    files = {"group_filter.py": "import torch\n\ndef drop_all(rewards, scores):\n"
+                                "    return torch.zeros(rewards.shape[0], dtype=torch.bool)\n"}
+    h = load_harness(harness(tmp_path, files=files, group_filter="drop_all", kl_coef=0.1))
+    for backend in ("embedded", "trl"):
+        model, tok = load_policy(tiny_qwen)
+        before = [p.detach().clone() for p in model.parameters()]
+        (tmp_path / backend).mkdir()
+        log = SegmentLog(tmp_path / backend, 2, 0)
+        state = get_backend(backend).run(model, tok, get_task("arith", 1), h, seed=0, steps=2, log=log,
+                                         optimizer_state=None, runtime=Runtime(backend))
+        log.close()
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), backend
+        assert state["steps"] == 2 and not state["optimizer"]["state"]  # Adam never stepped

@@ -225,7 +225,8 @@ class Controller:
         if not started:
             t = time.time()
             base = self._base_checkpoint()
-            self._event("run_started", base=base, base_s=round(time.time() - t, 2), max_depth=self.max_depth)
+            self._event("run_started", base=base, base_s=round(time.time() - t, 2), max_depth=self.max_depth,
+                        task=self.task.spec, runtime=self.runtime.to_dict())
             started = self.store.events("run_started")
         self.base = started[0]["base"]
 

@@ -28,7 +28,13 @@ def status(run_dir: Path | str) -> dict:
     kept = [t for t in trials if t.label == "kept"]
     best = max(kept, key=lambda t: sum(t.fitness["val"].values()) / len(t.fitness["val"]), default=None)
     last = events[-1]["kind"] if events else None
+    started = store.events("run_started")
+    runtime = started[0].get("runtime") if started else None
     return {
+        # what trains and where (runs from before backends were recorded show null)
+        "task": started[0].get("task") if started else None, "base": started[0].get("base") if started else None,
+        "backend": runtime and runtime["backend"],
+        "device": runtime and f"{runtime['policy']['device']}, {runtime['policy']['dtype']}",
         "trials": len(trials), "labels": dict(Counter(t.label for t in trials)),
         "pending": [n for n, _ in store.pending()],
         "best": None if best is None else {"version": best.version, "depth": best.depth,

@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 
 
-def make_adamw(model, knobs) -> torch.optim.AdamW:
-    return torch.optim.AdamW(model.parameters(), lr=knobs.lr, betas=(knobs.adam_beta1, knobs.adam_beta2),
-                             weight_decay=knobs.weight_decay)
+def make_adamw(model, knobs, cls=torch.optim.AdamW) -> torch.optim.AdamW:
+    return cls(model.parameters(), lr=knobs.lr, betas=(knobs.adam_beta1, knobs.adam_beta2),
+               weight_decay=knobs.weight_decay)
 
 
 def resume_adamw(opt: torch.optim.AdamW, state: dict, knobs) -> int:

@@ -55,6 +55,15 @@ class Batch:
     generate_s: float = 0.0
 
 
+class GatedAdamW(torch.optim.AdamW):
+    """AdamW that skips its step on a batch whose every group the harness's filter dropped, as
+    the embedded trainer does (TRL would step on the zero gradient and move by momentum)."""
+    skip = False
+
+    def step(self, closure=None):
+        return None if self.skip else super().step(closure)
+
+
 class HarnessGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer with the harness's reward, filter, advantage and curriculum."""
 
@@ -123,6 +132,7 @@ class HarnessGRPOTrainer(GRPOTrainer):
         out["tool_mask"] = keep[:, None].expand_as(out["completion_mask"]).to(out["completion_mask"].dtype)
         out["num_items_in_batch"] = (out["completion_mask"] * out["tool_mask"]).sum()
         out["row_index"] = torch.arange(len(keep), device=dev)
+        getattr(self.optimizer, "optimizer", self.optimizer).skip = not bool(keep.any())  # accelerate wraps it
         return out
 
     # -- evidence from the loss forward ---------------------------------------------------
@@ -206,7 +216,7 @@ def run_trl(model, tok, task, harness, seed: int, steps: int, log, optimizer_sta
     transformers.logging.set_verbosity_error()
     config = GRPOConfig(**grpo_config_kwargs(k, runtime, task.max_new_tokens, seed, steps,
                                              str(log.out_dir / "trl")))
-    opt = make_adamw(model, k)
+    opt = make_adamw(model, k, GatedAdamW)
     steps_before = resume_adamw(opt, optimizer_state, k) if optimizer_state is not None else 0
     # the learning rate of each optimizer step: num_iterations steps share one sampled batch
     sched = torch.optim.lr_scheduler.LambdaLR(
