@@ -39,9 +39,11 @@ def steady_rate(ends: list[float], warmup: int) -> float:
 
 
 def plain_trl(policy_dir: Path, task, prompts: int, group: int, steps: int, seed: int, out_dir: Path,
-              device: str = "cpu", bf16: bool = False):
+              device: str = "cpu", bf16: bool = False, save_at: tuple[int, ...] = ()):
     """TRL's GRPOTrainer on the task, configured as the reference recipe; returns (trainer, clock)
-    where clock.ends holds the wall time at the end of each optimizer step."""
+    where clock.ends holds the wall time at the end of each optimizer step, clock.scores the mean
+    verifier score of each step's rollouts, and the model is saved to out_dir/checkpoints/step-N
+    at each step of `save_at`."""
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -50,15 +52,22 @@ def plain_trl(policy_dir: Path, task, prompts: int, group: int, steps: int, seed
     by_prompt = {p.prompt: p for p in problems}
     dataset = Dataset.from_dict({"prompt": list(by_prompt)})
 
-    def verifier_score(prompts, completions, **_):
-        return [task.score(by_prompt[p], c) for p, c in zip(prompts, completions)]
-
     class StepClock(TrainerCallback):
         def __init__(self):
-            self.ends = []
+            self.ends, self.scores = [], []
 
-        def on_step_end(self, *_, **__):
+        def on_step_end(self, args, state, control, model=None, processing_class=None, **__):
             self.ends.append(time.perf_counter())
+            if state.global_step in save_at:
+                model.save_pretrained(out_dir / "checkpoints" / f"step-{state.global_step}")
+                processing_class.save_pretrained(out_dir / "checkpoints" / f"step-{state.global_step}")
+
+    clock = StepClock()
+
+    def verifier_score(prompts, completions, **_):
+        scores = [task.score(by_prompt[p], c) for p, c in zip(prompts, completions)]
+        clock.scores.append(sum(scores) / len(scores))
+        return scores
 
     B = prompts * group
     config = GRPOConfig(
@@ -73,7 +82,6 @@ def plain_trl(policy_dir: Path, task, prompts: int, group: int, steps: int, seed
         eval_strategy="no", logging_steps=10**9, disable_tqdm=True, seed=seed, data_seed=seed,
         dataloader_pin_memory=False,
     )
-    clock = StepClock()
     trainer = GRPOTrainer(model=str(policy_dir), reward_funcs=verifier_score, args=config,
                           train_dataset=dataset, callbacks=[clock])
     trainer.remove_callback(PrinterCallback)  # no end-of-training metrics dump

@@ -17,7 +17,7 @@ from evotrainer.policy.config import PolicyConfig
 from evotrainer.policy.generate import decode, filter_logits, generate
 from evotrainer.policy.model import resolve_model
 from evotrainer.policy.prompts import encode_prompts, prompt_token_ids, stop_token_ids
-from test_policy import ScriptedLM
+from test_policy import ScriptedLM, full_forward_logprobs
 from test_trainer import DIGITS, make_harness
 
 
@@ -65,12 +65,7 @@ def test_shared_prompt_cache_matches_a_full_forward_for_a_qwen2_model_with_left_
     gen = generate(model, ids, mask, 6, stop_token_ids(model, tok), tok.pad_token_id,
                    generator=torch.Generator().manual_seed(0), repeats=3)
     logp, _ = completion_logprobs(model, gen, 1.0)
-    full = torch.cat([ids[gen.prompt_index], gen.completion_ids], 1)
-    fmask = torch.cat([mask[gen.prompt_index], torch.ones_like(gen.completion_ids)], 1)
-    pos = (fmask.cumsum(-1) - 1).clamp(min=0)
-    L, T = ids.shape[1], gen.completion_ids.shape[1]
-    ref = torch.log_softmax(model(input_ids=full, attention_mask=fmask, position_ids=pos).logits[:, L - 1:L - 1 + T], -1)
-    ref_logp = ref.gather(-1, gen.completion_ids[..., None]).squeeze(-1)
+    ref_logp = full_forward_logprobs(model, gen)
     m = gen.completion_mask.bool()
     assert torch.allclose(logp[m], ref_logp[m], atol=1e-4) and torch.allclose(gen.logprobs[m], ref_logp[m], atol=1e-4)
 

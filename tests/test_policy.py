@@ -83,6 +83,17 @@ def test_generation_stops_early_once_every_row_has_ended():
     assert lm.calls == 1  # the prompt forward only
 
 
+def full_forward_logprobs(model, gen) -> torch.Tensor:
+    """The reference: every row's prompt + completion through the model in one plain forward."""
+    ids, mask = gen.prompt_ids, gen.prompt_mask
+    full = torch.cat([ids[gen.prompt_index], gen.completion_ids], 1)
+    fmask = torch.cat([mask[gen.prompt_index], torch.ones_like(gen.completion_ids)], 1)
+    pos = (fmask.cumsum(-1) - 1).clamp(min=0)
+    L, T = ids.shape[1], gen.completion_ids.shape[1]
+    ref = torch.log_softmax(model(input_ids=full, attention_mask=fmask, position_ids=pos).logits[:, L - 1:L - 1 + T], -1)
+    return ref.gather(-1, gen.completion_ids[..., None]).squeeze(-1)
+
+
 def test_shared_prompt_cache_gives_the_same_logprobs_as_a_full_forward():
     from evotrainer.inner.logprobs import completion_logprobs
     from evotrainer.policy.generate import select_rows
@@ -93,13 +104,7 @@ def test_shared_prompt_cache_gives_the_same_logprobs_as_a_full_forward():
                    generator=torch.Generator().manual_seed(0), repeats=4)
     assert gen.completion_ids.shape[0] == 12 and gen.prompt_index.tolist() == [0] * 4 + [1] * 4 + [2] * 4
     logp, ent = completion_logprobs(model, gen, 1.0, with_entropy=True)
-    # reference: every row's prompt + completion through the model in one plain forward
-    full = torch.cat([ids[gen.prompt_index], gen.completion_ids], 1)
-    fmask = torch.cat([mask[gen.prompt_index], torch.ones_like(gen.completion_ids)], 1)
-    pos = (fmask.cumsum(-1) - 1).clamp(min=0)
-    L, T = ids.shape[1], gen.completion_ids.shape[1]
-    ref = torch.log_softmax(model(input_ids=full, attention_mask=fmask, position_ids=pos).logits[:, L - 1:L - 1 + T], -1)
-    ref_logp = ref.gather(-1, gen.completion_ids[..., None]).squeeze(-1)
+    ref_logp = full_forward_logprobs(model, gen)
     m = gen.completion_mask.bool()
     assert torch.allclose(logp[m], ref_logp[m], atol=1e-4)
     # the sampler's own log-probs agree too (they are the evidence records' source)

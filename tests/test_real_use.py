@@ -2,16 +2,14 @@
 evaluator included, from the command line as a user runs it."""
 import json
 import os
-import shutil
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 import yaml
 
-from evotrainer.harness import REFERENCE
+from harnesses import write_harness
 
 DIGITS = """
     import torch
@@ -31,14 +29,7 @@ def cli(*args, cwd=None, timeout=900):
 
 
 def harness(tmp_path, name="h", files=None, **knobs):
-    d = tmp_path / name
-    shutil.copytree(REFERENCE, d)
-    raw = yaml.safe_load((d / "knobs.yaml").read_text())
-    raw.update({"prompts_per_step": 4, "group_size": 4, "eval_every": 1, **knobs})
-    (d / "knobs.yaml").write_text(yaml.safe_dump(raw))
-    for f, body in (files or {}).items():
-        (d / f).write_text(textwrap.dedent(body))
-    return d
+    return write_harness(tmp_path / name, files, **{"eval_every": 1, **knobs})
 
 
 def metrics(out):
@@ -94,6 +85,7 @@ def test_a_run_completes_with_the_trl_backend(tmp_path, tiny_qwen):
 USER_TASK = '''
 import random
 
+from harnesses import write_harness
 from evotrainer.tasks import Problem, Task
 
 

@@ -1,14 +1,13 @@
 """The TRL backend: the same harness means the same thing as in the embedded trainer."""
 import json
-import shutil
-import textwrap
 
 import pytest
 import torch
 import yaml
 
+from harnesses import write_harness
 from evotrainer.errors import UsageError
-from evotrainer.harness import REFERENCE, load_harness
+from evotrainer.harness import load_harness
 from evotrainer.inner.backends import check_backend
 from evotrainer.inner.grpo import GRPOTrainer
 from evotrainer.inner.segment import SegmentLog
@@ -21,14 +20,7 @@ trl = pytest.importorskip("trl")
 
 
 def harness(tmp_path, name="h", files=None, **knobs):
-    d = tmp_path / name
-    shutil.copytree(REFERENCE, d)
-    raw = yaml.safe_load((d / "knobs.yaml").read_text())
-    raw.update({"prompts_per_step": 4, "group_size": 4, "eval_every": 0, **knobs})
-    (d / "knobs.yaml").write_text(yaml.safe_dump(raw))
-    for f, body in (files or {}).items():
-        (d / f).write_text(textwrap.dedent(body))
-    return d
+    return write_harness(tmp_path / name, files, **{"eval_every": 0, **knobs})
 
 
 @pytest.mark.parametrize("knobs, slot", [
