@@ -80,6 +80,7 @@ def test_a_run_completes_with_the_trl_backend(tmp_path, tiny_qwen):
     run = tmp_path / "run"
     status = cli("run", run_config(tmp_path, "arith", tiny_qwen, level=1, backend="trl"), "--out", run)
     assert status["trials"] >= 2 and status["backend"] == "trl"  # the root and one proposal, labelled
+    assert status["device"] == "cpu, float32" and status["task"] == "arith"
     check_run(run, backend="trl")
 
 

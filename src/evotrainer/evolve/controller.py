@@ -225,8 +225,10 @@ class Controller:
         if not started:
             t = time.time()
             base = self._base_checkpoint()
+            pol = self.runtime.policy
             self._event("run_started", base=base, base_s=round(time.time() - t, 2), max_depth=self.max_depth,
-                        task=self.task.spec, runtime=self.runtime.to_dict())
+                        task=self.task.spec, runtime=self.runtime.to_dict(),
+                        device=f"{pol.resolved_device()}, {str(pol.compute_dtype()).removeprefix('torch.')}")
             started = self.store.events("run_started")
         self.base = started[0]["base"]
 

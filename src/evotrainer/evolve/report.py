@@ -34,7 +34,7 @@ def status(run_dir: Path | str) -> dict:
         # what trains and where (runs from before backends were recorded show null)
         "task": started[0].get("task") if started else None, "base": started[0].get("base") if started else None,
         "backend": runtime and runtime["backend"],
-        "device": runtime and f"{runtime['policy']['device']}, {runtime['policy']['dtype']}",
+        "device": started[0].get("device") if started else None,   # as resolved: cuda, bfloat16
         "trials": len(trials), "labels": dict(Counter(t.label for t in trials)),
         "pending": [n for n, _ in store.pending()],
         "best": None if best is None else {"version": best.version, "depth": best.depth,
