@@ -56,8 +56,8 @@ def test_a_hugging_face_model_trains_with_each_backend_its_reward_rises_and_the_
 
 def run_config(tmp_path, task, model, level=None, backend="embedded"):
     root = harness(tmp_path, "root")
-    cfg = {"task": task, "model": str(model), "backend": backend, "device": "cpu", "harness": str(root), "seeds": [0],
-           "final_seeds": [100], "search": {"skills": str(tmp_path / "skills.sqlite")},
+    cfg = {"task": task, "model": str(model), "backend": backend, "device": "cpu", "harness": str(root),
+           "seeds": [0], "final_seeds": [100], "search": {"skills": str(tmp_path / "skills.sqlite")},
            "budget": {"trials": 1, "steps_per_segment": 2, "total_steps": 4, "trial_timeout_s": 300},
            "gate": {"replicas": 0}}  # no noise-floor replica: these runs test plumbing, not gains
     if level is not None:
