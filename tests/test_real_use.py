@@ -54,10 +54,10 @@ def test_a_hugging_face_model_trains_with_each_backend_its_reward_rises_and_the_
     assert len((out / "evidence.jsonl").read_text().splitlines()) == 30 * 64
 
 
-def run_config(tmp_path, task, model, level=None, backend="embedded"):
+def run_config(tmp_path, task, model, level=None, backend="embedded", final_seeds=(100,)):
     root = harness(tmp_path, "root")
     cfg = {"task": task, "model": str(model), "backend": backend, "device": "cpu", "harness": str(root),
-           "seeds": [0], "final_seeds": [100], "search": {"skills": str(tmp_path / "skills.sqlite")},
+           "seeds": [0], "final_seeds": list(final_seeds), "search": {"skills": str(tmp_path / "skills.sqlite")},
            "budget": {"trials": 1, "steps_per_segment": 2, "total_steps": 4, "trial_timeout_s": 300},
            "gate": {"replicas": 0}}  # no noise-floor replica: these runs test plumbing, not gains
     if level is not None:
@@ -118,9 +118,9 @@ def test_a_task_defined_outside_the_package_goes_through_train_and_run(tmp_path,
     # the user's verifier ran in the training worker and in the evaluator: a random policy writes a digit often
     assert summary["task"] == "my_tasks:AnyDigit"
     assert 0 < sum(m["score_mean"] for m in metrics(out)) and 0 < summary["val"] < 1
-    run = tmp_path / "run"
-    cli("run", run_config(tmp_path, "my_tasks:AnyDigit", ckpt), "--out", run, cwd=here)
-    check_run(run)
+    run = tmp_path / "run"  # (the final comparison's replay is the trl run's to test)
+    status = cli("run", run_config(tmp_path, "my_tasks:AnyDigit", ckpt, final_seeds=()), "--out", run, cwd=here)
+    assert status["state"] == "finished" and status["trials"] == 2 and status["task"] == "my_tasks:AnyDigit"
     assert any(m["score_mean"] > 0 for f in run.glob("**/metrics.jsonl") for m in metrics(f.parent))
 
 
@@ -161,6 +161,6 @@ def test_a_jsonl_math_task_scored_by_math_verify_goes_through_train_and_run(tmp_
     exact = get_task(f"jsonl:{data}")
     assert sum(exact.score(p, "1/2") for p in exact.split("val")) == 0
     run = tmp_path / "run"
-    cli("run", run_config(tmp_path, f"jsonl:{data}?verifier=math", model), "--out", run)
-    final = check_run(run)
-    assert 0.3 < final["base"]["val"] < 0.7
+    status = cli("run", run_config(tmp_path, f"jsonl:{data}?verifier=math", model, final_seeds=()), "--out", run)
+    assert status["state"] == "finished" and status["trials"] == 2
+    assert 0.3 < status["best"]["val"]["0"] < 0.7  # the root, scored by math-verify in the evaluator
