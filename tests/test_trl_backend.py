@@ -35,8 +35,8 @@ def test_what_trl_cannot_express_is_refused_in_one_line_naming_the_slot(tmp_path
     check_backend(Runtime("embedded"), h.knobs)  # the embedded trainer takes anything
     with pytest.raises(UsageError) as e:
         check_backend(Runtime("trl"), h.knobs)
-    assert slot in str(e.value) and "\n" not in str(e.value) and "backend: embedded" in str(e.value) \
-        or "kl_coef: 0" in str(e.value)
+    msg = str(e.value)
+    assert slot in msg and "\n" not in msg and ("backend: embedded" in msg or "kl_coef: 0" in msg)
 
 
 def replay_generation(trainer, completions):

@@ -118,21 +118,11 @@ class GRPOTrainer:
         sig = harness_signal(h, ro)  # slots run on the CPU, on plain tensors
         upd = self._update(gen, sig.advantages.to(self.device), sig.row_keep.to(self.device))
 
-        n_tok = lengths.clamp(min=1).float()
-        seq_logp = gen.logprobs.sum(-1).cpu() / n_tok
-        seq_ent = gen.entropy.sum(-1).cpu() / n_tok
-        dead = ro.grouped(sig.rewards).std(dim=1, unbiased=False) <= DEAD_STD
         self.levels.observe([p.level for p in rows[::G]], ro.grouped(scores).mean(1).tolist())
-        m = StepMetrics(
-            step=self.step_no, reward_mean=float(sig.rewards.mean()), score_mean=float(scores.mean()),
-            dead_groups=float(dead.float().mean()), kept_groups=float(sig.keep.float().mean()),
-            loss=upd["loss"], kl=upd["kl"], entropy=float(seq_ent.mean()), mean_logprob=float(seq_logp.mean()),
-            length_mean=float(lengths.float().mean()), truncated=float(truncated.float().mean()),
-            lr=lr, seconds=time.perf_counter() - t0, generate_seconds=t_gen,
-            clip_frac=upd["clip_frac"], approx_kl=upd["approx_kl"])
-        return m, rollout_records(self.step_no, rows, texts, scores, sig, lengths, truncated, seq_logp, seq_ent)
+        return finish_step(self.step_no, rows, texts, scores, sig, lengths, truncated, gen.logprobs.sum(-1).cpu(),
+                           gen.entropy.sum(-1).cpu(), upd, lr, time.perf_counter() - t0, t_gen)
 
-    def _update(self, gen: Generation, adv: torch.Tensor, row_keep: torch.Tensor) -> dict:
+    def _update(self, gen: Generation, adv: torch.Tensor, row_keep: torch.Tensor) -> "UpdateStats":
         """num_iterations optimizer steps on the sampled batch, each accumulated over micro-batches."""
         k, h = self.k, self.harness
         B = adv.shape[0]
@@ -148,8 +138,8 @@ class GRPOTrainer:
         parts = chunks(active.nonzero().squeeze(-1), self.micro_batch_size)
         weights = aggregation_weights(h.loss_agg, loss_mask) if len(parts) > 1 else None
         old_logp, ref_logp = {}, {}
-        stats = dict(loss=0.0, kl=0.0, clip=0.0, approx_kl=0.0, tokens=0.0)
-        for it in range(k.num_iterations if bool(row_keep.any()) else 0):
+        stats = UpdateStats()
+        for _ in range(k.num_iterations if bool(row_keep.any()) else 0):
             for p in self.model.parameters():  # zero, not None: Adam skips params without grads
                 p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
             loss_v = 0.0
@@ -168,10 +158,10 @@ class GRPOTrainer:
                 if c in ref_logp:
                     kl = h.kl_estimator(logp, ref_logp[c])
                     loss_sub = loss_sub + k.kl_coef * kl
-                    stats["kl"] += float((kl.detach() * m).sum())
+                    stats.kl += float((kl.detach() * m).sum())
                 if k.entropy_coef:
                     loss_sub = loss_sub - k.entropy_coef * ent
-                add_ppo_stats(stats, logp.detach(), old, adv[idx], m, k.clip_low, k.clip_high)
+                stats.add_ppo(logp.detach(), old, adv[idx], m, k.clip_low, k.clip_high)
                 T = loss_sub.shape[1]
                 if weights is None:  # the whole batch at once: the aggregation sees it as it is
                     loss_tok = torch.zeros(B, self.T, device=self.device, dtype=loss_sub.dtype)
@@ -192,23 +182,52 @@ class GRPOTrainer:
                 self.scaler.update()
             else:
                 self.opt.step()  # zero gradients still step: Adam's momentum moves, as in a full pass
-            stats["loss"] = loss_v  # the last update's
-        tokens = max(stats["tokens"], 1.0)  # policy tokens over every micro-batch of every update
-        return {"loss": stats["loss"], "kl": stats["kl"] / tokens, "clip_frac": stats["clip"] / tokens,
-                "approx_kl": stats["approx_kl"] / tokens}
+            stats.loss = loss_v  # the last update's
+        return stats
 
 
 
-def add_ppo_stats(stats: dict, logp, old, adv, mask, clip_low: float, clip_high: float) -> None:
-    """Add one micro-batch update's clip count, approximate KL (k3 of new to old) and token
-    count to `stats` (sums over its policy tokens; the step divides by the tokens)."""
-    log_ratio = (logp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).float()
-    ratio = log_ratio.exp()
-    a = adv[:, None]
-    clipped = (-a * ratio.clamp(1 - clip_low, 1 + clip_high)) > (-a * ratio)
-    stats["clip"] += float((clipped.float() * mask).sum())
-    stats["approx_kl"] += float(((ratio - 1 - log_ratio) * mask).sum())
-    stats["tokens"] += float(mask.sum())
+@dataclass
+class UpdateStats:
+    """What the updates of one step add up to: sums over the policy tokens of every micro-batch of
+    every update (both backends fill one; the step's metrics are these per token)."""
+    loss: float = 0.0       # the last update's aggregated loss
+    kl: float = 0.0         # KL penalty to the reference policy
+    clip: float = 0.0       # tokens where PPO's clip changed the loss
+    approx_kl: float = 0.0  # k3 of the updated policy to the sampling one
+    tokens: float = 0.0
+
+    def add_ppo(self, logp, old, adv, mask, clip_low: float, clip_high: float) -> None:
+        """One micro-batch update's clip count, approximate KL and token count."""
+        log_ratio = (logp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).float()
+        ratio = log_ratio.exp()
+        a = adv[:, None]
+        clipped = (-a * ratio.clamp(1 - clip_low, 1 + clip_high)) > (-a * ratio)
+        self.clip += float((clipped.float() * mask).sum())
+        self.approx_kl += float(((ratio - 1 - log_ratio) * mask).sum())
+        self.tokens += float(mask.sum())
+
+    def per_token(self, total: float) -> float:
+        return total / max(self.tokens, 1.0)
+
+
+def finish_step(step: int, rows: list, texts: list[str], scores: torch.Tensor, sig: Signal, lengths: torch.Tensor,
+                truncated: torch.Tensor, logp_sum: torch.Tensor, entropy_sum: torch.Tensor, upd: UpdateStats,
+                lr: float, seconds: float, generate_seconds: float) -> tuple[StepMetrics, list[RolloutRecord]]:
+    """A step's metrics and evidence records, from its rollouts (logp_sum and entropy_sum: [B] sums
+    of the sampling policy's per-token log-probs and entropies) and its updates; both backends."""
+    G = len(rows) // len(sig.keep)
+    n_tok = lengths.clamp(min=1).float()
+    seq_logp, seq_ent = logp_sum / n_tok, entropy_sum / n_tok
+    dead = sig.rewards.view(-1, G).std(dim=1, unbiased=False) <= DEAD_STD
+    m = StepMetrics(
+        step=step, reward_mean=float(sig.rewards.mean()), score_mean=float(scores.mean()),
+        dead_groups=float(dead.float().mean()), kept_groups=float(sig.keep.float().mean()),
+        loss=upd.loss, kl=upd.per_token(upd.kl), entropy=float(seq_ent.mean()), mean_logprob=float(seq_logp.mean()),
+        length_mean=float(lengths.float().mean()), truncated=float(truncated.float().mean()),
+        lr=lr, seconds=seconds, generate_seconds=generate_seconds,
+        clip_frac=upd.per_token(upd.clip), approx_kl=upd.per_token(upd.approx_kl))
+    return m, rollout_records(step, rows, texts, scores, sig, lengths, truncated, seq_logp, seq_ent)
 
 
 def rollout_records(step: int, rows: list, texts: list[str], scores: torch.Tensor, sig: Signal,

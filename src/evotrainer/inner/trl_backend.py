@@ -28,10 +28,9 @@ from datasets import IterableDataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from evotrainer.harness.filters import DEAD_STD
 from evotrainer.harness.rollouts import Rollouts
 from evotrainer.harness.signal import Signal, harness_signal
-from evotrainer.inner.grpo import StepMetrics, add_ppo_stats, rollout_records
+from evotrainer.inner.grpo import UpdateStats, finish_step
 from evotrainer.inner.levels import LevelPicker
 from evotrainer.inner.optim import lr_at, make_adamw, resume_adamw
 from evotrainer.inner.trl_mapping import LOSS_TYPES, grpo_config_kwargs
@@ -50,7 +49,7 @@ class Batch:
     signal: Signal
     logp_sum: torch.Tensor = None      # [B] sum of the sampling policy's token log-probs
     entropy_sum: torch.Tensor = None   # [B] sum of its per-token entropies
-    stats: dict = field(default_factory=lambda: dict(loss=0.0, kl=0.0, clip=0.0, approx_kl=0.0, tokens=0.0))
+    stats: UpdateStats = field(default_factory=UpdateStats)
     started: float = 0.0
     generate_s: float = 0.0
 
@@ -141,9 +140,9 @@ class HarnessGRPOTrainer(GRPOTrainer):
         self._micro = inputs
         self._first_update = (self._step % (S * self.num_iterations)) // S == 0
         if self._step % S == 0:
-            self.rollout_batch.stats["loss"] = 0.0  # the reported loss is the last update's
+            self.rollout_batch.stats.loss = 0.0  # the reported loss is the last update's
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        self.rollout_batch.stats["loss"] += float(loss.detach())
+        self.rollout_batch.stats.loss += float(loss.detach())
         return loss
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
@@ -162,35 +161,22 @@ class HarnessGRPOTrainer(GRPOTrainer):
             b.entropy_sum[rows] = (entropies * seq_mask).sum(-1).cpu()
         loss_mask = seq_mask * x["tool_mask"].float()
         old = x.get("old_per_token_logps")
-        add_ppo_stats(b.stats, logps, logps if old is None else old.float(), x["advantages"].float(),
-                      loss_mask, k.clip_low, k.clip_high)
+        b.stats.add_ppo(logps, logps if old is None else old.float(), x["advantages"].float(), loss_mask,
+                        k.clip_low, k.clip_high)
         ref = x.get("ref_per_token_logps")
-        if ref is not None:
-            d = ref.float() - logps
-            b.stats["kl"] += float(((d.exp() - d - 1) * loss_mask).sum())
+        if ref is not None:  # TRL's penalty is k3, the harness's estimator (trl_refusals)
+            b.stats.kl += float((self.harness.kl_estimator(logps, ref.float()) * loss_mask).sum())
 
     # -- one sampled batch done -----------------------------------------------------------
     def batch_done(self) -> None:
         """After the last optimizer step on a batch: its metrics and records, as the embedded trainer's."""
-        b, G = self.rollout_batch, self.G
+        b = self.rollout_batch
         self.batches_done += 1
-        n_tok = b.lengths.clamp(min=1).float()
-        seq_logp, seq_ent = b.logp_sum / n_tok, b.entropy_sum / n_tok
-        sig = b.signal
-        dead = sig.rewards.view(-1, G).std(dim=1, unbiased=False) <= DEAD_STD
-        tokens = max(b.stats["tokens"], 1.0)
         now = time.perf_counter()
-        m = StepMetrics(
-            step=self.batches_done, reward_mean=float(sig.rewards.mean()), score_mean=float(b.scores.mean()),
-            dead_groups=float(dead.float().mean()), kept_groups=float(sig.keep.float().mean()),
-            loss=b.stats["loss"], kl=b.stats["kl"] / tokens, entropy=float(seq_ent.mean()),
-            mean_logprob=float(seq_logp.mean()), length_mean=float(b.lengths.float().mean()),
-            truncated=float(b.truncated.float().mean()),
-            lr=lr_at(self.harness.knobs, self.steps_before + self.batches_done),
-            seconds=now - b.started, generate_seconds=b.generate_s,
-            clip_frac=b.stats["clip"] / tokens, approx_kl=b.stats["approx_kl"] / tokens)
-        recs = rollout_records(self.batches_done, b.problems, b.texts, b.scores, sig, b.lengths, b.truncated,
-                               seq_logp, seq_ent)
+        m, recs = finish_step(self.batches_done, b.problems, b.texts, b.scores, b.signal, b.lengths, b.truncated,
+                              b.logp_sum, b.entropy_sum, b.stats,
+                              lr_at(self.harness.knobs, self.steps_before + self.batches_done),
+                              now - b.started, b.generate_s)
         self.segment_log.record(m.to_dict(), recs, self.model, self.processing_class)
         for values in self._metrics["train"].values():  # TRL's own metrics: nobody logs them here
             values.clear()
