@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
 from evotrainer.evolve.replay import Arm, replay  # noqa: E402
-from evotrainer.evolve.skills import SkillLibrary  # noqa: E402
+from evotrainer.skills import SkillLibrary  # noqa: E402
 from evotrainer.evolve.stats import crossed_bootstrap_ci  # noqa: E402
 
 NO_SKILLS = {"crossover": False, "escalation": False, "skills": None}

@@ -45,9 +45,9 @@ def test_a_revised_diagnostic_is_kept_only_if_its_replay_separates_failed_from_h
     assert width[0]["diagnostic"] == "group_width" and width[0]["auc"] == 1.0 and width[0]["kept"]
     assert "AUC 0.5" in t[2].reflection and not (run / "versions" / "v2").exists()
     # kept without training: its parent's checkpoints under the new harness, at the parent's depth
-    parent = ctl._starts()[3]["parent_state"]
-    assert t[3].budgets == {} and t[3].depth == parent["depth"] and not (run / "versions" / "v3").exists()
-    assert t[3].fitness["state"]["dirs"] == parent["dirs"] and t[3].fitness["val"] == parent["val"]
+    parent, kept = ctl._starts()[3].parent, State.of(t[3].fitness["state"])
+    assert t[3].budgets == {} and t[3].depth == parent.depth and not (run / "versions" / "v3").exists()
+    assert kept.dirs == parent.dirs and kept.val == parent.val
     # what an agent is shown of v3 carries the new diagnostic's finding; of the root, not
     findings = {v: [f["diagnostic"] for f in ctl._findings(State.of(x.fitness["state"]))] for v, x in
                 (("v0", t[0]), ("v3", t[3]))}
@@ -75,8 +75,8 @@ def test_diagnostics_that_fail_to_run_are_a_blocking_finding_not_a_crash(tmp_pat
                             "model": str(ckpt), "search": {"skills": None}}).validate()
     ctl = Controller(cfg, tmp_path / "run")
     ctl._setup()
-    ctl._candidate("v0", "v1", {"knobs": {}, "hypothesis": "a broken diagnostic", "files": {"diagnostics.py": HEADER + (
-        '@diagnostic("custom", warn=1)\ndef broken(ev):\n    """Divides by zero."""\n    return 1 / 0\n')}})
+    ctl._candidate("v0", "v1", knobs={}, hypothesis="a broken diagnostic", files={"diagnostics.py": HEADER + (
+        '@diagnostic("custom", warn=1)\ndef broken(ev):\n    """Divides by zero."""\n    return 1 / 0\n')})
     knobs = (ctl._harness_dir("v0") / "knobs.yaml").read_text()
     for a, b in [("prompts_per_step: 64", "prompts_per_step: 2"), ("group_size: 8", "group_size: 2")]:
         knobs = knobs.replace(a, b)

@@ -3,7 +3,7 @@ import yaml
 
 from evotrainer.agents import CATALOG, AgentContext, Escalation, propose, propose_random, set_knob
 from evotrainer.agents.rules import family_of
-from evotrainer.evolve.skills import SkillLibrary
+from evotrainer.skills import SkillLibrary
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.knobs import Knobs, knobs_from_dict, load_knobs
 

@@ -120,7 +120,7 @@ def test_missing_checkpoint_via_subprocess_has_no_traceback(tmp_path):
 
 
 def test_skills_list_and_show(tmp_path, capsys):
-    from evotrainer.evolve.skills import SkillLibrary
+    from evotrainer.skills import SkillLibrary
     lib = SkillLibrary(tmp_path / "s.sqlite")
     for run, task in (("a", "arith"), ("b", "rg:chain_sum")):
         lib.record(run=run, trial=1, task=task, trigger="dead_group_ratio:critical", intervention="partial_credit",

@@ -24,7 +24,7 @@ def cli(*args, **kw):
 
 def test_sigkill_mid_trial_then_resume_completes_every_trial_once(tiny_run):
     cfg, run = tiny_run
-    p = cli("run", cfg, "--out", run)
+    p = cli("run", cfg, "--out", run, "--json")
     deadline = time.time() + 240
     while time.time() < deadline:  # wait until trial 1 is under way, then kill everything
         db = run / "lineage.sqlite"
@@ -43,7 +43,7 @@ def test_sigkill_mid_trial_then_resume_completes_every_trial_once(tiny_run):
     assert [t.id for t in store.trials()] == [0] and [n for n, _ in store.pending()] == [1]
     store.close()
 
-    r = cli("resume", run)
+    r = cli("resume", run, "--json")
     out, err = r.communicate(timeout=400)
     assert r.returncode == 0, err.decode()[-2000:]
     store = LineageStore(run / "lineage.sqlite")

@@ -4,7 +4,7 @@ from types import SimpleNamespace as T
 
 import pytest
 
-from evotrainer.evolve.final import compare, extend, schedule, table, winner
+from evotrainer.evolve.final import compare, extend, schedule, table, winner, verdict
 
 
 def trial(version, depth, parent=None):
@@ -52,3 +52,14 @@ def test_one_seed_has_no_spread():
     c = compare({1: {"val": 0.1, "test": 0.1}}, {1: {"val": 0.2, "test": 0.2}})
     assert math.isnan(c["test"]["evolved"]["sd"])
     assert "±" not in table({"val": 0.0, "test": 0.0}, c, [1]).splitlines()[3]
+
+
+def test_verdict_reads_the_test_ci():
+    ref = {s: {"val": 0.10, "test": 0.10} for s in (1, 2, 3)}
+    better = compare(ref, {s: {"val": 0.15, "test": 0.10 + 0.01 * s} for s in (1, 2, 3)})
+    assert verdict(better).startswith("verdict: the evolved harness beat the reference recipe by +2.0 test points")
+    assert table({"val": 0.0, "test": 0.0}, better, [1, 2, 3]).splitlines()[-1] == verdict(better)
+    mixed = compare(ref, {1: {"val": 0.1, "test": 0.12}, 2: {"val": 0.1, "test": 0.08}, 3: {"val": 0.1, "test": 0.1}})
+    assert "no difference shown" in verdict(mixed) and "contains zero" in verdict(mixed)
+    worse = compare(ref, {s: {"val": 0.1, "test": 0.05} for s in (1, 2, 3)})
+    assert "did worse" in verdict(worse)

@@ -78,7 +78,7 @@ def check_run(run, backend="embedded"):
 
 def test_a_run_completes_with_the_trl_backend(tmp_path, tiny_qwen):
     run = tmp_path / "run"
-    status = cli("run", run_config(tmp_path, "arith", tiny_qwen, level=1, backend="trl"), "--out", run)
+    status = cli("run", run_config(tmp_path, "arith", tiny_qwen, level=1, backend="trl"), "--out", run, "--json")
     assert status["trials"] >= 2 and status["backend"] == "trl"  # the root and one proposal, labelled
     assert status["device"] == "cpu, float32" and status["task"] == "arith"
     check_run(run, backend="trl")
@@ -119,7 +119,7 @@ def test_a_task_defined_outside_the_package_goes_through_train_and_run(tmp_path,
     assert summary["task"] == "my_tasks:AnyDigit"
     assert 0 < sum(m["score_mean"] for m in metrics(out)) and 0 < summary["val"] < 1
     run = tmp_path / "run"  # (the final comparison's replay is the trl run's to test)
-    status = cli("run", run_config(tmp_path, "my_tasks:AnyDigit", ckpt, final_seeds=()), "--out", run, cwd=here)
+    status = cli("run", run_config(tmp_path, "my_tasks:AnyDigit", ckpt, final_seeds=()), "--out", run, "--json", cwd=here)
     assert status["state"] == "finished" and status["trials"] == 2 and status["task"] == "my_tasks:AnyDigit"
     assert any(m["score_mean"] > 0 for f in run.glob("**/metrics.jsonl") for m in metrics(f.parent))
 
@@ -161,6 +161,6 @@ def test_a_jsonl_math_task_scored_by_math_verify_goes_through_train_and_run(tmp_
     exact = get_task(f"jsonl:{data}")
     assert sum(exact.score(p, "1/2") for p in exact.split("val")) == 0
     run = tmp_path / "run"
-    status = cli("run", run_config(tmp_path, f"jsonl:{data}?verifier=math", model, final_seeds=()), "--out", run)
+    status = cli("run", run_config(tmp_path, f"jsonl:{data}?verifier=math", model, final_seeds=()), "--out", run, "--json")
     assert status["state"] == "finished" and status["trials"] == 2
     assert 0.3 < status["best"]["val"]["0"] < 0.7  # the root, scored by math-verify in the evaluator

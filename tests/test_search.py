@@ -9,7 +9,7 @@ import yaml
 from evotrainer.agents import CATALOG
 from evotrainer.config import config_from_dict
 from evotrainer.evolve.controller import Controller, State
-from evotrainer.evolve.skills import SkillLibrary
+from evotrainer.skills import SkillLibrary
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.knobs import load_knobs
 from evotrainer.lineage import TrialRecord
@@ -39,7 +39,7 @@ def add(c, n, parent: State, intervention, label, val=None, gain=None, trigger="
     proposal = {"parent_state": dataclasses.asdict(parent), "version": f"v{n}",
                 **dataclasses.asdict(dataclasses.replace(p, trigger=trigger))}
     c.store.begin_trial(n, **proposal)
-    c._candidate(parent.version, f"v{n}", proposal)
+    c._candidate(parent.version, f"v{n}", p.knobs, p.files, p.hypothesis)
     state = State(f"v{n}", parent.depth + 1, {0: "x"}, {0: val if val is not None else 0.0}, {0: 0.0})
     fitness = {"val": state.val, "gain": gain, "state": dataclasses.asdict(state)}
     c._finish(TrialRecord(n, f"v{n}", [parent.version], "rules", intervention, parent.depth + 1, p.hypothesis,
@@ -59,14 +59,14 @@ def test_crossover_merges_two_elites_changes_and_skips_a_conflicting_pair(ctl):
     (conflict,) = ctl.store.events("crossover_conflict")
     assert conflict["parents"] == ["v1", "v3"] and conflict["conflicts"] == ["knob reward: 'partial_credit' vs "
                                                                               "'overlong_penalty'"]
-    assert p["intervention"] == "crossover" and p["mate_state"]["version"] == "v2"
-    assert p["knobs"] == {"reward": "partial_credit", "clip_high": 0.28}
-    ctl.store.begin_trial(5, **p)
-    ctl._candidate("v1", "v5", p)
+    assert p.intervention == "crossover" and p.mate.version == "v2"
+    assert p.knobs == {"reward": "partial_credit", "clip_high": 0.28}
+    ctl.store.begin_trial(5, **p.to_json())
+    ctl._candidate("v1", "v5", p.knobs, p.files, p.hypothesis)
     merged = load_knobs(ctl._harness_dir("v5") / "knobs.yaml")
     assert (merged.reward, merged.clip_high, merged.lr) == ("partial_credit", 0.28, REF.lr)
     # the next operation is a mutation: never two crossovers in a row
-    ctl._finish(TrialRecord(5, "v5", ["v1", "v2"], "crossover", "crossover", 3, p["hypothesis"], "-", "",
+    ctl._finish(TrialRecord(5, "v5", ["v1", "v2"], "crossover", "crossover", 3, p.hypothesis, "-", "",
                             "discarded", fitness={"gain": 0.0}))
     assert ctl._crossover(6, v1) is None
     assert ctl._elite_of(State("v5", 3, {}, {0: 0.0}, {})).changes == {"partial_credit", "clip_higher"}
@@ -85,7 +85,7 @@ def test_three_failures_in_a_row_escalate_once_roll_back_and_subtract(ctl):
     assert len(ctl.store.events("escalated")) == 1                 # decided once per streak
     assert ctl._select_parent(6).version == "v2"                    # the last kept version
     prop = ctl._propose(6, v2)
-    assert prop["family"] == "subtract" and prop["intervention"] in ("revert_reward", "revert_clip_high")
+    assert prop.family == "subtract" and prop.intervention in ("revert_reward", "revert_clip_high")
     # a kept trial ends the streak
     add(ctl, 6, v2, "seq_mean", "kept", val=0.35, gain=0.05)
     assert ctl._escalation() is None
@@ -141,7 +141,7 @@ def test_a_free_text_intervention_counts_under_the_surface_its_proposal_recorded
     trials = [TrialRecord(0, "v0", [], "-", "root", 1, "", "-", "", "kept"),
               TrialRecord(1, "v1", ["v0"], "llm", "soften_the_format_gate", 2, "", "", "", "kept"),
               TrialRecord(2, "v2", ["v0"], "rules", "clip_higher", 2, "", "", "", "kept")]
-    starts = {1: {"family": "reward"}, 2: {"family": "reward"}}
+    starts = {1: "reward", 2: "reward"}  # the families their plans recorded
     assert history.surfaces(trials) == {"v0": "root", "v1": "other", "v2": history.FAMILY["clip_higher"]}
     # the catalog's own family wins over a recorded one; a free-text name takes the recorded one
     assert history.surfaces(trials, starts) == {"v0": "root", "v1": "reward", "v2": history.FAMILY["clip_higher"]}

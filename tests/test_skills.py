@@ -1,5 +1,5 @@
 """The skill library: outcomes in, effects, domains and rankings out."""
-from evotrainer.evolve.skills import SkillLibrary, matching, rank, signature, standing
+from evotrainer.skills import SkillLibrary, matching, rank, signature, standing
 
 DEAD = {"diagnostic": "dead_group_ratio", "severity": "critical"}
 
@@ -34,7 +34,7 @@ def test_recording_a_trial_again_changes_nothing_and_the_library_outlives_its_ha
 
 
 def test_score_shrinks_one_lucky_trial_and_punishes_invalid():
-    from evotrainer.evolve.skills import _skill
+    from evotrainer.skills import _skill
     one = _skill("a", "t", "x", "f", {}, "", ({"task": "a", "label": "kept", "gain": 0.05},))
     three = _skill("b", "t", "y", "f", {}, "", tuple({"task": "a", "label": "kept", "gain": 0.04} for _ in range(3)))
     hack = _skill("c", "t", "z", "f", {}, "", ({"task": "a", "label": "invalid", "gain": 0.1},))

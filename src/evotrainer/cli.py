@@ -33,12 +33,12 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _progress():
+def _progress(transient: bool = False):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
-                    console=Console(stderr=True), transient=False)
+                    console=Console(stderr=True), transient=transient)
 
 
 def _task(args):
@@ -152,38 +152,51 @@ def cmd_replay(args) -> dict:
 
 
 def _run_loop(cfg, out: Path) -> dict:
-    from rich.console import Console
     from rich.markup import escape
 
     from evotrainer.evolve.controller import ControlFailed, Controller
     from evotrainer.evolve.report import status
-    console = Console(stderr=True)
+    from evotrainer.pretrain import PretrainConfig
+    prog = _progress(transient=True)  # one live bar: what trains now, its steps over all workers
+    say = prog.console.print
+    bar: list = [None, None]  # (task id, title) of the bar shown
+
+    def track(data: dict) -> None:
+        if bar[1] != data["title"]:
+            if bar[0] is not None:
+                prog.remove_task(bar[0])
+            bar[:] = [prog.add_task(escape(data["title"]), total=data["total"], info=""), data["title"]]
+        prog.update(bar[0], completed=data["done"], total=data["total"], description=escape(data["title"]),
+                    info=escape("  ".join(f"{n} {d}/{t}".rstrip("/") for n, d, t in data["jobs"][:4])))
 
     def show(kind, data):
+        if kind == "training_progress":
+            return track(data)
+        if kind == "base_progress":  # steps of the SFT stage under way, against its cap
+            return track({"title": "building the base (SFT, cached afterwards)", "done": data["step"],
+                          "total": PretrainConfig().max_steps,
+                          "jobs": [("loss", f"{data['loss']:.3f}", ""), ("probe", f"{data['probe_acc']:.2f}", "")]})
         if kind == "trial_finished":
             val = data.get("val") or {}
             mean = f" val {sum(val.values()) / len(val):.3f}" if val else ""
-            console.print(escape(f"trial {data['trial']} {data['version']} [{data['intervention']}]: "
-                                 f"{data['label']}{mean}"))
+            say(escape(f"trial {data['trial']} {data['version']} [{data['intervention']}]: {data['label']}{mean}"))
         elif kind in ("trial_started", "stopped", "trial_resumed", "escalated"):
-            console.print(escape(f"{kind.replace('_', ' ')}: {', '.join(f'{k} {v}' for k, v in data.items())}"))
-        elif kind == "base_progress" and data["step"] % 100 == 0:
-            console.print(f"building the base: SFT step {data['step']}, loss {data['loss']:.3f}, "
-                          f"probe accuracy {data['probe_acc']:.2f}")
+            say(escape(f"{kind.replace('_', ' ')}: {', '.join(f'{k} {v}' for k, v in data.items())}"))
         elif kind == "final_started":
-            console.print(escape(f"final comparison: winner {data['winner']} (schedule {' -> '.join(data['schedule'])}) "
-                                 f"and the reference, replayed from the base on fresh seeds {data['seeds']}"))
+            say(escape(f"final comparison: winner {data['winner']} (schedule {' -> '.join(data['schedule'])}) "
+                       f"and the reference, replayed from the base on fresh seeds {data['seeds']}"))
         elif kind == "final_finished":
-            console.print(escape(data["table"]))
+            say(escape(data["table"]))
         elif kind == "gate_waiting":
-            console.print(escape(f"trial {data['trial']} waits at the {data['point']} gate: {data['intervention']}: "
-                                 f"{data['hypothesis']}\n  decide with: evotrainer approve {data['run']} "
-                                 f"{data['trial']} | evotrainer revise {data['run']} {data['trial']} --feedback TEXT | "
-                                 f"evotrainer abort {data['run']} {data['trial']}"))
+            say(escape(f"trial {data['trial']} waits at the {data['point']} gate: {data['intervention']}: "
+                       f"{data['hypothesis']}\n  decide with: evotrainer approve {data['run']} "
+                       f"{data['trial']} | evotrainer revise {data['run']} {data['trial']} --feedback TEXT | "
+                       f"evotrainer abort {data['run']} {data['trial']}"))
         elif kind == "gate_decided":
-            console.print(escape(f"trial {data['trial']} {data['point']} gate: {data['decision']} {data['feedback']}"))
+            say(escape(f"trial {data['trial']} {data['point']} gate: {data['decision']} {data['feedback']}"))
     try:
-        Controller(cfg, out, on_event=show).run()
+        with prog:
+            Controller(cfg, out, on_event=show).run()
     except ControlFailed as e:
         raise RunFailed(str(e)) from None
     return status(out)
@@ -198,24 +211,27 @@ def cmd_run(args) -> dict:
         cfg = dataclasses.replace(cfg, model=args.model)
     if (args.out / "lineage.sqlite").exists():
         raise UsageError(f"'{args.out}' already holds a run; continue it with `evotrainer resume {args.out}`")
-    return _run_loop(cfg, args.out)
+    st = _run_loop(cfg, args.out)
+    return st if args.json else None
 
 
 def cmd_resume(args) -> dict:
     from evotrainer.config import load_config
     from evotrainer.evolve.report import open_run
     open_run(args.run).close()
-    return _run_loop(load_config(args.run / "config.yaml"), args.run)
+    st = _run_loop(load_config(args.run / "config.yaml"), args.run)
+    return st if args.json else None
 
 
 def cmd_status(args) -> dict:
     from evotrainer.evolve.report import status
     st = status(args.run)
-    if not args.json:
-        print("\n".join(f"{k}: {v}" for k, v in st.items()), file=sys.stderr)
-        if (args.run / "final.md").exists():
-            print((args.run / "final.md").read_text(), file=sys.stderr)
-    return st
+    if args.json:
+        return st
+    print("\n".join(f"{k}: {v}" for k, v in st.items()), file=sys.stderr)
+    if (args.run / "final.md").exists():
+        print((args.run / "final.md").read_text(), file=sys.stderr)
+    return None
 
 
 def cmd_decide(args) -> dict:
@@ -234,12 +250,12 @@ def cmd_lineage(args) -> dict:
     from evotrainer.evolve.report import lineage_tree
     tree = lineage_tree(args.run)
     print(tree, file=sys.stderr)
-    return {"lines": len(tree.splitlines())}
+    return None
 
 
 def _library(args):
     from evotrainer.config import DEFAULT_SKILLS
-    from evotrainer.evolve.skills import SkillLibrary
+    from evotrainer.skills import SkillLibrary
     path = Path(args.library or DEFAULT_SKILLS).expanduser()
     if not path.is_file():
         raise UsageError(f"no skill library at '{path}' (runs write one at search.skills; pass --library PATH)")
@@ -344,13 +360,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("config", type=Path, help="run config (YAML)")
     sp.add_argument("--model", default=None, help="the config's `model`: any Hugging Face causal LM directory")
     sp.add_argument("--out", type=Path, required=True, help="the run directory (lineage, versions, evidence)")
+    sp.add_argument("--json", action="store_true", help="print the run's status as one JSON line on stdout at the end")
     sp.set_defaults(fn=cmd_run)
     sp = sub.add_parser("resume", help="continue a run that was stopped or killed")
     sp.add_argument("run", type=Path)
+    sp.add_argument("--json", action="store_true", help="print the run's status as one JSON line on stdout at the end")
     sp.set_defaults(fn=cmd_resume)
     sp = sub.add_parser("status", help="trials, labels, best version and time spent of a run")
     sp.add_argument("run", type=Path)
-    sp.add_argument("--json", action="store_true", help="only the JSON line")
+    sp.add_argument("--json", action="store_true", help="one JSON line on stdout instead of the text")
     sp.set_defaults(fn=cmd_status)
     for name, what in (("approve", "go on with the trial waiting at a gate"),
                        ("revise", "send the proposal back to the agent with feedback (same trial)"),
@@ -399,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(e.result))
         print(f"evotrainer: rejected: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(result))
+    if result is not None:  # commands a person reads (run, status, lineage) print JSON only when asked
+        print(json.dumps(result))
     return 0
 
 

@@ -10,7 +10,7 @@ from string import Template
 
 from evotrainer.agents.edits import harness_files
 from evotrainer.agents.rules import AgentContext, family_of
-from evotrainer.evolve.skills import matching
+from evotrainer.skills import matching
 
 PROMPTS = Path(__file__).resolve().parent / "prompts"
 # specialist role -> the intervention families (findings' suggestions) it answers

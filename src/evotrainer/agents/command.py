@@ -24,7 +24,7 @@ from evotrainer.agents.catalog import AgentFailed, Proposal
 from evotrainer.agents.edits import ReplyError, check_changed, harness_files
 from evotrainer.agents.rules import AgentContext
 from evotrainer.config import CommandConfig
-from evotrainer.evolve.skills import signature
+from evotrainer.skills import signature
 from evotrainer.harness.versions import HarnessRepo
 
 TAIL = 4000  # characters of the command's output kept in the lineage

@@ -22,7 +22,7 @@ from evotrainer.agents.edits import ReplyError, apply_edits, check_changed, harn
 from evotrainer.agents.rules import AgentContext
 from evotrainer.config import LLMConfig
 from evotrainer.errors import UsageError
-from evotrainer.evolve.skills import signature
+from evotrainer.skills import signature
 
 
 class NotACompletion(ValueError):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from evotrainer.agents.catalog import CATALOG, FAMILY, Proposal, revert
-from evotrainer.evolve.skills import Skill, rank, signature
+from evotrainer.skills import Skill, rank, signature
 from evotrainer.harness.knobs import Knobs
 
 FAMILY_ORDER = ("reward_hacking", "reward", "group_filter", "signal", "curriculum", "exploration",

@@ -14,9 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from evotrainer.errors import UsageError
-
-HELD_UP = ("kept",)
-FAILED = ("discarded", "invalid", "crash", "timeout", "oom")
+from evotrainer.labels import FELL_SHORT, HELD_UP, REPLAYABLE, in_order
 
 
 @dataclass
@@ -58,8 +56,9 @@ def replay(name: str, labelled: list[tuple[Path, str]], harness_dir: Path | str 
     """Replay diagnostic `name` over (evidence dir, outcome label) pairs; keep it if AUC >= min_auc."""
     from evotrainer.diagnostics.load import run_diagnostics
     for d, label in labelled:
-        if label not in HELD_UP + FAILED:
-            raise UsageError(f"unknown outcome label '{label}' for {d}; valid choices: {', '.join(HELD_UP + FAILED)}")
+        if label not in REPLAYABLE:
+            raise UsageError(f"unknown outcome label '{label}' for {d}; valid choices: "
+                             f"{', '.join(in_order(REPLAYABLE))}")
         if not (Path(d) / "evidence.jsonl").is_file():
             raise UsageError(f"no rollout evidence at '{d}' (expected evidence.jsonl)")
     args = {"harness_dir": None if harness_dir is None else str(harness_dir), "name": name,
@@ -69,7 +68,7 @@ def replay(name: str, labelled: list[tuple[Path, str]], harness_dir: Path | str 
         raise UsageError(out["error"])
     rows = [{"dir": str(d), "label": lab, "value": v, "severity": s}
             for (d, lab), v, s in zip(labelled, out["values"], out["severity"])]
-    failed = [r["value"] for r in rows if r["label"] in FAILED and r["value"] is not None]
+    failed = [r["value"] for r in rows if r["label"] in FELL_SHORT and r["value"] is not None]
     held = [r["value"] for r in rows if r["label"] in HELD_UP and r["value"] is not None]
     auc = separation_auc(failed, held, out["above"])
     return ReplayResult(name, None if auc is None else round(auc, 4), auc is not None and auc >= min_auc,

@@ -85,4 +85,17 @@ def table(base: Mapping[str, float], comparison: Mapping, seeds: Sequence[int]) 
         d = comparison[split]["difference"]
         lines.append(f"evolved - reference, {name}: {d['mean']:+.1f} points, "
                      f"{int(100 * d['level'])}% bootstrap CI [{d['ci'][0]:+.1f}, {d['ci'][1]:+.1f}]")
-    return "\n".join(lines)
+    return "\n".join([*lines, verdict(comparison)])
+
+
+def verdict(comparison: Mapping) -> str:
+    """One line: did the evolved harness beat the reference, by how much, and how sure.
+    Read on test (the split no decision touched); 'beat' means the CI lies above zero."""
+    d = comparison["test"]["difference"]
+    lo, hi = d["ci"]
+    how = f"{d['mean']:+.1f} test points, {int(100 * d['level'])}% CI [{lo:+.1f}, {hi:+.1f}]"
+    if lo > 0:
+        return f"verdict: the evolved harness beat the reference recipe by {how}"
+    if hi < 0:
+        return f"verdict: the evolved harness did worse than the reference recipe: {how}"
+    return f"verdict: no difference shown between the evolved harness and the reference recipe ({how}; the CI contains zero)"

@@ -15,11 +15,12 @@ from typing import Mapping, Sequence
 
 from evotrainer.config import GateConfig
 from evotrainer.evolve.stats import mean_se, paired_differences
+from evotrainer.labels import Label
 
 
 @dataclass(frozen=True)
 class GateDecision:
-    label: str                 # kept | discarded | invalid
+    label: Label               # kept | discarded | invalid
     gain: float                # mean paired difference, child - control
     se: float                  # the standard error the gain was judged against
     threshold: float           # what the gain had to beat
@@ -34,10 +35,10 @@ def gate(child: Mapping[int, float], control: Mapping[int, float], blocking: Seq
     se = max(0.0 if math.isnan(se_seen) else se_seen, noise_sd / math.sqrt(len(diffs)))
     threshold = max(cfg.min_gain, cfg.z * se)
     if blocking:
-        return GateDecision("invalid", gain, se, threshold, tuple(f"blocking finding: {b}" for b in blocking))
+        return GateDecision(Label.INVALID, gain, se, threshold, tuple(f"blocking finding: {b}" for b in blocking))
     if gain > threshold:
-        return GateDecision("kept", gain, se, threshold,
+        return GateDecision(Label.KEPT, gain, se, threshold,
                             (f"gain {gain:+.3f} over {len(diffs)} paired seeds beats {threshold:.3f}",))
-    return GateDecision("discarded", gain, se, threshold,
+    return GateDecision(Label.DISCARDED, gain, se, threshold,
                         (f"gain {gain:+.3f} over {len(diffs)} paired seeds does not beat {threshold:.3f} "
                          f"(max of min_gain {cfg.min_gain:g} and {cfg.z:g} x se {se:.3f})",))

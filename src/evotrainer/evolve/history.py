@@ -7,33 +7,26 @@ exactly as the one that was killed would have.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from evotrainer.agents.catalog import FAMILY
 from evotrainer.evolve.population import Child
+from evotrainer.labels import AGENT_FAILED, CRASHED, FAILED, Label
 
-CROSSOVER = "crossover"
-# a candidate that would train exactly like a sibling already tried: recorded, never trained,
-# and invisible to the search (no budget, no child, no failure)
-EQUIVALENT = "equivalent"
-# an agent that produced nothing usable, and a person's abort at a gate: nothing trained
-AGENT_FAILED = ("unparseable", "patch_failed", "syntax_error", "agent_timeout", "agent_error")
-ABORTED = "aborted"
-# a new or revised diagnostic whose replay did not separate failed versions from held-up ones
-DIAGNOSTIC_REJECTED = "diagnostic_rejected"
-FAILED = ("discarded", "invalid", "illegal", "backtest_rejected", "crash", "timeout", "oom", *AGENT_FAILED, ABORTED,
-          DIAGNOSTIC_REJECTED)
-CRASHED = ("crash", "timeout", "oom")
+if TYPE_CHECKING:  # plans are built on this module's constants
+    from evotrainer.evolve.plan import TrialPlan
+
+CROSSOVER = "crossover"  # the intervention (and family) of a crossover trial
 
 
-def family(intervention: str, start: Mapping | None = None) -> str:
-    """The harness surface of an intervention: the catalog's family, else what its proposal
+def family(intervention: str, recorded: str | None = None) -> str:
+    """The harness surface of an intervention: the catalog's family, else what its plan
     recorded (an llm or command agent's specialist role), else 'other'."""
     if intervention == CROSSOVER:
         return CROSSOVER
     if intervention.startswith("revert_"):
         return "subtract"
-    return FAMILY.get(intervention) or (start or {}).get("family") or "other"
+    return FAMILY.get(intervention) or recorded or "other"
 
 
 def add_usage(before: Mapping | None, after: Mapping | None) -> dict:
@@ -61,25 +54,40 @@ def changes(trials: Iterable) -> dict[str, frozenset[str]]:
     return out
 
 
-def surfaces(trials: Iterable, starts: Mapping[int, Mapping] | None = None) -> dict[str, str]:
+def common_ancestor(trials: Iterable, a: str, b: str) -> str:
+    """The nearest version both `a` and `b` descend from (first parents and crossover mates)."""
+    parents = {t.version: t.parents for t in trials if t.version}
+
+    def ancestors(v: str) -> list[str]:
+        out, todo = [], [v]
+        while todo:
+            x = todo.pop(0)
+            if x not in out:
+                out.append(x)
+                todo += parents.get(x, [])
+        return out
+    of_b = set(ancestors(b))
+    return next(v for v in ancestors(a) if v in of_b)
+
+
+def surfaces(trials: Iterable, families: Mapping[int, str] | None = None) -> dict[str, str]:
     """Version -> the harness surface (intervention family) its own change touched; an llm or
-    command agent's free-text intervention counts under the surface its proposal recorded."""
-    starts = starts or {}
-    return {t.version: ("root" if not t.parents else family(t.intervention, starts.get(t.id)))
+    command agent's free-text intervention counts under the family its plan recorded
+    (`families`: trial number -> that family)."""
+    families = families or {}
+    return {t.version: ("root" if not t.parents else family(t.intervention, families.get(t.id)))
             for t in trials if t.version}
 
 
-def children(trials: Iterable, starts: Mapping[int, Mapping]) -> list[Child]:
-    """Each finished non-root trial as a Child: its parent states (from the proposal it started
-    with, `starts[trial]`) and its gain over the control (None where it never trained)."""
+def children(trials: Iterable, plans: Mapping[int, "TrialPlan"]) -> list[Child]:
+    """Each finished non-root trial as a Child: its parent states (from the plan it started
+    with, `plans[trial]`) and its gain over the control (None where it never trained)."""
     out = []
     for t in sorted(trials, key=lambda t: t.id):
-        start = starts.get(t.id)
-        if not t.parents or start is None or t.label == EQUIVALENT:
+        plan = plans.get(t.id)
+        if not t.parents or plan is None or t.label == Label.EQUIVALENT:
             continue
-        keys = [(start["parent_state"]["version"], start["parent_state"]["depth"])]
-        if start.get("mate_state"):
-            keys.append((start["mate_state"]["version"], start["mate_state"]["depth"]))
+        keys = [plan.parent.key] + ([plan.mate.key] if plan.mate else [])
         out.append(Child(t.id, tuple(keys), t.fitness.get("gain"), crossover=t.intervention == CROSSOVER))
     return out
 
@@ -98,31 +106,31 @@ def _trailing(trials: Iterable, counts, skip=lambda t: False) -> list:
 
 def failures_in_a_row(trials: Sequence) -> list:
     """The trailing run of failed trials since the last kept one (oldest first)."""
-    return _trailing(trials, lambda t: t.parents and t.label in FAILED, skip=lambda t: t.label == EQUIVALENT)
+    return _trailing(trials, lambda t: t.parents and t.label in FAILED, skip=lambda t: t.label == Label.EQUIVALENT)
 
 
 def agent_errors_in_a_row(trials: Sequence) -> list:
     """The trailing run of `agent_error` trials (oldest first): an endpoint that is down or
     misconfigured, not an idea that failed."""
-    return _trailing(trials, lambda t: t.label == "agent_error")
+    return _trailing(trials, lambda t: t.label == Label.AGENT_ERROR)
 
 
 def operations(trials: Iterable) -> list[str]:
     """'crossover' or 'mutation' per non-root trial that ran (no crash, no agent failure, no abort), in order."""
     return [CROSSOVER if t.intervention == CROSSOVER else "mutation"
             for t in sorted(trials, key=lambda t: t.id)
-            if t.parents and t.label not in CRASHED + AGENT_FAILED + (EQUIVALENT, ABORTED)]
+            if t.parents and t.label not in CRASHED | AGENT_FAILED | {Label.EQUIVALENT, Label.ABORTED}]
 
 
 def spent(trials: Iterable) -> int:
     """Trials that count against the budget: every non-root trial but the equivalent ones."""
-    return sum(1 for t in trials if t.parents and t.label != EQUIVALENT)
+    return sum(1 for t in trials if t.parents and t.label != Label.EQUIVALENT)
 
 
 def view(trials: Sequence, top: int = 5) -> str:
     """What an agent is shown of the lineage: a leaderboard of kept versions by validation
     accuracy, the path from the root to the best, and every child of the best with its label."""
-    kept = [t for t in trials if t.label == "kept" and t.fitness.get("val")]
+    kept = [t for t in trials if t.label == Label.KEPT and t.fitness.get("val")]
     if not kept:
         return ""
     mean = lambda t: sum(t.fitness["val"].values()) / len(t.fitness["val"])  # noqa: E731

@@ -14,8 +14,9 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
+from evotrainer.evolve.progress import Job, Progress, watcher
 from evotrainer.executors import Call, run_all, run_in_worker
 from evotrainer.runtime import Runtime
 from evotrainer.train import saved_checkpoints
@@ -27,11 +28,13 @@ class ReplayFailed(RuntimeError):
     """A replay's training worker or the evaluator failed."""
 
 
-def pool(calls: list[Call], workers: int, timeout_s: float, memory_mb: int | None = 8192) -> list:
+def pool(calls: list[Call], workers: int, timeout_s: float, memory_mb: int | None = 8192,
+         on_poll: Callable[[], None] | None = None) -> list:
     """Training calls in one pool: `workers` at once (0: one per core, at most one per call),
-    each capped to its share of the cores' threads so they do not oversubscribe them."""
+    each capped to its share of the cores' threads so they do not oversubscribe them.
+    `on_poll` runs in this process while it waits (progress.watcher)."""
     workers = workers or min(os.cpu_count() or 1, len(calls))
-    return run_all(calls, workers, timeout_s=timeout_s, memory_mb=memory_mb,
+    return run_all(calls, workers, timeout_s=timeout_s, memory_mb=memory_mb, on_poll=on_poll,
                    threads=max(1, (os.cpu_count() or 1) // workers))
 
 
@@ -63,8 +66,9 @@ class Replay:
 
 def replay(task: str, level: int | None, base: str, arms: Mapping[str, Arm], seeds: Sequence[int], out_root: Path,
            last_k: int, timeout_s: float, workers: int = 0, runtime: Runtime | None = None,
-           memory_mb: int | None = 8192) -> Replay:
-    """Train every arm on every seed from `base` under out_root/ARM/seed-S and score them."""
+           memory_mb: int | None = 8192, on_progress: Callable[[Progress], None] | None = None) -> Replay:
+    """Train every arm on every seed from `base` under out_root/ARM/seed-S and score them;
+    `on_progress` hears the training steps as they go."""
     runtime = runtime or Runtime()
     calls, where = [], []
     for name, arm in arms.items():
@@ -75,8 +79,11 @@ def replay(task: str, level: int | None, base: str, arms: Mapping[str, Arm], see
                 task=task, level=level, base=base, out=str(out), harnesses=list(arm.harnesses), seed=seed,
                 steps=arm.steps, runtime=runtime.to_dict())))
             where.append((name, seed, out / f"segment-{len(arm.harnesses)}"))
+    watch = on_progress and watcher(f"replay of {', '.join(arms)} on seeds {list(seeds)}", [
+        Job(f"{name} seed {seed}", out.parent, arms[name].steps * len(arms[name].harnesses)) for name, seed, out in where],
+        on_progress)
     t = time.time()
-    results = pool(calls, workers, timeout_s * max(len(a.harnesses) for a in arms.values()), memory_mb)
+    results = pool(calls, workers, timeout_s * max(len(a.harnesses) for a in arms.values()), memory_mb, watch)
     train_s = time.time() - t
     for (name, seed, _), res in zip(where, results):
         if not res.ok:

@@ -1,4 +1,4 @@
 """The lineage: SQLite events and trials, one writer (the controller), resumable."""
-from evotrainer.lineage.store import LABELS, LineageStore, TrialRecord
+from evotrainer.lineage.store import LineageStore, TrialRecord
 
-__all__ = ["LABELS", "LineageStore", "TrialRecord"]
+__all__ = ["LineageStore", "TrialRecord"]

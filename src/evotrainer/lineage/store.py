@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from evotrainer.labels import Label
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -48,9 +50,7 @@ CREATE TRIGGER IF NOT EXISTS events_append_only_u BEFORE UPDATE ON events
 CREATE TRIGGER IF NOT EXISTS events_append_only_d BEFORE DELETE ON events
     BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
 """
-LABELS = ("kept", "discarded", "invalid", "illegal", "backtest_rejected", "equivalent", "crash", "timeout", "oom",
-          "unparseable", "patch_failed", "syntax_error", "agent_timeout", "agent_error", "aborted",
-          "diagnostic_rejected")
+_LABELS = frozenset(Label)  # a plain string is found in it as its member is
 _JSON = ("parents", "backtest", "budgets", "fitness", "findings")
 
 
@@ -65,7 +65,7 @@ class TrialRecord:
     hypothesis: str                # "changing X improves Y because Z"
     success_criterion: str
     patch: str                     # the exact diff to the parent's harness
-    label: str                     # one of LABELS
+    label: str                     # a Label (a plain string when read back)
     backtest: dict = field(default_factory=dict)
     budgets: dict = field(default_factory=dict)    # steps, seconds spent
     fitness: dict = field(default_factory=dict)    # {"val": {seed: acc}, "test": {seed: acc}}
@@ -75,8 +75,8 @@ class TrialRecord:
     finished: float = 0.0
 
     def __post_init__(self):
-        if self.label not in LABELS:
-            raise ValueError(f"unknown trial label '{self.label}'; valid choices: {', '.join(LABELS)}")
+        if self.label not in _LABELS:
+            raise ValueError(f"unknown trial label '{self.label}'; valid choices: {', '.join(Label)}")
 
 
 COLUMNS = [f.name for f in fields(TrialRecord)]

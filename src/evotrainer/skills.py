@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from evotrainer.labels import HELD_UP, Label
+
 DEFAULT_LIBRARY = Path.home() / ".local" / "share" / "evotrainer" / "skills.sqlite"
-HELD = "kept"
 GENERAL_AFTER = 2   # tasks where a skill must have held before it counts as general
 
 SCHEMA = """
@@ -81,7 +82,7 @@ class Skill:
 def _score(evidence: Sequence[Mapping]) -> float:
     """Expected gain, shrunk towards 0 by one imaginary neutral outcome: one lucky trial is
     worth less than three steady ones. An `invalid` outcome counts as a loss of 0.05."""
-    gains = [(-0.05 if o["label"] == "invalid" else (o["gain"] or 0.0)) for o in evidence]
+    gains = [(-0.05 if o["label"] == Label.INVALID else (o["gain"] or 0.0)) for o in evidence]
     return sum(gains) / (len(gains) + 1)
 
 
@@ -169,10 +170,10 @@ class SkillLibrary:
 
 def _skill(name, trigger, intervention, family, patch, expected, ev: tuple[dict, ...]) -> Skill:
     trained = [o["gain"] for o in ev if o["gain"] is not None]
-    held = sorted({o["task"] for o in ev if o["label"] == HELD
+    held = sorted({o["task"] for o in ev if o["label"] in HELD_UP
                    and _mean([x["gain"] for x in ev if x["task"] == o["task"] and x["gain"] is not None]) > 0})
     return Skill(name, trigger, intervention, family, patch, expected, tried=len(ev),
-                 kept=sum(o["label"] == HELD for o in ev), invalid=sum(o["label"] == "invalid" for o in ev),
+                 kept=sum(o["label"] in HELD_UP for o in ev), invalid=sum(o["label"] == Label.INVALID for o in ev),
                  mean_gain=_mean(trained) if trained else None, held_on=tuple(held), evidence=ev)
 
 

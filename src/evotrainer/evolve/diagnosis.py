@@ -1,0 +1,98 @@
+"""What the controller reads off a state's evidence, and whether a diagnostic earns its keep.
+
+A state's findings come from its own harness's diagnostics (a diagnostic its harness adds
+is read on it at once). A new or revised diagnostic is replayed over the evidence of every
+version this run trained and judged, and kept only if it separates the versions that fell
+short from those that held up (EvoTrainer); escalation asks the same of the diagnostics
+that prompted a streak of failures, and ignores one that ranks them backwards.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from evotrainer.diagnostics.health import diagnose
+from evotrainer.diagnostics.replay import replay
+from evotrainer.diagnostics.spec import SEVERITIES
+from evotrainer.errors import HarnessFailed, UsageError
+from evotrainer.labels import REPLAYABLE
+from evotrainer.lineage import LineageStore, TrialRecord
+
+
+def worst_findings(dirs: Sequence[str], harness_dir: Path) -> list[dict]:
+    """The worst finding per diagnostic over a state's train directories, critical and
+    blocking first, as the state's own harness (`harness_dir`) reads them."""
+    worst: dict[str, dict] = {}
+    for d in dirs:
+        try:
+            report = diagnose(d, harness_dir)[0]["findings"]
+        except HarnessFailed as e:  # its diagnostics.py fails: blocking, so it is never promoted
+            report = [{"diagnostic": "diagnostics_failed", "layer": "custom", "severity": "critical",
+                       "blocking": True, "value": 1.0, "evidence": f"{e.label}: {e.detail}"[:500],
+                       "suggest": "diagnostics: fix or revert diagnostics.py"}]
+        for f in report:
+            kept = worst.get(f["diagnostic"])
+            if kept is None or SEVERITIES.index(f["severity"]) > SEVERITIES.index(kept["severity"]):
+                worst[f["diagnostic"]] = f
+    return sorted(worst.values(), key=lambda f: (f["severity"] != "critical", not f["blocking"]))
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A new or revised diagnostic replayed over the run's judged versions (stored with the trial)."""
+    diagnostic: str
+    auc: float | None           # None: too few of either kind to tell, or it did not run
+    kept: bool                  # it separates failed from held-up versions
+    versions: int               # trials whose evidence it was replayed over
+    error: str | None = None    # why it could not load or run
+
+    def to_json(self) -> dict:
+        out = {"diagnostic": self.diagnostic, "auc": self.auc, "kept": self.kept, "versions": self.versions}
+        return out if self.error is None else out | {"error": self.error}
+
+    @property
+    def why_not(self) -> str:
+        """Why it was not kept, in words."""
+        if self.error:
+            return self.error
+        if self.auc is None:
+            return (f"undecidable over {self.versions} versions: a diagnostic is kept only once the run has both a "
+                    "failed version and one that held up to separate")
+        return f"AUC {self.auc} over {self.versions} versions does not separate failed from held-up ones (needs 0.8)"
+
+
+def replay_revised(names: Sequence[str], trials: Sequence[TrialRecord], harness_dir: Path,
+                   timeout_s: float) -> list[Replayed]:
+    """Each diagnostic of `names` from the harness at `harness_dir`, replayed (in a worker)
+    over the evidence of every version this run trained and judged, the root included."""
+    labelled, versions = {}, set()
+    for t in trials:
+        if t.label in REPLAYABLE and "state" in t.fitness:
+            for d in t.fitness["state"]["dirs"].values():
+                if d not in labelled:  # a version kept without training shares its parent's
+                    labelled[d] = t.label
+                    versions.add(t.id)
+    out = []
+    for name in names:
+        try:
+            r = replay(name, [(Path(d), lab) for d, lab in labelled.items()], harness_dir=harness_dir,
+                       timeout_s=timeout_s)
+            out.append(Replayed(name, r.auc, r.kept, len(versions)))
+        except (UsageError, HarnessFailed) as e:  # it does not load or run: not kept
+            out.append(Replayed(name, None, False, len(versions), str(e)))
+    return out
+
+
+def misleads(store: LineageStore, name: str, timeout_s: float) -> bool:
+    """Whether diagnostic `name` ranks this run's failed versions *better* than its kept ones
+    (replay AUC < 0.5); undecidable (too few of either) counts as not misleading, and so does
+    a replay that cannot run (recorded as `replay_failed`)."""
+    labelled = [(Path(d), t.label) for t in store.trials() if t.parents and t.label in REPLAYABLE
+                and "state" in t.fitness for d in t.fitness["state"]["dirs"].values()]
+    try:
+        r = replay(name, labelled, timeout_s=timeout_s)
+    except Exception as e:  # a replay that cannot run leaves the diagnostic trusted
+        store.event("replay_failed", diagnostic=name, error=str(e))
+        return False
+    return r.auc is not None and r.auc < 0.5

@@ -1,0 +1,51 @@
+"""Step progress of training workers, read from outside: what `evotrainer run` shows live.
+
+A worker writes one metrics.jsonl line per step and flushes it; the pool polls while it
+waits, so the controller counts those lines (a schedule's replay writes them under
+segment-1, segment-2, ...) and reports the sums. Nothing here touches a worker or a file it
+writes; a poll that finds no file yet counts zero.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str        # what the run shows for it: "v1 seed 0", "evolved seed 100"
+    out: Path        # its train directory (a schedule's: the parent of its segment-N directories)
+    steps: int       # the steps it will take in all
+
+
+@dataclass(frozen=True)
+class Progress:
+    title: str                          # what is training: "trial 1: v1 [partial_credit] and control v0"
+    done: int                           # steps finished over every job
+    total: int
+    jobs: tuple[tuple[str, int, int], ...]   # (name, done, steps) per job
+
+
+def steps_done(out: Path) -> int:
+    """Lines in the metrics.jsonl files under `out` (its own and its segments')."""
+    n = 0
+    for f in [out / "metrics.jsonl", *sorted(out.glob("segment-*/metrics.jsonl"))]:
+        try:
+            with open(f, "rb") as fh:
+                n += sum(1 for _ in fh)
+        except OSError:
+            continue
+    return n
+
+
+def watcher(title: str, jobs: Sequence[Job], report: Callable[[Progress], None]) -> Callable[[], None]:
+    """An `on_poll` for the worker pool: reports a Progress whenever a step count moved."""
+    last: list[tuple[str, int, int] | None] = [None]
+
+    def poll() -> None:
+        counts = tuple((j.name, min(steps_done(j.out), j.steps), j.steps) for j in jobs)
+        if counts != last[0]:
+            last[0] = counts
+            report(Progress(title, sum(c[1] for c in counts), sum(c[2] for c in counts), counts))
+    return poll

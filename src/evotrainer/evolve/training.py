@@ -1,0 +1,130 @@
+"""Training and scoring segments: one pool of worker processes, then one evaluator process.
+
+Every training job of a step (a child and its control, every seed; the root and its noise
+replicas) runs in one pool, so they share the cores, and one evaluator scores them all.
+Child and control use the same segment seed per run seed, so they see the same prompts and
+sampling noise: the gain is paired.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from evotrainer.config import RunConfig
+from evotrainer.evidence import EvidenceStore
+from evotrainer.evolve.progress import Job, Progress, watcher
+from evotrainer.evolve.replay import ReplayFailed, evaluate, pool
+from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
+from evotrainer.evolve.stats import average_last
+from evotrainer.executors import Call
+from evotrainer.runtime import Runtime
+from evotrainer.tasks.base import Task
+from evotrainer.train import saved_checkpoints, segment_seed
+
+
+@dataclass
+class Training:
+    cfg: RunConfig
+    task: Task
+    runtime: Runtime
+    base: str                                # the base checkpoint every lineage starts from
+    run_dir: Path
+    harness_dir: Callable[[str], Path]       # a version's harness checkout
+    on_progress: Callable[[Progress], None] | None = None   # hears training steps as they go
+
+    @property
+    def restart(self) -> bool:
+        return self.cfg.policy == "restart"
+
+    @property
+    def segment_steps(self) -> int:
+        return self.cfg.budget.total_steps if self.restart else self.cfg.budget.steps_per_segment
+
+    def train(self, segments: list[Segment], clock: Clock) -> list[State | SegmentFailed]:
+        """Train every segment on every seed in one pool of workers, then evaluate them all in
+        one evaluator process. A segment whose worker failed on any seed comes back as
+        SegmentFailed; the others as States at their depth."""
+        calls, where = [], []
+        for i, sg in enumerate(segments):
+            for seed in self.cfg.seeds:
+                out = sg.out_root / f"seed-{seed}"
+                shutil.rmtree(out, ignore_errors=True)  # a resumed segment starts clean
+                # paired: every version at a depth sees the same prompts per seed (restart: one depth)
+                seg_seed = segment_seed(seed, 1 if self.restart else sg.depth) + sg.seed_offset
+                calls.append(Call("evotrainer.train:train_segment", dict(
+                    task=self.task.spec, level=self.task.target_level, runtime=self.runtime.to_dict(),
+                    harness=str(self.harness_dir(sg.version)),
+                    base=sg.start.checkpoint(seed) if sg.start.dirs else self.base, out=str(out),
+                    seed=seg_seed, steps=self.segment_steps)))
+                where.append((i, seed, out))
+        names = list(dict.fromkeys(sg.out_root.name for sg in segments))  # v1, v0-d2 (a control), replica-1
+        watch = self.on_progress and watcher(
+            f"training {', '.join(names)}: {self.segment_steps} steps x {len(self.cfg.seeds)} seeds",
+            [Job(f"{segments[i].out_root.name} s{seed}", out, self.segment_steps) for i, seed, out in where],
+            self.on_progress)
+        results = self._pool(calls, clock, watch)
+        clock.steps += self.segment_steps * len(calls)
+        failed: dict[int, SegmentFailed] = {}
+        dirs: dict[int, dict[int, str]] = {i: {} for i in range(len(segments))}
+        for (i, seed, out), res in zip(where, results):
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "worker.log").write_text(res.log_tail)
+            if not res.ok:
+                failed.setdefault(i, SegmentFailed(res.label, f"seed {seed}: {res.error}"))
+            dirs[i][seed] = str(out)
+        scores = self._evaluate([dirs[i] for i in range(len(segments)) if i not in failed], clock)
+        return [failed[i] if i in failed else State(sg.version, sg.depth, dirs[i], *scores.pop(0))
+                for i, sg in enumerate(segments)]
+
+    def ingest(self, name: str, state: State) -> None:
+        """A state's rollout evidence into the run's evidence store, under `name`/seed-S."""
+        store = EvidenceStore(self.run_dir / "evidence.sqlite")
+        try:
+            for seed, d in state.dirs.items():
+                store.ingest(f"{name}/seed-{seed}", Path(d))
+        finally:
+            store.close()
+
+    def _evaluate(self, dir_sets: list[dict[int, str]], clock: Clock) -> list[tuple[dict, dict]]:
+        """(val, test) per seed for each set of train directories, from one evaluator process:
+        validation averages the last `last_k` evaluations of a segment (only those are scored:
+        earlier checkpoints would cost evaluator time no decision reads), test is the final
+        checkpoint's."""
+        if not dir_sets:
+            return []
+        jobs = {}
+        for dirs in dir_sets:
+            for d in dirs.values():
+                last = [*saved_checkpoints(Path(d)), Path(d, "checkpoint")][-self.cfg.gate.last_k:]
+                jobs |= {str(c): ["val"] for c in last[:-1]}
+                jobs[str(Path(d, "checkpoint"))] = ["val", "test"]
+        acc = self._evaluator(jobs, clock)
+        out = []
+        for dirs in dir_sets:
+            val, test = {}, {}
+            for seed, d in dirs.items():
+                seq = [acc[k]["val"] for k in jobs if k.startswith(d + "/")]  # saved steps, then the final
+                val[seed], test[seed] = average_last(seq, self.cfg.gate.last_k), acc[str(Path(d, "checkpoint"))]["test"]
+            out.append((val, test))
+        return out
+
+    def _evaluator(self, jobs: dict[str, list[str]], clock: Clock) -> dict[str, dict[str, float]]:
+        """Accuracy per checkpoint and split (replay.evaluate: a process with no harness code)."""
+        t = time.time()
+        try:
+            return evaluate(self.task.spec, self.task.target_level, jobs, self.cfg.budget.trial_timeout_s,
+                            self.runtime, self.cfg.worker_memory_mb)
+        except ReplayFailed as e:
+            raise ControlFailed(str(e)) from None
+        finally:
+            clock.eval_s += time.time() - t
+
+    def _pool(self, calls: list[Call], clock: Clock, on_poll: Callable[[], None] | None = None) -> list:
+        """Training calls in one pool (replay.pool: `workers` at once, threads shared)."""
+        t = time.time()
+        results = pool(calls, self.cfg.workers, self.cfg.budget.trial_timeout_s, self.cfg.worker_memory_mb, on_poll)
+        clock.train_s += time.time() - t
+        return results

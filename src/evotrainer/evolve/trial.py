@@ -1,0 +1,251 @@
+"""One attempt at a trial: its plan taken through stages, any of which may end it.
+
+    plan (the agent failed?) -> candidate: commit, legality, this run's backend -> design gate
+    -> diagnostic replay (a change to diagnostics.py alone is kept here, untrained)
+    -> backtest on the parent's rollouts, and the equivalent-twin check -> backtest gate
+    -> train against the control -> promotion gate (gate.gate) -> completion gate -> record
+
+A stage returns what the next one needs, or an Outcome that ends the trial; `record` turns
+whichever outcome came into the trial's lineage row, so every exit is written one way. At
+a gate a person may abort (an outcome like any other) or ask for a revision: approval.Revise
+goes up to the controller, which runs the trial again on the agent's next plan.
+
+A Trial is the controller's own: it works with the controller's lineage, harness repository,
+training pool and human gates, and keeps only what this attempt has spent.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from evotrainer.backtest import backtest
+from evotrainer.backtest.run import rest_key
+from evotrainer.diagnostics.replay import revised_diagnostics
+from evotrainer.evolve import approval, history
+from evotrainer.evolve.diagnosis import Replayed, replay_revised
+from evotrainer.evolve.gate import gate
+from evotrainer.evolve.plan import TrialPlan
+from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
+from evotrainer.harness.versions import PatchError
+from evotrainer.labels import Label
+from evotrainer.lineage import TrialRecord
+
+if TYPE_CHECKING:
+    from evotrainer.evolve.controller import Controller
+
+
+@dataclass(frozen=True)
+class Screened:
+    """What the checks before training found, stored as the trial's `backtest`."""
+    diagnostics: tuple[Replayed, ...] = ()   # new or revised diagnostics, replayed
+    label: str | None = None                 # the backtest's verdict (passed, skipped, ...); None: it never ran
+    reasons: tuple[str, ...] = ()
+    signal: str | None = None                # fingerprint of the training signal on the parent's rollouts
+    rest: str | None = None                  # key of every other setting (with `signal`: how it would train)
+
+    def to_json(self) -> dict:
+        out = {} if self.label is None else {"label": self.label, "reasons": list(self.reasons)}
+        if self.diagnostics:
+            out["diagnostics"] = [r.to_json() for r in self.diagnostics]
+        return out if self.rest is None else out | {"signal": self.signal, "rest": self.rest}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a trial ended: everything its record needs besides the plan."""
+    label: str                               # a Label
+    reflection: str                          # why, in words
+    patch: str = ""                          # the diff to the parent's harness ("" where none was committed)
+    screened: Screened = Screened()
+    fitness: dict = field(default_factory=dict)
+    findings: list = field(default_factory=list)
+    budgets: dict = field(default_factory=dict)   # training and evaluation spent (the agent's cost is added)
+    state: State | None = None               # the state it keeps (stored in the evidence store with the record)
+    committed: bool = True                   # False: refused before its version was committed (recorded without one)
+    depth: int | None = None                 # its lineage depth where not the parent's + 1 (kept untrained)
+
+
+class Trial:
+    def __init__(self, ctl: Controller, n: int, plan: TrialPlan):
+        self.ctl, self.n, self.plan = ctl, n, plan
+        self.parent, self.version = plan.parent, plan.version
+        self.clock, self.started = Clock(), time.time()
+
+    def run(self) -> None:
+        # shown, not stored: the store's own trial_started record (begin_trial) carries the plan
+        self.ctl.on_event("trial_started", {"trial": self.n, "intervention": self.plan.intervention,
+                                            "parent": self.parent.version})
+        self.record(self.outcome())
+
+    def outcome(self) -> Outcome:
+        """The stages in order; the first that ends the trial gives its outcome."""
+        if self.plan.failed:  # the agent produced nothing usable: labelled, never run
+            return Outcome(self.plan.failed.label, self.plan.failed.reason, committed=False)
+        patch = self.candidate()
+        if isinstance(patch, Outcome):
+            return patch
+        if self.ask("design", patch=patch) == "abort":
+            return Outcome(Label.ABORTED, "aborted by a person at the design gate", patch)
+        replays = self.replay_diagnostics()
+        rejected = [r for r in replays if not r.kept]
+        if rejected:  # a diagnostic is kept only if it separates (EvoTrainer)
+            return Outcome(Label.DIAGNOSTIC_REJECTED, "; ".join(f"{r.diagnostic}: {r.why_not}" for r in rejected),
+                           patch, Screened(tuple(replays)))
+        if replays and self.ctl.repo.files_changed(self.parent.version, self.version) == ["diagnostics.py"]:
+            return self.keep_untrained(patch, replays)
+        screened = self.backtest(patch, replays)
+        if isinstance(screened, Outcome):
+            return screened
+        if self.ask("backtest", backtest=screened.to_json()) == "abort":
+            return Outcome(Label.ABORTED, "aborted by a person at the backtest gate", patch, screened)
+        trained = self.train(patch, screened)
+        if isinstance(trained, Outcome):
+            return trained
+        return self.judge(patch, screened, *trained)
+
+    # ------------------------------------------------------------------ the stages
+
+    def candidate(self) -> str | Outcome:
+        """The plan's change committed as the child version and vetted: its patch, or why it never runs."""
+        plan = self.plan
+        try:
+            cand = self.ctl._candidate(self.parent.version, self.version, plan.knobs or {}, plan.files or {},
+                                       plan.hypothesis)
+        except PatchError as e:  # the proposal changes nothing: recorded, never run
+            return Outcome(Label.DISCARDED, str(e), committed=False)
+        patch = self.ctl.repo.diff(self.parent.version, self.version) if cand.version else ""
+        return patch if cand.legal else Outcome(Label.ILLEGAL, "; ".join(cand.reasons), patch)
+
+    def replay_diagnostics(self) -> list[Replayed]:
+        """Each diagnostic the candidate adds or revises, replayed over this run's judged versions."""
+        here = self.ctl._harness_dir
+        revised = revised_diagnostics(here(self.parent.version), here(self.version))
+        return replay_revised(revised, self.ctl.store.trials(), here(self.version),
+                              self.ctl.cfg.budget.trial_timeout_s) if revised else []
+
+    def keep_untrained(self, patch: str, replays: list[Replayed]) -> Outcome:
+        """What the harness reads changed, not how it trains: kept on its replay alone, on the
+        parent's checkpoints, so the next proposals from it read the new diagnostic."""
+        screened = Screened(tuple(replays))
+        if self.ask("completion", label=Label.KEPT, diagnostics=[r.to_json() for r in replays]) == "abort":
+            return Outcome(Label.ABORTED, "aborted by a person at the completion gate", patch, screened)
+        state = dataclasses.replace(self.parent, version=self.version)
+        why = "; ".join(f"{r.diagnostic} separates failed from held-up versions (AUC {r.auc})" for r in replays)
+        return Outcome(Label.KEPT, why + "; kept without training", patch, screened, fitness=state.fitness(),
+                       findings=self.ctl._findings(state), state=state, depth=self.parent.depth)
+
+    def backtest(self, patch: str, replays: list[Replayed]) -> Screened | Outcome:
+        """The candidate rescores the parent's rollouts before any training: a failure ends the
+        trial, and so does an earlier sibling that would train exactly alike (equivalent)."""
+        if not self.ctl.run_backtests:
+            return Screened(tuple(replays), "skipped")
+        here = self.ctl._harness_dir
+        bt = backtest(self.parent.dirs[min(self.parent.dirs)], here(self.version), here(self.parent.version),
+                      timeout_s=self.ctl.cfg.budget.trial_timeout_s)
+        if not bt.passed:
+            return Outcome(bt.label, "; ".join(bt.reasons), patch, Screened(label=bt.label, reasons=tuple(bt.reasons)))
+        screened = Screened(tuple(replays), bt.label, tuple(bt.reasons), bt.signal, rest_key(here(self.version)))
+        twin = self.twin(screened)
+        if twin is not None:
+            return Outcome(Label.EQUIVALENT, f"trains exactly like {twin.version} ({twin.intervention}): the same "
+                           "rewards, filter and advantages on the parent's rollouts and every other setting equal; "
+                           "not trained", patch, screened)
+        return screened
+
+    def twin(self, screened: Screened) -> TrialRecord | None:
+        """An earlier child of the parent's harness that trained (or tried to) and would train
+        exactly like this candidate: the same rest key, and the same signal fingerprint on this
+        parent's evidence (its own, if it branched from this very state; else rescored here)."""
+        plans = self.ctl._starts()
+        for t in self.ctl.store.trials():
+            if t.parents[:1] != [self.parent.version] or t.backtest.get("rest") != screened.rest \
+                    or t.label in (Label.EQUIVALENT, Label.ILLEGAL, Label.BACKTEST_REJECTED):
+                continue
+            if t.id in plans and plans[t.id].parent.key == self.parent.key:
+                signal = t.backtest.get("signal")
+            else:
+                signal = backtest(self.parent.dirs[min(self.parent.dirs)], self.ctl._harness_dir(t.version),
+                                  self.ctl._harness_dir(self.parent.version),
+                                  timeout_s=self.ctl.cfg.budget.trial_timeout_s).signal
+            if signal and signal == screened.signal:
+                return t
+        return None
+
+    def train(self, patch: str, screened: Screened) -> tuple[State, State] | Outcome:
+        """(control, child) trained, or how the child's training failed."""
+        control, child = self.against_control()
+        if isinstance(child, SegmentFailed):
+            return Outcome(child.label, child.detail, patch, screened, budgets=self.clock.budgets())
+        return control, child
+
+    def against_control(self) -> tuple[State, State | SegmentFailed]:
+        """Train the child and, where not trained yet, its control. Continue mode: the control is
+        the parent continued one segment with its own harness, shared by every child of that
+        parent. Restart mode: the control is the parent itself, and the child starts at the base."""
+        ctl, parent, depth = self.ctl, self.parent, self.parent.depth + 1
+        start = State(parent.version, 0, {}, {}, {}) if ctl.restart else parent
+        child_seg = Segment(self.version, start, depth, ctl.run_dir / "versions" / self.version)
+        if ctl.restart:
+            (child,) = ctl.training.train([child_seg], self.clock)
+            return parent, child
+        for e in ctl.store.events("control_finished"):
+            if (e["state"]["version"], e["state"]["depth"]) == (parent.version, depth):
+                (child,) = ctl.training.train([child_seg], self.clock)
+                return State.of(e["state"]), child
+        control_seg = Segment(parent.version, parent, depth, ctl.run_dir / "controls" / f"{parent.version}-d{depth}")
+        child, control = ctl.training.train([child_seg, control_seg], self.clock)
+        if isinstance(control, SegmentFailed):
+            raise ControlFailed(f"the control of {parent.version} failed: {control}") from None
+        ctl.training.ingest(f"{parent.version}-d{control.depth}", control)
+        ctl._event("control_finished", state=dataclasses.asdict(control))
+        return control, child
+
+    def judge(self, patch: str, screened: Screened, control: State, child: State) -> Outcome:
+        """The promotion gate (paired gain over the control beyond the noise floor, no blocking
+        finding), then a person at the completion gate where there is one: an abort there is
+        measured and recorded, never kept."""
+        findings = self.ctl._findings(child)
+        blocking = [f"{f['diagnostic']} = {f['value']:g}" for f in findings if f["blocking"]]
+        decision = gate(child.val, control.val, blocking, self.ctl.cfg.gate, noise_sd=self._noise_sd())
+        fitness = child.fitness() | {"control_val": control.val, "gain": decision.gain, "threshold": decision.threshold}
+        judged = Outcome(decision.label, "; ".join(decision.reasons), patch, screened, fitness, findings,
+                         self.clock.budgets(), state=child)
+        if self.ask("completion", label=decision.label, gain=decision.gain, val=child.val,
+                    control_val=control.val) == "abort":
+            return dataclasses.replace(judged, label=Label.ABORTED, state=None, reflection=(
+                f"aborted by a person at the completion gate (the gate said {decision.label})"))
+        return judged
+
+    def record(self, o: Outcome) -> None:
+        """The outcome as the trial's lineage row (with what proposing cost, every round)."""
+        plan = self.plan
+        usage = {"agent": plan.usage} if plan.usage else {}
+        self.ctl._finish(TrialRecord(
+            id=self.n, version=self.version if o.committed else None, parents=plan.parents, agent=plan.agent,
+            intervention=plan.intervention, depth=self.parent.depth + 1 if o.depth is None else o.depth,
+            hypothesis=plan.hypothesis, success_criterion=plan.success_criterion, patch=o.patch, label=o.label,
+            backtest=o.screened.to_json(), budgets=o.budgets | usage, fitness=o.fitness, findings=o.findings,
+            reflection=o.reflection, started=self.started, finished=time.time()), o.state)
+
+    # ------------------------------------------------------------------ helpers
+
+    def ask(self, point: str, **shown) -> str:
+        """'approve' at once where this point is not gated; else a person's 'approve' or 'abort'
+        (approval.Revise is raised for a revision)."""
+        ctl = self.ctl
+        streak = len(history.failures_in_a_row(ctl.store.trials()))
+        if point not in approval.points(ctl.cfg.gates, ctl.cfg.gate_after_failures, streak):
+            return "approve"
+        d = approval.ask(ctl.store, ctl.run_dir, self.n, point, self.plan.round or 0,
+                         {"intervention": self.plan.intervention, "hypothesis": self.plan.hypothesis, **shown},
+                         ctl.on_event, ctl.gate_poll_s)
+        if d["decision"] == "revise":
+            raise approval.Revise(d["feedback"])
+        return d["decision"]
+
+    def _noise_sd(self) -> float:
+        """The noise floor the root trial measured (sd of a paired difference between runs of one harness)."""
+        root = next(t for t in self.ctl.store.trials() if t.id == 0)
+        return root.fitness.get("noise_sd", 0.0)

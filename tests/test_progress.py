@@ -1,0 +1,23 @@
+"""The live progress of training workers, read from their metrics files."""
+from pathlib import Path
+
+from evotrainer.evolve.progress import Job, steps_done, watcher
+
+
+def test_steps_are_counted_from_metrics_lines_and_reported_when_they_move(tmp_path: Path):
+    seg, sched = tmp_path / "v1" / "seed-0", tmp_path / "evolved" / "seed-100"
+    jobs = [Job("v1 seed 0", seg, 10), Job("evolved seed 100", sched, 6)]
+    seen = []
+    poll = watcher("trial 1", jobs, seen.append)
+    poll()  # nothing written yet: zero, not an error
+    assert seen[-1].done == 0 and seen[-1].total == 16
+    seg.mkdir(parents=True)
+    (seg / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    for d in (1, 2):  # a schedule's replay writes one directory per segment
+        (sched / f"segment-{d}").mkdir(parents=True)
+        (sched / f"segment-{d}" / "metrics.jsonl").write_text('{"step": 1}\n' * 3)
+    poll()
+    assert seen[-1].done == 8 and seen[-1].jobs == (("v1 seed 0", 2, 10), ("evolved seed 100", 6, 6))
+    poll()  # unchanged: not reported again
+    assert len(seen) == 2
+    assert steps_done(tmp_path / "missing") == 0
