@@ -136,3 +136,21 @@ def test_skills_list_and_show(tmp_path, capsys):
     assert code == 2 and "unknown skill 'nope'; valid choices: dead_group_ratio:critical -> partial_credit" in err
     code, out, err = run_cli(capsys, "skills", "list", "--library", str(tmp_path / "none.sqlite"))
     assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+def test_lineage_and_status_write_for_a_person_and_print_json_only_when_asked(tmp_path, capsys):
+    from evotrainer.lineage import LineageStore, TrialRecord
+    run = tmp_path / "run"
+    run.mkdir()
+    store = LineageStore(run / "lineage.sqlite")
+    store.begin_trial(0, intervention="root", version="v0")
+    store.finish_trial(TrialRecord(id=0, version="v0", parents=[], agent="-", intervention="root", depth=1,
+                                   hypothesis="-", success_criterion="-", patch="", label="kept",
+                                   fitness={"val": {"0": 0.1}, "test": {"0": 0.1}}))
+    store.close()
+    code, out, err = run_cli(capsys, "lineage", str(run))
+    assert code == 0 and out == "" and "v0 #0 [root] kept: val 0.100" in err  # no stray JSON after the tree
+    code, out, err = run_cli(capsys, "status", str(run))
+    assert code == 0 and out == "" and "trials: 1" in err
+    code, out, err = run_cli(capsys, "status", str(run), "--json")
+    assert code == 0 and json.loads(out)["trials"] == 1

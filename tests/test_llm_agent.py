@@ -159,7 +159,7 @@ def test_a_run_with_the_llm_agent_goes_on_past_every_failure_and_its_lineage_sho
                                     "repair_turns": 1}}
     raw["budget"]["trials"] = 6
     cfg.write_text(yaml.safe_dump(raw))
-    assert main(["run", str(cfg), "--out", str(run)]) == 0
+    assert main(["run", str(cfg), "--out", str(run), "--json"]) == 0
     st = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     store = LineageStore(run / "lineage.sqlite")
     trials = store.trials()
