@@ -172,6 +172,9 @@ def _run_loop(cfg, out: Path) -> dict:
     def show(kind, data):
         if kind == "training_progress":
             return track(data)
+        if kind == "base_progress" and not prog.console.is_terminal and data["step"] % 100 == 0:
+            say(f"building the base: SFT step {data['step']}, loss {data['loss']:.3f}, "
+                f"probe accuracy {data['probe_acc']:.2f}")  # a log has no live bar: milestones instead
         if kind == "base_progress":  # steps of the SFT stage under way, against its cap
             return track({"title": "building the base (SFT, cached afterwards)", "done": data["step"],
                           "total": PretrainConfig().max_steps,
