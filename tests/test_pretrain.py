@@ -34,3 +34,13 @@ def test_pretrain_stops_at_the_target_accuracy(tmp_path):
     cfg = PretrainConfig(max_steps=400, check_every=10, probe_size=20, batch_size=64, target_acc=0.3)
     _, meta = pretrain(task, cfg, tmp_path)
     assert meta["probe_acc"] >= 0.3 and meta["steps"] < 400
+
+
+def test_sft_stuck_below_half_the_target_after_patience_restarts_from_a_new_init(tmp_path):
+    task = get_task("arith", 2)
+    stuck = PretrainConfig(max_steps=4, check_every=2, probe_size=8, batch_size=16, target_acc=1.0, patience=2,
+                           restarts=1)
+    _, meta = pretrain(task, stuck, tmp_path, require_target=False)
+    assert meta["attempts"] == 2 and meta["steps"] == 4  # gave up at step 2, the last attempt ran to max_steps
+    _, once = pretrain(task, PretrainConfig(**{**stuck.__dict__, "restarts": 0}), tmp_path, require_target=False)
+    assert once["attempts"] == 1

@@ -156,8 +156,6 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
             step, probe_acc = _sft(task, cfg, model, tok, seed, levels, progress, None if last else cfg.patience)
             if step is not None:
                 break
-    if step is None:  # cannot happen: the last attempt has no patience
-        raise AssertionError("the last SFT attempt gave up")
     if require_target and probe_acc < cfg.target_acc:
         raise PretrainFailed(f"SFT reached probe accuracy {probe_acc:.2f} in {step} steps, short of target_acc "
                              f"{cfg.target_acc:g}; nothing was cached (try another --base-seed or a lower --target-acc)")
