@@ -8,7 +8,7 @@ def test_steps_are_counted_from_metrics_lines_and_reported_when_they_move(tmp_pa
     seg, sched = tmp_path / "v1" / "seed-0", tmp_path / "evolved" / "seed-100"
     jobs = [Job("v1 seed 0", seg, 10), Job("evolved seed 100", sched, 6)]
     seen = []
-    poll = watcher("trial 1", jobs, seen.append)
+    poll = watcher("trial 1", jobs, seen.append, every_s=0)
     poll()  # nothing written yet: zero, not an error
     assert seen[-1].done == 0 and seen[-1].total == 16
     seg.mkdir(parents=True)
@@ -21,3 +21,14 @@ def test_steps_are_counted_from_metrics_lines_and_reported_when_they_move(tmp_pa
     poll()  # unchanged: not reported again
     assert len(seen) == 2
     assert steps_done(tmp_path / "missing") == 0
+
+
+def test_a_watcher_reads_the_files_at_most_once_per_interval(tmp_path: Path):
+    seg = tmp_path / "v1" / "seed-0"
+    seg.mkdir(parents=True)
+    seen = []
+    poll = watcher("trial 1", [Job("v1 seed 0", seg, 10)], seen.append, every_s=3600)
+    poll()
+    (seg / "metrics.jsonl").write_text('{"step": 1}\n')
+    poll()  # within the interval: the new line is not read yet
+    assert [p.done for p in seen] == [0]

@@ -17,7 +17,7 @@ import yaml
 
 from evotrainer.backtest.analysis import BacktestConfig, BacktestReport, analyse
 from evotrainer.errors import UsageError
-from evotrainer.evidence.records import read_evidence
+from evotrainer.evidence.records import evidence_of
 from evotrainer.executors import run_in_worker
 from evotrainer.harness.legality import check_harness
 
@@ -57,7 +57,7 @@ def backtest(evidence_dir: Path | str, candidate_dir: Path | str, parent_dir: Pa
                         {"evidence_dir": str(ev), "harness_dir": str(cand)}, timeout_s=timeout_s)
     if not res.ok:
         return BacktestOutcome(res.label, [res.error or res.label], log_tail=res.log_tail)
-    report = analyse(list(read_evidence(ev / "evidence.jsonl")), res.value, cfg)
+    report = analyse(evidence_of(ev / "evidence.jsonl"), res.value, cfg)
     return BacktestOutcome("passed" if report.verdict == "pass" else "backtest_rejected", report.reasons, report,
                            signal=signal_fingerprint(res.value))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from evotrainer.diagnostics.evidence import Evidence
 from evotrainer.diagnostics.spec import LAYERS, findings, measure, windows
 from evotrainer.errors import UsageError
-from evotrainer.evidence.records import read_evidence
+from evotrainer.evidence.records import evidence_of
 
 HEALTH_JSON, HEALTH_MD = "health.json", "health.md"
 
@@ -22,7 +22,7 @@ def load_evidence(train_dir: Path | str) -> Evidence:
     d = Path(train_dir)
     metrics = d / "metrics.jsonl"
     steps = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
-    return Evidence.of(read_evidence(d / "evidence.jsonl"), steps)
+    return Evidence.of(evidence_of(d / "evidence.jsonl"), steps)
 
 
 def evidence_dirs(path: Path | str) -> list[Path]:

@@ -10,11 +10,12 @@ compare).
 from __future__ import annotations
 
 import dataclasses
+import operator
 import sqlite3
 import typing
 from pathlib import Path
 
-from evotrainer.evidence.records import RolloutRecord, read_evidence
+from evotrainer.evidence.records import RolloutRecord, evidence_of
 
 FIELDS = [f.name for f in dataclasses.fields(RolloutRecord)]
 _TYPES = {int: "INTEGER", float: "REAL", str: "TEXT", bool: "INTEGER"}
@@ -47,11 +48,12 @@ class EvidenceStore:
 
     def ingest(self, version: str, run_dir: Path) -> int:
         """Store a train directory's evidence under `version` (replacing it); rows stored."""
-        records = list(read_evidence(Path(run_dir) / "evidence.jsonl"))
+        records = evidence_of(Path(run_dir) / "evidence.jsonl")
         steps = sorted({r.step for r in records})
         per_step = len(records) // max(len(steps), 1)
         keep = set(steps_to_keep(steps, per_step, self.max_rows))
-        rows = [(version, *(getattr(r, f) for f in FIELDS)) for r in records if r.step in keep]
+        fields = operator.attrgetter(*FIELDS)
+        rows = [(version, *fields(r)) for r in records if r.step in keep]
         with self.db:  # one transaction: a version is in the store whole or not at all
             self.db.execute("DELETE FROM rollouts WHERE version = ?", (version,))
             self.db.executemany(f"INSERT INTO rollouts VALUES ({', '.join('?' * (len(FIELDS) + 1))})", rows)
