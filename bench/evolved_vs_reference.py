@@ -53,6 +53,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=5, help="fresh seeds of the final comparison (at least 5)")
     p.add_argument("--out", type=Path, default=ROOT / "bench-runs")
     args = p.parse_args()
+    import transformers
+    transformers.logging.disable_progress_bar()  # the bench prints its own lines
     results = [bench(c, args.seeds, args.out) for c in args.configs]
     for r in results:
         d = r["comparison"]["val"]["difference"]

@@ -75,6 +75,8 @@ def main() -> None:
     p.add_argument("--bases", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="base seeds")
     p.add_argument("--out", type=Path, default=ROOT / "bench-runs" / "robustness")
     args = p.parse_args()
+    import transformers
+    transformers.logging.disable_progress_bar()  # the bench prints its own lines
     results = [run_on_base(args.config, s, args.out) for s in args.bases]
     (args.out / "robustness.json").write_text(json.dumps(results, indent=2))
     print(f"\n{args.config.name}: {len(results)} bases; accuracy %, test reference/evolved are means over "

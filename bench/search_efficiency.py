@@ -210,6 +210,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=5, help="fresh seeds each winner is replayed on")
     p.add_argument("--out", type=Path, default=ROOT / "bench-runs" / "search-efficiency")
     args = p.parse_args()
+    import transformers
+    transformers.logging.disable_progress_bar()  # the bench prints its own lines
     seeds = list(range(FRESH, FRESH + args.seeds))
     results, learned = [], []
     for config in args.configs:

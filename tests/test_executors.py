@@ -107,3 +107,44 @@ def test_pool_caps_each_workers_threads():
     from evotrainer.executors import Call, run_all
     (r,) = run_all([Call("worker_targets:torch_threads")], workers=1, timeout_s=120, cwd=HERE, threads=1)
     assert r.value == (1, "1")
+
+
+def test_a_warm_worker_runs_the_job_it_is_given_in_the_process_started_before():
+    from evotrainer.executors import Warm
+    warm = Warm(cwd=HERE)
+    pid = warm._job.proc.pid
+    time.sleep(0.5)
+    r = run_in_worker("worker_targets:my_pid", timeout_s=60, cwd=HERE, warm=warm)
+    assert r.label == "ok" and r.value == pid  # no fresh process: the warm one ran it
+    assert warm.take() is None  # it runs one job only
+    again = run_in_worker("worker_targets:my_pid", timeout_s=60, cwd=HERE, warm=warm)
+    assert again.label == "ok" and again.value != pid  # nothing warm left: a fresh worker
+    assert not alive(pid)
+
+
+def test_a_warm_worker_never_used_leaves_no_process_and_a_dead_one_is_not_used():
+    from evotrainer.executors import Warm
+    unused = Warm(cwd=HERE)
+    pid = unused._job.proc.pid
+    unused.close()
+    assert not alive(pid)
+    dead = Warm(cwd=HERE)
+    dead._job.proc.kill()
+    dead._job.proc.wait()
+    r = run_in_worker("worker_targets:add", {"a": 1, "b": 1}, timeout_s=60, cwd=HERE, warm=dead)
+    assert r.label == "ok" and r.value == 2
+
+
+def test_a_warm_worker_dies_with_its_caller():
+    import signal
+    import subprocess
+    import sys
+    script = ("import os, signal; from evotrainer.executors import Warm; w = Warm(); "
+              "print(w._job.proc.pid, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == -signal.SIGKILL
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 30  # it reads EOF on its stdin once it has imported torch
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(pid)

@@ -44,15 +44,3 @@ def test_sft_stuck_below_half_the_target_after_patience_restarts_from_a_new_init
     assert meta["attempts"] == 2 and meta["steps"] == 4  # gave up at step 2, the last attempt ran to max_steps
     _, once = pretrain(task, PretrainConfig(**{**stuck.__dict__, "restarts": 0}), tmp_path, require_target=False)
     assert once["attempts"] == 1
-
-
-def test_a_warm_start_climbs_a_ladder_down_to_a_base_built_from_scratch():
-    from evotrainer.pretrain import LADDER_FLOOR, rung
-    task = get_task("arith", 4)
-    three = rung(task, 3, seed=5)  # the base a warm start from level 3 continues from
-    assert (three.warm_start, three.levels, three.seed) == (2, (2, 3), 5)
-    two = rung(task, LADDER_FLOOR, seed=5)
-    assert two.warm_start == 0 and two.levels == () and two.seed == 5  # the floor: from scratch, the default mix
-    assert rung(task, 1, seed=0).warm_start == 0
-    from evotrainer.pretrain import cache_key
-    assert cache_key(task, three) != cache_key(task, PretrainConfig(seed=5, levels=(2, 3)))

@@ -37,8 +37,8 @@ RESTART_STRIDE = 7919  # the init seed of attempt a (from 0): seed + RESTART_STR
 class PretrainConfig:
     seed: int = 0
     levels: tuple[int, ...] = ()    # SFT mix; empty: target level and the one below it
-    # 0: SFT from a fresh initialisation. N: continue from the base for level N (built or
-    # reused first; it climbs the ladder of LADDER_FLOOR). A target longer than anything a model saw is out of reach for a
+    # 0: SFT from a fresh initialisation. N: continue from the default base for level N
+    # (built or reused first). A target longer than anything a model saw is out of reach for a
     # 1M-parameter model from scratch (4-digit from scratch: 1% after 1500 steps), but continued
     # SFT from the 25% 3-digit base on a 2/3/4 mix reached 5% on a 4-digit probe in 1360 steps
     # (164 s): a weak base on the target, where the harness matters.
@@ -79,26 +79,8 @@ class PretrainConfig:
             raise ValueError(f"warm_start must be 0 (fresh) or a level, got {self.warm_start}")
 
 
-# Warm starts climb a ladder: the base a warm start from level N continues from is itself
-# continued from level N-1, down to this level, the one built from scratch. Addition from
-# scratch sits on a loss plateau whose length depends on the initialisation, and the plateau
-# grows with the digits: 3-digit SFT (2/3 mix) stayed at ~1% after 700-1500 steps on seeds 1
-# and 2, while 2-digit SFT (1/2 mix) broke through on every seed tried (seeds 1-4: 5% probe at
-# 160-220 steps). A model that can add two digits learns the third by continued SFT.
-LADDER_FLOOR = 2
-
-
-def rung(task: Task, level: int, seed: int) -> PretrainConfig:
-    """The base config a warm start from `level` continues from (see LADDER_FLOOR)."""
-    if level <= LADDER_FLOOR or level - 1 not in task.levels:
-        return PretrainConfig(seed=seed)
-    return PretrainConfig(seed=seed, warm_start=level - 1, levels=(level - 1, level))
-
-
 def cache_key(task: Task, cfg: PretrainConfig) -> str:
     fields = {k: v for k, v in asdict(cfg).items() if k != "warm_start" or v}  # older bases keep their keys
-    if cfg.warm_start:  # what it continued from: a base whose warm start came from scratch is another base
-        fields["ladder_floor"] = LADDER_FLOOR
     blob = json.dumps({"task": task.name, "target": task.target_level, "v": __version__,
                        "train_stream": f"outside the held-out pool (1/{HELD_OUT_SHARE})",
                        "tokenizer": "adds its own <bos>", **fields},  # older bases' tokenizers did not
@@ -161,8 +143,7 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
         if cfg.warm_start not in task.levels or cfg.warm_start >= task.target_level:
             raise UsageError(f"warm_start must be a level below the target {task.target_level}, "
                              f"one of {[lv for lv in task.levels if lv < task.target_level]}")
-        start, _ = pretrain(get_task(task.spec, cfg.warm_start), rung(task, cfg.warm_start, cfg.seed), cache_dir,
-                            progress)
+        start, _ = pretrain(get_task(task.spec, cfg.warm_start), PretrainConfig(seed=cfg.seed), cache_dir, progress)
         model, tok = load_policy(start, PolicyConfig(device="cpu"))  # the SFT below runs on the CPU
         step, probe_acc = _sft(task, cfg, model, tok, cfg.seed, levels, progress, patience=None)
         attempts = 1

@@ -18,7 +18,7 @@ import yaml
 from evotrainer.backtest.analysis import BacktestConfig, BacktestReport, analyse
 from evotrainer.errors import UsageError
 from evotrainer.evidence.records import evidence_of
-from evotrainer.executors import run_in_worker
+from evotrainer.executors import Warm, run_in_worker
 from evotrainer.harness.legality import check_harness
 
 
@@ -41,7 +41,9 @@ class BacktestOutcome:
 
 
 def backtest(evidence_dir: Path | str, candidate_dir: Path | str, parent_dir: Path | str | None = None,
-             cfg: BacktestConfig = BacktestConfig(), timeout_s: float = 600.0) -> BacktestOutcome:
+             cfg: BacktestConfig = BacktestConfig(), timeout_s: float = 600.0,
+             warm: Warm | None = None) -> BacktestOutcome:
+    """`warm`: a worker started earlier to rescore in (the caller closes it, used or not)."""
     ev, cand = Path(evidence_dir), Path(candidate_dir)
     if not (ev / "evidence.jsonl").is_file():
         raise UsageError(f"no rollout evidence at '{ev}' (expected evidence.jsonl from `evotrainer train`)")
@@ -54,7 +56,7 @@ def backtest(evidence_dir: Path | str, candidate_dir: Path | str, parent_dir: Pa
     if not legality.legal:
         return BacktestOutcome("illegal", legality.reasons)
     res = run_in_worker("evotrainer.backtest.rescore:rescore",
-                        {"evidence_dir": str(ev), "harness_dir": str(cand)}, timeout_s=timeout_s)
+                        {"evidence_dir": str(ev), "harness_dir": str(cand)}, timeout_s=timeout_s, warm=warm)
     if not res.ok:
         return BacktestOutcome(res.label, [res.error or res.label], log_tail=res.log_tail)
     report = analyse(evidence_of(ev / "evidence.jsonl"), res.value, cfg)

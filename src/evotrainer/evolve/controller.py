@@ -49,6 +49,7 @@ from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed
 from evotrainer.evolve.stats import noise_floor
 from evotrainer.evolve.training import Training
 from evotrainer.evolve.trial import Trial
+from evotrainer.executors import Warm
 from evotrainer.harness import REFERENCE, inspect_harness
 from evotrainer.harness.candidate import Candidate, propose_files, vet
 from evotrainer.harness.knobs import load_knobs
@@ -88,6 +89,7 @@ class Controller:
         self.base: str | None = None
         self.training: Training | None = None   # set up with the base (`_setup`)
         self._findings_of: dict[tuple, list[dict]] = {}  # a state is diagnosed once, as child and as parent
+        self._warm: Warm | None = None  # the next backtest's worker, started early (prewarm)
 
     # ------------------------------------------------------------------ the loop
 
@@ -96,13 +98,18 @@ class Controller:
         self._setup()
         self._learn()  # what a kill cut off between a trial's row and its skill outcome
         t_end = time.time() + self.cfg.budget.wall_clock_s
-        for n, started in self.store.pending():  # resume: redo what a kill cut off, same number
-            self._event("trial_resumed", n, intervention=started.get("intervention"))
-            if n > 0:
-                self._trial(n, TrialPlan.from_json(started))
-        if not self.store.finished(0):
-            self._root()
-        self._search(t_end)
+        try:
+            for n, started in self.store.pending():  # resume: redo what a kill cut off, same number
+                self._event("trial_resumed", n, intervention=started.get("intervention"))
+                if n > 0:
+                    self._trial(n, TrialPlan.from_json(started))
+            if not self.store.finished(0):
+                self._root()
+            self._search(t_end)
+        finally:  # a warm worker no backtest took (the budget ran out, or the run stopped)
+            warm = self.take_warm()
+            if warm is not None:
+                warm.close()
         self.final()
 
     def _search(self, t_end: float) -> None:
@@ -371,6 +378,18 @@ class Controller:
         finally:
             lib.close()
 
+    def prewarm(self) -> None:
+        """Start the next backtest's worker now, where a trial will still follow: its Python and
+        torch start-up (~1.5 s) then runs beside the controller's scoring and bookkeeping of
+        this trial, on a core that would be idle, instead of before the next trial's backtest."""
+        if self.run_backtests and self._warm is None \
+                and history.spent(self.store.trials()) + 1 < self.cfg.budget.trials:
+            self._warm = Warm()
+
+    def take_warm(self) -> Warm | None:
+        warm, self._warm = self._warm, None
+        return warm
+
     def _findings(self, state: State) -> list[dict]:
         """The worst finding per diagnostic over the state's seeds, critical and blocking first
         (diagnosis.worst_findings), read once per state: as a child and again as a parent."""
@@ -406,6 +425,7 @@ class Controller:
         for s in (state, *replicas):
             if isinstance(s, SegmentFailed):
                 raise ControlFailed(f"the root harness failed: {s}")
+        self.prewarm()
         noise = noise_floor(state.val, [r.val for r in replicas])
         self._finish(TrialRecord(
             id=0, version="v0", parents=[], agent="-", intervention="root", depth=1,

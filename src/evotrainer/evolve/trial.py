@@ -141,9 +141,13 @@ class Trial:
         trial, and so does an earlier sibling that would train exactly alike (equivalent)."""
         if not self.ctl.run_backtests:
             return Screened(tuple(replays), "skipped")
-        here = self.ctl._harness_dir
-        bt = backtest(self.parent.dirs[min(self.parent.dirs)], here(self.version), here(self.parent.version),
-                      timeout_s=self.ctl.cfg.budget.trial_timeout_s)
+        here, warm = self.ctl._harness_dir, self.ctl.take_warm()
+        try:
+            bt = backtest(self.parent.dirs[min(self.parent.dirs)], here(self.version), here(self.parent.version),
+                          timeout_s=self.ctl.cfg.budget.trial_timeout_s, warm=warm)
+        finally:
+            if warm is not None:
+                warm.close()
         if not bt.passed:
             return Outcome(bt.label, "; ".join(bt.reasons), patch, Screened(label=bt.label, reasons=tuple(bt.reasons)))
         screened = Screened(tuple(replays), bt.label, tuple(bt.reasons), bt.signal, rest_key(here(self.version)))
@@ -206,6 +210,7 @@ class Trial:
         """The promotion gate (paired gain over the control beyond the noise floor, no blocking
         finding), then a person at the completion gate where there is one: an abort there is
         measured and recorded, never kept."""
+        self.ctl.prewarm()  # the next trial's backtest worker starts up while this one is scored
         findings = self.ctl._findings(child)
         blocking = [f"{f['diagnostic']} = {f['value']:g}" for f in findings if f["blocking"]]
         decision = gate(child.val, control.val, blocking, self.ctl.cfg.gate, noise_sd=self._noise_sd())

@@ -12,8 +12,14 @@ import traceback
 from pathlib import Path
 
 
-def main(job_dir: str) -> int:
+def main(job_dir: str, wait: bool = False) -> int:
     job_dir = Path(job_dir)
+    if wait:  # a warm worker (worker.Warm): import what every job needs, then wait for the job
+        import torch  # noqa: F401
+        import evotrainer.harness  # noqa: F401
+        sys.stdin.buffer.read()  # EOF: the caller gave the job, closed it unused, or died
+        if not (job_dir / "job.pkl").exists():
+            return 0
     job = pickle.loads((job_dir / "job.pkl").read_bytes())
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ.setdefault(var, "1")
@@ -41,4 +47,4 @@ def main(job_dir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], wait="--wait" in sys.argv[2:]))

@@ -53,19 +53,21 @@ class Call:
 def run_in_worker(target: str, kwargs: dict | None = None, timeout_s: float = 600.0,
                   memory_mb: int | None = 8192, cwd: Path | None = None,
                   on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
-                  threads: int | None = None) -> WorkerResult:
-    """Run `target(**kwargs)` in a fresh process; `on_poll` runs in the caller while it waits."""
-    return run_all([Call(target, kwargs or {})], 1, timeout_s, memory_mb, cwd, on_poll, poll_s, threads)[0]
+                  threads: int | None = None, warm: Warm | None = None) -> WorkerResult:
+    """Run `target(**kwargs)` in a fresh process (or in `warm`, started earlier); `on_poll`
+    runs in the caller while it waits."""
+    return run_all([Call(target, kwargs or {})], 1, timeout_s, memory_mb, cwd, on_poll, poll_s, threads, warm)[0]
 
 
 def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memory_mb: int | None = 8192,
             cwd: Path | None = None, on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
-            threads: int | None = None) -> list[WorkerResult]:
+            threads: int | None = None, warm: Warm | None = None) -> list[WorkerResult]:
     """Run the calls, at most `workers` at a time, each in its own process group with its own
     deadline (`timeout_s` from its own start) and memory limit; results in the calls' order.
 
     `threads` caps each worker's intra-op threads (OMP/MKL and torch), so that `workers`
-    processes share the cores instead of oversubscribing them."""
+    processes share the cores instead of oversubscribing them. The first call runs in `warm`
+    where it is given and still alive (it was started with its own `cwd` and `threads`)."""
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     results: list[WorkerResult | None] = [None] * len(calls)
@@ -74,7 +76,8 @@ def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memor
         while waiting or running:
             while waiting and len(running) < workers:
                 i, call = waiting.pop(0)
-                running.append((i, _Job(call, cwd, threads)))
+                job = warm.take() if warm is not None else None
+                running.append((i, job.give(call) if job is not None else _Job(call, cwd, threads)))
             for _, job in running:
                 job.check_memory(memory_mb)
             for i, job in [r for r in running if r[1].done(timeout_s)]:
@@ -92,23 +95,71 @@ def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memor
     return results
 
 
-class _Job:
-    """One started worker: its process group, its scratch directory and its log."""
+class Warm:
+    """A worker started before its job is known: Python, torch and our modules imported, it
+    waits on its stdin for the job. A backtest's rescore takes ~2.5 s in a fresh worker, ~1.5 s
+    of it starting up; started while the controller works on one core (scoring the last trial)
+    and the other is idle, that start-up leaves the critical path. Give it to `run_in_worker`
+    (it runs one job, the first), and `close()` it whether or not it ran one: a warm worker
+    never used is killed there, and dies by itself when the caller's end of its stdin closes."""
 
-    def __init__(self, call: Call, cwd: Path | None, threads: int | None):
+    def __init__(self, cwd: Path | None = None, threads: int | None = None):
+        self._job: _Job | None = _Job(None, cwd, threads)
+
+    def take(self) -> _Job | None:
+        """Its started worker, once, if it is still waiting (else None: start a fresh one)."""
+        job, self._job = self._job, None
+        if job is not None and job.proc.poll() is not None:
+            job.discard()
+            return None
+        return job
+
+    def close(self) -> None:
+        if self._job is not None:
+            self._job.discard()
+            self._job = None
+
+
+class _Job:
+    """One started worker: its process group, its scratch directory and its log. Started with
+    no call, it is warm: it waits for `give`."""
+
+    def __init__(self, call: Call | None, cwd: Path | None, threads: int | None):
         self.t0 = time.monotonic()
         self._tmp = tempfile.TemporaryDirectory(prefix="evotrainer-worker-")
-        self.dir = Path(self._tmp.name)
-        (self.dir / "job.pkl").write_bytes(pickle.dumps({"target": call.target, "kwargs": call.kwargs,
-                                                         "threads": threads}))
+        self.dir, self.threads = Path(self._tmp.name), threads
+        if call is not None:
+            self._write(call)
         env = dict(os.environ)
         if threads:  # read by the OpenMP/MKL runtimes when torch loads; the child also calls set_num_threads
             env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         self.over_memory: int | None = None  # resident MB when it was killed for memory
         self.log = open(self.dir / "log.txt", "w+b")
-        self.proc = subprocess.Popen([sys.executable, "-m", "evotrainer.executors.child", str(self.dir)],
-                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
-                                     cwd=cwd, env=env, start_new_session=True)  # its own process group
+        wait = [] if call is not None else ["--wait"]
+        self.proc = subprocess.Popen([sys.executable, "-m", "evotrainer.executors.child", str(self.dir), *wait],
+                                     stdin=subprocess.PIPE if wait else subprocess.DEVNULL, stdout=self.log,
+                                     stderr=subprocess.STDOUT, cwd=cwd, env=env,
+                                     start_new_session=True)  # its own process group
+
+    def _write(self, call: Call) -> None:
+        (self.dir / "job.pkl").write_bytes(pickle.dumps({"target": call.target, "kwargs": call.kwargs,
+                                                         "threads": self.threads}))
+
+    def give(self, call: Call) -> _Job:
+        """A warm worker's job: written, then its stdin closed, which starts it; the deadline
+        counts from here."""
+        self._write(call)
+        self.t0 = time.monotonic()
+        self.proc.stdin.close()
+        return self
+
+    def discard(self) -> None:
+        """Kill it and remove its files, without a result (a warm worker never given a job)."""
+        _kill_group(self.proc)
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.log.close()
+        self._tmp.cleanup()
 
     def done(self, timeout_s: float) -> bool:
         return self.proc.poll() is not None or time.monotonic() - self.t0 > timeout_s
