@@ -33,6 +33,7 @@ from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
 from evotrainer.evolve.report import status  # noqa: E402
 from evotrainer.lineage import LineageStore  # noqa: E402
+from evotrainer.pretrain import PretrainFailed  # noqa: E402
 
 
 def run_on_base(config: Path, base_seed: int, out: Path) -> dict:
@@ -42,9 +43,13 @@ def run_on_base(config: Path, base_seed: int, out: Path) -> dict:
     raw.setdefault("search", {})["skills"] = str(run / "skills.sqlite")  # a fresh machine's empty library
     cfg = config_from_dict(raw).validate()
     t = time.time()
-    Controller(cfg, run, on_event=lambda kind, data: kind in ("trial_finished", "final_started") and print(
-        f"  base {base_seed}: {kind} {data.get('trial', '')} {data.get('intervention', '')} {data.get('label', '')}",
-        flush=True)).run()
+    try:
+        Controller(cfg, run, on_event=lambda kind, data: kind in ("trial_finished", "final_started") and print(
+            f"  base {base_seed}: {kind} {data.get('trial', '')} {data.get('intervention', '')} "
+            f"{data.get('label', '')}", flush=True)).run()
+    except PretrainFailed as e:  # this machine would have no base: a row of its own, not the end of the bench
+        print(f"  base {base_seed}: no base: {e}", flush=True)
+        return {"base_seed": base_seed, "run": str(run), "failed": str(e), "seconds": round(time.time() - t)}
     store = LineageStore(run / "lineage.sqlite")
     try:
         trials, started = store.trials(), store.events("run_started")[0]
@@ -58,15 +63,20 @@ def run_on_base(config: Path, base_seed: int, out: Path) -> dict:
             "overhead": status(run)["framework_overhead"], "seconds": round(time.time() - t), **final}
 
 
+def held(r: dict) -> bool:
+    return "failed" not in r and bool(r["kept"]) and r["comparison"]["test"]["difference"]["ci"][0] > 0
+
+
 def row(r: dict) -> str:
+    if "failed" in r:
+        return f"{r['base_seed']:>4}  no base: {r['failed'][:150]}"
     c = r["comparison"]
     def diff(split):
         d = c[split]["difference"]
         return f"{d['mean']:+5.1f} [{d['ci'][0]:+5.1f}, {d['ci'][1]:+5.1f}]"
-    held = "yes" if r["kept"] and c["test"]["difference"]["ci"][0] > 0 else "no"
     return (f"{r['base_seed']:>4} {r['sft_steps']:>5} {100 * r['base']['val']:>6.1f} {100 * r['base']['test']:>6.1f}  "
             f"{', '.join(r['kept']) or '-':28} {c['test']['reference']['mean']:>5.1f} {c['test']['evolved']['mean']:>5.1f}  "
-            f"{diff('val'):>21} {diff('test'):>21}  {held}")
+            f"{diff('val'):>21} {diff('test'):>21}  {'yes' if held(r) else 'no'}")
 
 
 def main() -> None:
@@ -85,9 +95,8 @@ def main() -> None:
           f"{'val diff [CI]':>21} {'test diff [CI]':>21}  holds")
     for r in results:
         print(row(r))
-    held = sum(bool(r["kept"]) and r["comparison"]["test"]["difference"]["ci"][0] > 0 for r in results)
-    overheads = ", ".join(f"{100 * r['overhead']:.1f}%" for r in results)
-    print(f"held (a version kept and the test CI above zero) on {held} of {len(results)} bases; "
+    overheads = ", ".join(f"{100 * r['overhead']:.1f}%" for r in results if "overhead" in r)
+    print(f"held (a version kept and the test CI above zero) on {sum(map(held, results))} of {len(results)} bases; "
           f"framework overhead {overheads}; wall {', '.join(str(r['seconds']) + ' s' for r in results)}")
 
 

@@ -84,6 +84,18 @@ def test_restart_mode_trains_every_version_from_the_base_against_its_parent(tiny
         if "control_val" in t.fitness:  # the control is the parent itself, trained with the same seed
             parent = next(p for p in trials if p.version == t.parents[0])
             assert t.fitness["control_val"] == parent.fitness["val"]
+    # every trained state's evidence is in the run's store once the run returns (it fills in a thread)
+    from evotrainer.evidence import EvidenceStore
+    trained = {f"{t.version}/seed-0" for t in trials if "state" in t.fitness}
+    store = EvidenceStore(run / "evidence.sqlite")
+    assert trained and trained <= set(store.versions())
+    with store.db:  # a kill before a trial's evidence was stored: the next session stores it
+        store.db.execute("DELETE FROM rollouts WHERE version = 'v0/seed-0'")
+    store.close()
+    Controller(config_from_dict(raw).validate(), run).run()
+    store = EvidenceStore(run / "evidence.sqlite")
+    assert "v0/seed-0" in store.versions()
+    store.close()
 
 
 def test_bad_config_is_refused_before_any_work(tmp_path, capsys, tiny_run):
