@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -39,7 +38,6 @@ import yaml
 from evotrainer.agents import AgentContext, AgentFailed, Escalation, Proposal, make_agent, set_knob
 from evotrainer.config import RunConfig
 from evotrainer.errors import UsageError
-from evotrainer.evidence import EvidenceStore
 from evotrainer.evolve import approval, history, plan
 from evotrainer.evolve.diagnosis import misleads, worst_findings
 from evotrainer.evolve.final import compare, extend, schedule, table, winner
@@ -92,8 +90,6 @@ class Controller:
         self.training: Training | None = None   # set up with the base (`_setup`)
         self._findings_of: dict[tuple, list[dict]] = {}  # a state is diagnosed once, as child and as parent
         self._warm: Warm | None = None  # the next backtest's worker, started early (prewarm)
-        self._ingesting: threading.Thread | None = None  # the last trial's evidence going into the store
-        self._ingest_error: BaseException | None = None
 
     # ------------------------------------------------------------------ the loop
 
@@ -101,7 +97,7 @@ class Controller:
         self.store.event("session_started")  # status adds up sessions: time between a kill and a resume is not ours
         self._setup()
         self._learn()  # what a kill cut off between a trial's row and its skill outcome
-        self._ingest_missing()
+        self.training.ingest_missing(self.store.trials())  # a resume: what a kill cut off before it was stored
         t_end = time.time() + self.cfg.budget.wall_clock_s
         try:
             for n, started in self.store.pending():  # resume: redo what a kill cut off, same number
@@ -115,7 +111,7 @@ class Controller:
             warm = self.take_warm()
             if warm is not None:
                 warm.close()
-            self._join_ingest()
+            self.training.join_ingest()
         self.final()
 
     def _search(self, t_end: float) -> None:
@@ -472,43 +468,12 @@ class Controller:
 
     def _finish(self, rec: TrialRecord, state: State | None = None) -> None:
         if state is not None:  # nothing in the run reads the store: it fills while the next trial starts
-            self._join_ingest()
-            self._ingesting = threading.Thread(target=self._ingest, args=(rec.version, state),
-                                               name=f"ingest {rec.version}")
-            self._ingesting.start()
+            self.training.ingest_later(rec.version, state)
         self.store.finish_trial(rec)
         if rec.parents:
             self._learn(rec.id)
         self.on_event("trial_finished", {"trial": rec.id, "label": rec.label, "version": rec.version,
                                          "intervention": rec.intervention, "val": rec.fitness.get("val")})
-
-    def _ingest(self, name: str, state: State) -> None:
-        try:
-            self.training.ingest(name, state)
-        except BaseException as e:  # raised in the controller's own thread, at the next join
-            self._ingest_error = e
-
-    def _join_ingest(self) -> None:
-        """Wait for the evidence ingest under way (no timeout: it is bounded work on local files)."""
-        if self._ingesting is not None:
-            self._ingesting.join()
-            self._ingesting = None
-        if self._ingest_error is not None:
-            e, self._ingest_error = self._ingest_error, None
-            raise e
-
-    def _ingest_missing(self) -> None:
-        """A resume: the evidence of finished trials that a kill cut off before it was stored."""
-        store = EvidenceStore(self.run_dir / "evidence.sqlite")
-        try:
-            have = set(store.versions())
-        finally:
-            store.close()
-        for t in self.store.trials():
-            st = t.fitness.get("state")
-            if st and t.version and all(Path(d, "evidence.jsonl").is_file() for d in st["dirs"].values()) \
-                    and any(f"{t.version}/seed-{seed}" not in have for seed in st["dirs"]):
-                self.training.ingest(t.version, State.of(st))
 
     @property
     def restart(self) -> bool:

@@ -8,10 +8,11 @@ sampling noise: the gain is paired.
 from __future__ import annotations
 
 import shutil
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from evotrainer.config import RunConfig
 from evotrainer.evidence import EvidenceStore
@@ -20,6 +21,7 @@ from evotrainer.evolve.replay import ReplayFailed, evaluate, pool
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import average_last
 from evotrainer.executors import Call
+from evotrainer.lineage import TrialRecord
 from evotrainer.runtime import Runtime
 from evotrainer.tasks.base import Task
 from evotrainer.train import saved_checkpoints, segment_seed
@@ -78,6 +80,43 @@ class Training:
         scores = self._evaluate([dirs[i] for i in range(len(segments)) if i not in failed], clock)
         return [failed[i] if i in failed else State(sg.version, sg.depth, dirs[i], *scores.pop(0))
                 for i, sg in enumerate(segments)]
+
+    _ingesting: threading.Thread | None = field(default=None, init=False, repr=False)
+    _ingest_error: BaseException | None = field(default=None, init=False, repr=False)
+
+    def ingest_later(self, name: str, state: State) -> None:
+        """`ingest` in a thread, beside what the controller does next (the last one joined first)."""
+        self.join_ingest()
+
+        def work() -> None:
+            try:
+                self.ingest(name, state)
+            except BaseException as e:  # raised in the controller's own thread, at the next join
+                self._ingest_error = e
+        self._ingesting = threading.Thread(target=work, name=f"ingest {name}")
+        self._ingesting.start()
+
+    def join_ingest(self) -> None:
+        """Wait for the ingest under way (no timeout: bounded work on local files); raise its error."""
+        if self._ingesting is not None:
+            self._ingesting.join()
+            self._ingesting = None
+        if self._ingest_error is not None:
+            e, self._ingest_error = self._ingest_error, None
+            raise e
+
+    def ingest_missing(self, trials: Sequence[TrialRecord]) -> None:
+        """Store the evidence of finished trials that is not in the store yet (a kill came first)."""
+        store = EvidenceStore(self.run_dir / "evidence.sqlite")
+        try:
+            have = set(store.versions())
+        finally:
+            store.close()
+        for t in trials:
+            st = t.fitness.get("state")
+            if st and t.version and all(Path(d, "evidence.jsonl").is_file() for d in st["dirs"].values()) \
+                    and any(f"{t.version}/seed-{seed}" not in have for seed in st["dirs"]):
+                self.ingest(t.version, State.of(st))
 
     def ingest(self, name: str, state: State) -> None:
         """A state's rollout evidence into the run's evidence store, under `name`/seed-S."""
