@@ -63,17 +63,30 @@ def test_sigkill_mid_trial_then_resume_completes_every_trial_once(tiny_run):
     assert "evolved - reference, test" in final["table"]
 
 
-def test_restart_mode_trains_every_version_from_the_base_against_its_parent(tiny_run):
+def test_restart_mode_trains_every_version_from_the_base_against_its_parent(tiny_run, monkeypatch):
     import yaml
 
     from evotrainer.config import config_from_dict
     from evotrainer.evolve.controller import Controller
+    from evotrainer.evolve.training import Training
     cfg_path, run = tiny_run
     raw = yaml.safe_load(cfg_path.read_text()) | {"policy": "restart", "final_seeds": []}
     raw["budget"] |= {"trials": 2}
     ctl = Controller(config_from_dict(raw).validate(), run)
+    scored, reading, evaluate = [], [], Training._evaluate
+
+    def read():
+        return {d for key in ctl._findings_of for _, d in key[1:]}  # key: version, (seed, dir), ...
+
+    def spy(self, dir_sets, clock):  # what is scored, and whose findings are being read by then
+        scored.append({d for dirs in dir_sets for d in dirs.values() if "/noise/" not in d})
+        reading.append(read())
+        return evaluate(self, dir_sets, clock)
+    monkeypatch.setattr(Training, "_evaluate", spy)
     ctl.run()
     trials = ctl.store.trials()
+    # a trained state's findings are read beside its scoring; a noise replica's never are
+    assert read() == set().union(*scored) and all(s <= r for s, r in zip(scored, reading))
     assert [t.id for t in trials] == [0, 1, 2] and not (run / "controls").exists()
     for t in trials:
         if t.version and t.label not in ("illegal", "backtest_rejected"):  # trained: the whole budget, from the base

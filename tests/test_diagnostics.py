@@ -89,6 +89,29 @@ def test_reward_rising_while_score_is_flat_is_a_blocking_finding():
     assert "reward_score_divergence" not in {f.diagnostic for f in findings(BUILTIN, honest)}
 
 
+def low_accuracy(seed, p0, p1, steps=25, groups=16, size=8):
+    """Exact match a rare event rising from p0 to p1, under a graded reward that rises anyway."""
+    import random
+    rng, out = random.Random(seed), []
+    for s in range(steps):
+        p = p0 + (p1 - p0) * s / (steps - 1)
+        for g in range(groups):
+            for _ in range(size):
+                sc = float(rng.random() < p)
+                out.append(rec(step=s + 1, group=g, score=sc, reward=max(sc, 0.2 + 0.3 * s / steps + 0.1 * rng.random())))
+    return Evidence.of(out)
+
+
+def test_a_small_steady_score_rise_backs_a_graded_reward_and_a_flat_one_does_not():
+    """The verifier score's trend over every step decides, so a rise of a few points at low
+    accuracy is seen through the noise; the same reward over a flat score stays a hack."""
+    div = BUILTIN["reward_score_divergence"]
+    rising = [div(low_accuracy(k, 0.03, 0.07)) for k in range(20)]
+    flat = [div(low_accuracy(k, 0.05, 0.05)) for k in range(20)]
+    assert sum(v == 0 for v in rising) >= 15
+    assert sum(v > 0.03 for v in flat) >= 19  # critical: the reward rose ~0.24, the score did not
+
+
 def test_compound_rule_picks_the_intervention_family():
     d = BUILTIN["dead_group_ratio"]
     sparse = d.suggest({"majority_score_share": 0.8})

@@ -32,8 +32,16 @@ def test_pretrain_stops_at_the_target_accuracy(tmp_path):
     task = get_task("arith", 1)
     # 1-digit sums are learnt quickly; a low target stops long before max_steps
     cfg = PretrainConfig(max_steps=400, check_every=10, probe_size=20, batch_size=64, target_acc=0.3)
-    _, meta = pretrain(task, cfg, tmp_path)
+    seen = []
+    path, meta = pretrain(task, cfg, tmp_path / "a", progress=lambda step, loss, acc: seen.append(step))
     assert meta["probe_acc"] >= 0.3 and meta["steps"] < 400
+    # the smoothed mean of 3 checks describes the model at its middle check, which is the base
+    assert meta["steps"] == seen[-1] - cfg.check_every
+    cut, _ = pretrain(task, PretrainConfig(**{**cfg.__dict__, "max_steps": meta["steps"]}), tmp_path / "b",
+                      require_target=False)  # the same SFT cut off at that step
+    m1, _ = load_policy(path)
+    m2, _ = load_policy(cut)
+    assert all((p1 == p2).all() for p1, p2 in zip(m1.parameters(), m2.parameters()))
 
 
 def test_sft_stuck_below_half_the_target_after_patience_restarts_from_a_new_init(tmp_path):

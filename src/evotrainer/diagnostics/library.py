@@ -36,19 +36,27 @@ def _first_last(ev: Evidence, field: str) -> tuple[float, float] | None:
 # the unplanted case of shared/MEASUREMENTS.md (partial credit on 3-digit sums from a
 # 1-digit base) raised its reward 0.05-0.07 in 30 steps with exact match at 0 throughout;
 # a binary reward's unbacked rise is exactly 0. Hence critical at 0.03.
-# So the verifier score *backs* a reward rise when it rose by more than SCORE_Z standard
-# errors (over group means, the independent units); an unbacked rise is the divergence.
+# So the verifier score *backs* a reward rise when its least-squares trend over the segment
+# (group means against step: every step counts, not just the two windows) rose by more than
+# SCORE_Z standard errors; an unbacked rise is the divergence. Groups are the independent
+# units. The windows alone waste power where a graded reward pays off at low accuracy: on
+# the 3-digit quickstart (base seed 2) exact match rose 1.4 points, window z = 1.66, trend
+# z = 2.63, while validation went from 5.2% to 8.7%.
 SCORE_Z = 2.0
 
 
 def _backed(ev: Evidence) -> bool:
-    """Whether the verifier score rose from the first window to the last beyond its noise."""
-    first, last = ([mean(r.score for r in g) for g in w.groups] for w in (ev.first, ev.last))
-    if len(first) < 2 or len(last) < 2:
+    """Whether the verifier score rose over the segment beyond its noise (trend z > SCORE_Z)."""
+    xs = [float(g[0].step) for g in ev.groups]
+    ys = [mean(r.score for r in g) for g in ev.groups]
+    n = len(xs)
+    if n < 3 or len(set(xs)) < 2:
         return False
-    rise = mean(last) - mean(first)
-    se = math.sqrt(std(first) ** 2 / len(first) + std(last) ** 2 / len(last))
-    return rise > SCORE_Z * se
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys)) / (n - 2)
+    return slope > SCORE_Z * math.sqrt(residual / sxx)
 
 
 def _rise(ev: Evidence, field: str) -> float | None:

@@ -66,7 +66,9 @@ def evidence_of(path: Path | str) -> tuple[RolloutRecord, ...]:
     return _parsed(str(path), st.st_size, st.st_mtime_ns)
 
 
-@lru_cache(maxsize=3)  # a trial's parent and its child's seeds; a 38k-record file holds ~40 MB
+# A trial's parent, its child's seeds and the last child's (the next parent need not be the
+# last child: restart mode branches from any kept state); a 38k-record file holds ~40 MB.
+@lru_cache(maxsize=6)
 def _parsed(path: str, size: int, mtime_ns: int) -> tuple[RolloutRecord, ...]:
     return tuple(read_evidence(Path(path)))
 

@@ -30,6 +30,7 @@ import dataclasses
 import json
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -88,7 +89,8 @@ class Controller:
         self.repo: HarnessRepo | None = None
         self.base: str | None = None
         self.training: Training | None = None   # set up with the base (`_setup`)
-        self._findings_of: dict[tuple, list[dict]] = {}  # a state is diagnosed once, as child and as parent
+        self._findings_of: dict[tuple, Future] = {}  # a state is diagnosed once, as child and as parent
+        self._reader: ThreadPoolExecutor | None = None  # read_later's thread, while a run is under way
         self._warm: Warm | None = None  # the next backtest's worker, started early (prewarm)
 
     # ------------------------------------------------------------------ the loop
@@ -107,12 +109,20 @@ class Controller:
             if not self.store.finished(0):
                 self._root()
             self._search(t_end)
-        finally:  # a warm worker no backtest took (the budget ran out, or the run stopped)
-            warm = self.take_warm()
-            if warm is not None:
-                warm.close()
+            self._close_warm()
+            self.final()  # reads no evidence: the last trial's is stored beside it
+        finally:
+            self._close_warm()
             self.training.join_ingest()
-        self.final()
+            if self._reader is not None:
+                self._reader.shutdown()
+                self._reader = None
+
+    def _close_warm(self) -> None:
+        """A warm worker no backtest took (the budget ran out, or the run stopped)."""
+        warm = self.take_warm()
+        if warm is not None:
+            warm.close()
 
     def _search(self, t_end: float) -> None:
         while history.spent(self.store.trials()) < self.cfg.budget.trials:
@@ -395,10 +405,17 @@ class Controller:
     def _findings(self, state: State) -> list[dict]:
         """The worst finding per diagnostic over the state's seeds, critical and blocking first
         (diagnosis.worst_findings), read once per state: as a child and again as a parent."""
-        key = (state.version, *sorted(state.dirs.items()))
+        self.read_later(state.version, state.dirs)
+        return self._findings_of[(state.version, *sorted(state.dirs.items()))].result()
+
+    def read_later(self, version: str, dirs: dict[int, str]) -> None:
+        """Start reading a state's findings in a thread (Training.train's `read`: while its
+        checkpoints are scored, ~1 s per state off the controller's own time); once per state."""
+        key = (version, *sorted(dirs.items()))
         if key not in self._findings_of:  # the state's own harness reads it (a new diagnostic included)
-            self._findings_of[key] = worst_findings(list(state.dirs.values()), self._harness_dir(state.version))
-        return self._findings_of[key]
+            self._reader = self._reader or ThreadPoolExecutor(1, thread_name_prefix="findings")
+            self._findings_of[key] = self._reader.submit(worst_findings, list(dirs.values()),
+                                                         self._harness_dir(version))
 
     def _knobs(self, version: str):
         return load_knobs(self._harness_dir(version) / "knobs.yaml")
@@ -423,7 +440,8 @@ class Controller:
         segments = [Segment("v0", root, 1, self.run_dir / "versions" / "v0")] + [
             Segment("v0", root, 1, self.run_dir / "noise" / f"replica-{i + 1}", seed_offset=500 + i)
             for i in range(self.cfg.gate.replicas)]
-        state, *replicas = self.training.train(segments, clock)
+        state, *replicas = self.training.train(  # a replica's evidence is never read
+            segments, clock, read=lambda sg, dirs: sg is segments[0] and self.read_later(sg.version, dirs))
         for s in (state, *replicas):
             if isinstance(s, SegmentFailed):
                 raise ControlFailed(f"the root harness failed: {s}")

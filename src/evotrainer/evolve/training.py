@@ -45,10 +45,13 @@ class Training:
     def segment_steps(self) -> int:
         return self.cfg.budget.total_steps if self.restart else self.cfg.budget.steps_per_segment
 
-    def train(self, segments: list[Segment], clock: Clock) -> list[State | SegmentFailed]:
+    def train(self, segments: list[Segment], clock: Clock,
+              read: Callable[[Segment, dict[int, str]], None] | None = None) -> list[State | SegmentFailed]:
         """Train every segment on every seed in one pool of workers, then evaluate them all in
         one evaluator process. A segment whose worker failed on any seed comes back as
-        SegmentFailed; the others as States at their depth."""
+        SegmentFailed; the others as States at their depth. `read(segment, dirs)` hears each
+        segment that trained on every seed before they are scored, so the caller can start
+        reading their evidence beside the evaluator (whose start-up leaves a core idle)."""
         calls, where = [], []
         for i, sg in enumerate(segments):
             for seed in self.cfg.seeds:
@@ -77,6 +80,10 @@ class Training:
             if not res.ok:
                 failed.setdefault(i, SegmentFailed(res.label, f"seed {seed}: {res.error}"))
             dirs[i][seed] = str(out)
+        if read is not None:
+            for i, sg in enumerate(segments):
+                if i not in failed:
+                    read(sg, dirs[i])
         scores = self._evaluate([dirs[i] for i in range(len(segments)) if i not in failed], clock)
         return [failed[i] if i in failed else State(sg.version, sg.depth, dirs[i], *scores.pop(0))
                 for i, sg in enumerate(segments)]

@@ -192,19 +192,23 @@ class Trial:
         start = State(parent.version, 0, {}, {}, {}) if ctl.restart else parent
         child_seg = Segment(self.version, start, depth, ctl.run_dir / "versions" / self.version)
         if ctl.restart:
-            (child,) = ctl.training.train([child_seg], self.clock)
+            (child,) = ctl.training.train([child_seg], self.clock, read=self.read)
             return parent, child
         for e in ctl.store.events("control_finished"):
             if (e["state"]["version"], e["state"]["depth"]) == (parent.version, depth):
-                (child,) = ctl.training.train([child_seg], self.clock)
+                (child,) = ctl.training.train([child_seg], self.clock, read=self.read)
                 return State.of(e["state"]), child
         control_seg = Segment(parent.version, parent, depth, ctl.run_dir / "controls" / f"{parent.version}-d{depth}")
-        child, control = ctl.training.train([child_seg, control_seg], self.clock)
+        child, control = ctl.training.train([child_seg, control_seg], self.clock, read=self.read)
         if isinstance(control, SegmentFailed):
             raise ControlFailed(f"the control of {parent.version} failed: {control}") from None
         ctl.training.ingest(f"{parent.version}-d{control.depth}", control)
         ctl._event("control_finished", state=dataclasses.asdict(control))
         return control, child
+
+    def read(self, segment: Segment, dirs: dict[int, str]) -> None:
+        """A trained segment's findings, read while it is scored (the gate and the next proposal read them)."""
+        self.ctl.read_later(segment.version, dirs)
 
     def judge(self, patch: str, screened: Screened, control: State, child: State) -> Outcome:
         """The promotion gate (paired gain over the control beyond the noise floor, no blocking
