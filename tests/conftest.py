@@ -12,10 +12,26 @@ from evotrainer.harness import REFERENCE
 from evotrainer.policy import build_model, build_tokenizer, save_policy
 
 
+def readable(path):
+    """pytest makes its temporary directories 0700 (and transformers writes weights 0600); a
+    sandboxed job runs as nobody when the tests run as root, so what a job reads must be
+    readable by others, as under umask 022."""
+    os.chmod(path, 0o755)
+    for sub in path.rglob("*"):
+        sub.chmod(sub.stat().st_mode | (0o055 if sub.is_dir() else 0o044))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _readable_tmp_path(request):
+    if "tmp_path" in request.fixturenames:
+        readable(request.getfixturevalue("tmp_path"))
+
+
 @pytest.fixture(scope="session")
 def ckpt(tmp_path_factory):
     """A randomly initialised policy checkpoint: enough for tests of plumbing, not of learning."""
-    path = tmp_path_factory.mktemp("ckpt")
+    path = readable(tmp_path_factory.mktemp("ckpt"))
     tok = build_tokenizer()
     save_policy(build_model(len(tok)), tok, path)
     return path
@@ -42,4 +58,4 @@ def tiny_qwen(tmp_path_factory):
     """A tiny Qwen2-architecture model with a byte-level BPE tokenizer and a chat template, built
     locally: a user's Hugging Face model as evotrainer sees it."""
     from tiny_hf import build_tiny_qwen
-    return build_tiny_qwen(tmp_path_factory.mktemp("qwen"))
+    return readable(build_tiny_qwen(tmp_path_factory.mktemp("qwen")))

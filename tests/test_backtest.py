@@ -12,6 +12,7 @@ import dataclasses
 from evotrainer.backtest.analysis import analyse, dead_ratio, off_score_signal, ordering_violations, verdict
 from evotrainer.evidence.records import RolloutRecord
 from evotrainer.cli import main
+from conftest import readable
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "harnesses"
 LENGTH_PAY, PARTIAL_CREDIT = EXAMPLES / "length_pay", EXAMPLES / "partial_credit"
@@ -21,7 +22,7 @@ KEEP_DEAD_ONLY = "def only_dead(rewards, scores):\n    return scores.max(dim=1).
 
 @pytest.fixture(scope="module")
 def evidence(tmp_path_factory):
-    return write_train_dir(tmp_path_factory.mktemp("ev") / "ref")
+    return write_train_dir(readable(tmp_path_factory.mktemp("ev")) / "ref")
 
 
 def test_pure_statistics_on_a_hand_made_group():

@@ -15,6 +15,7 @@ from evotrainer.cli import main
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.versions import HarnessRepo
 from evotrainer.lineage import LineageStore
+from conftest import readable
 
 
 def cli(*args, **kw):
@@ -129,7 +130,7 @@ def sft_base(tmp_path_factory):
     from evotrainer.pretrain import PretrainConfig, pretrain
     from evotrainer.tasks import get_task
     cfg = PretrainConfig(max_steps=400, check_every=10, probe_size=20, batch_size=64, target_acc=0.3)
-    path, _ = pretrain(get_task("arith", 1), cfg, tmp_path_factory.mktemp("sft"))
+    path, _ = pretrain(get_task("arith", 1), cfg, readable(tmp_path_factory.mktemp("sft")))
     return path
 
 

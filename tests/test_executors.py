@@ -40,14 +40,14 @@ def alive(pid: int) -> bool:
     return True
 
 
-def test_timeout_kills_the_whole_process_group(tmp_path):
-    pid_file = tmp_path / "pid"
+def test_timeout_kills_the_whole_process_group():
+    from test_sandbox import processes_with
+    marker = f"evotrainer-spin-{time.monotonic_ns()}"
     t0 = time.monotonic()
-    r = run_in_worker("worker_targets:spin_with_child", {"pid_file": str(pid_file)}, timeout_s=3, cwd=HERE)
+    r = run_in_worker("worker_targets:spin_with_child", {"marker": marker}, timeout_s=3, cwd=HERE)
     assert r.label == "timeout"
     assert time.monotonic() - t0 < 30
-    grandchild = int(pid_file.read_text())
-    assert not alive(grandchild)
+    assert processes_with(marker + "-child") == []
 
 
 def test_memory_limit_gives_oom():
@@ -74,7 +74,7 @@ def test_broken_harness_code_is_a_labelled_failure_not_a_crash_of_the_caller(tmp
     h = broken_harness(tmp_path, "reward: r\n", reward_py)
     r = run_in_worker("evotrainer.train:train_segment", dict(
         task="arith", level=1, harness=str(h), base=str(ckpt), out=str(tmp_path / "out"), seed=0, steps=2),
-        timeout_s=15)
+        timeout_s=15, writes=(str(tmp_path / "out"),))
     assert r.label == label, r.log_tail
     assert expect in (r.error or "") + r.log_tail
     if label == "crash":
@@ -106,19 +106,19 @@ def test_pool_times_out_one_worker_and_keeps_the_others_results():
 def test_pool_caps_each_workers_threads():
     from evotrainer.executors import Call, run_all
     (r,) = run_all([Call("worker_targets:torch_threads")], workers=1, timeout_s=120, cwd=HERE, threads=1)
-    assert r.value == (1, "1")
+    assert r.value == [1, "1"]  # a tuple comes back as JSON
 
 
 def test_a_warm_worker_runs_the_job_it_is_given_in_the_process_started_before():
     from evotrainer.executors import Warm
     warm = Warm(cwd=HERE)
-    pid = warm._job.proc.pid
+    pid, job_dir = warm._job.proc.pid, str(warm._job.dir)
     time.sleep(0.5)
-    r = run_in_worker("worker_targets:my_pid", timeout_s=60, cwd=HERE, warm=warm)
-    assert r.label == "ok" and r.value == pid  # no fresh process: the warm one ran it
+    r = run_in_worker("worker_targets:my_job_dir", timeout_s=60, cwd=HERE, warm=warm)
+    assert r.label == "ok" and r.value == job_dir  # no fresh process: the warm one ran it
     assert warm.take() is None  # it runs one job only
-    again = run_in_worker("worker_targets:my_pid", timeout_s=60, cwd=HERE, warm=warm)
-    assert again.label == "ok" and again.value != pid  # nothing warm left: a fresh worker
+    again = run_in_worker("worker_targets:my_job_dir", timeout_s=60, cwd=HERE, warm=warm)
+    assert again.label == "ok" and again.value != job_dir  # nothing warm left: a fresh worker
     assert not alive(pid)
 
 

@@ -13,11 +13,9 @@ def boom():
     raise ValueError("the harness broke")
 
 
-def spin_with_child(pid_file):
+def spin_with_child(marker):
     # a grandchild in the same process group: the timeout must kill it too
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    with open(pid_file, "w") as f:
-        f.write(str(child.pid))
+    subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(600)  # {marker}-child"])
     while True:
         time.sleep(0.05)
 
@@ -49,5 +47,61 @@ def sleep_forever():
         time.sleep(0.05)
 
 
-def my_pid():
-    return os.getpid()
+# Hostile jobs for the sandbox tests: each tries what untrusted code must not do, and
+# reports what happened (the sandbox's tests check the outside world as well).
+
+def try_connect(port):
+    import socket
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return "connected"
+    except OSError as e:
+        return f"refused: {e}"
+
+
+def read_env(name):
+    return os.environ.get(name)
+
+
+def try_write(path):
+    try:
+        with open(path, "w") as f:
+            f.write("written by a sandboxed job")
+        return "written"
+    except OSError as e:
+        return f"refused: {e}"
+
+
+def escape_with_setsid(marker):
+    """A daemon: double fork and setsid, then sleep forever under a name the test can find."""
+    subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(600)  # {marker}"],
+                     start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    return "started"
+
+
+def allocate(gb):
+    blob = bytearray(int(gb * 2**30))
+    return len(blob)
+
+
+def whoami():
+    import socket
+    return {"uid": os.getuid(), "pid": os.getpid(), "env": sorted(os.environ), "hostname": socket.gethostname(),
+            "home": sorted(os.listdir(os.path.expanduser("~")))}
+
+
+def not_json():
+    return {"a callable": print}
+
+
+def daemon_then_sleep(marker):
+    """A training job that left a daemon behind, still running when its controller dies."""
+    escape_with_setsid(marker + "-daemon")
+    sleep_forever()
+
+
+def my_job_dir():
+    """The job directory this worker process was started with (a warm one before its job)."""
+    return sys.argv[1]

@@ -12,6 +12,9 @@
     chat_template: true          # wrap prompts in the tokenizer's chat template when it has one
     micro_batch_size: 0          # rollouts per forward/backward, gradients accumulated (0: all at once)
     worker_memory_mb: 8192       # a training or evaluation worker is killed (oom) past this resident memory
+    sandbox: auto                # isolation of every worker that runs untrusted code (evotrainer.sandbox):
+                                 # auto (namespaces where the machine allows them, else process limits,
+                                 # said loudly in every report) | namespaces | limits | none (opt out)
     trl:                         # backend: trl only
       use_vllm: false            # sample with vLLM (pip install vllm) instead of transformers' generate
       vllm_mode: colocate        # colocate (in the training process) or server (`trl vllm-serve`)
@@ -79,6 +82,7 @@ import yaml
 from evotrainer.errors import UsageError
 from evotrainer.policy.config import PolicyConfig
 from evotrainer.runtime import Runtime
+from evotrainer.sandbox import CHOICES as SANDBOXES
 
 POLICIES = ("continue", "restart")
 AGENTS = ("rules", "random", "llm", "command")
@@ -162,6 +166,7 @@ class RunConfig:
     chat_template: bool = True
     micro_batch_size: int = 0
     worker_memory_mb: int = 8192
+    sandbox: str = "auto"
     trl: TRLConfig = field(default_factory=TRLConfig)
     harness: str | None = None
     policy: str = "continue"
@@ -188,6 +193,7 @@ class RunConfig:
             self.runtime().validate()
         except UsageError as e:
             raise UsageError(f"config: {e}") from None
+        need(self.sandbox in SANDBOXES, "sandbox", f"must be one of {', '.join(SANDBOXES)}, got '{self.sandbox}'")
         need(self.policy in POLICIES, "policy", f"must be one of {', '.join(POLICIES)}, got '{self.policy}'")
         need(self.agent in AGENTS, "agent", f"must be one of {', '.join(AGENTS)}, got '{self.agent}'")
         bad = [g for g in self.gates if g not in GATES]

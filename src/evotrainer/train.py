@@ -128,7 +128,7 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     result = run_in_worker("evotrainer.train:train_segment", dict(
         task=task.spec, level=level, harness=str(harness_dir or REFERENCE),
         base=str(base), out=str(out), seed=seed, steps=steps, runtime=runtime.to_dict()),
-        timeout_s=timeout_s, memory_mb=memory_mb, on_poll=follow)
+        timeout_s=timeout_s, memory_mb=memory_mb, on_poll=follow, writes=(str(out),))
     (out / "worker.log").write_text(result.log_tail)
     if not result.ok:
         raise TrainingFailed(result, out)

@@ -50,7 +50,7 @@ from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed
 from evotrainer.evolve.stats import noise_floor
 from evotrainer.evolve.training import Training
 from evotrainer.evolve.trial import Trial
-from evotrainer.executors import Warm
+from evotrainer.executors import Warm, use_isolation
 from evotrainer.harness import REFERENCE, inspect_harness
 from evotrainer.harness.candidate import Candidate, propose_files, vet
 from evotrainer.harness.knobs import load_knobs
@@ -59,6 +59,8 @@ from evotrainer.inner.backends import check_backend
 from evotrainer.labels import AGENT_FAILED, Label
 from evotrainer.lineage import LineageStore, TrialRecord
 from evotrainer.policy.model import resolve_model
+from evotrainer.sandbox import describe
+from evotrainer.sandbox import record as sandbox_record
 from evotrainer.skills import SkillLibrary
 from evotrainer.tasks import get_task
 
@@ -96,7 +98,10 @@ class Controller:
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> None:
-        self.store.event("session_started")  # status adds up sessions: time between a kill and a resume is not ours
+        # every worker this process starts runs in the sandbox at this level (said in status and reports)
+        self.isolation = use_isolation(self.cfg.sandbox)
+        # status adds up sessions (time between a kill and a resume is not ours) and reads the sandbox here
+        self.store.event("session_started", sandbox=sandbox_record(self.isolation))
         self._setup()
         self._learn()  # what a kill cut off between a trial's row and its skill outcome
         self.training.ingest_missing(self.store.trials())  # a resume: what a kill cut off before it was stored
@@ -170,7 +175,8 @@ class Controller:
         result["table"] = table(result["base"], result["comparison"], self.cfg.final_seeds)
         (self.run_dir / "final.json").write_text(json.dumps(result, indent=2))
         (self.run_dir / "final.md").write_text(f"# Final comparison\n\nwinner {result['winner']}, schedule "
-                                               f"{' -> '.join(harnesses)}\n\n```\n{result['table']}\n```\n")
+                                               f"{' -> '.join(harnesses)}\n\n```\n{result['table']}\n```\n\n"
+                                               f"sandbox: {describe(self.isolation)}\n")
         self._event("final_finished", **result)
         return result
 
@@ -396,7 +402,7 @@ class Controller:
         this trial, on a core that would be idle, instead of before the next trial's backtest."""
         if self.run_backtests and self._warm is None \
                 and history.spent(self.store.trials()) + 1 < self.cfg.budget.trials:
-            self._warm = Warm()
+            self._warm = Warm(reads=(str(self.run_dir.resolve()),))  # its backtest reads evidence and harnesses there
 
     def take_warm(self) -> Warm | None:
         warm, self._warm = self._warm, None

@@ -10,7 +10,6 @@ evaluations (the saved steps of the last segment, then its final checkpoint).
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,10 +73,10 @@ def replay(task: str, level: int | None, base: str, arms: Mapping[str, Arm], see
     for name, arm in arms.items():
         for seed in seeds:
             out = Path(out_root) / name / f"seed-{seed}"
-            shutil.rmtree(out, ignore_errors=True)  # a replay cut off by a kill starts clean
             calls.append(Call("evotrainer.train:train_schedule", dict(
                 task=task, level=level, base=base, out=str(out), harnesses=list(arm.harnesses), seed=seed,
-                steps=arm.steps, runtime=runtime.to_dict())))
+                steps=arm.steps, runtime=runtime.to_dict()),
+                writes=(str(out),), clean=True))  # a replay cut off by a kill starts clean
             where.append((name, seed, out / f"segment-{len(arm.harnesses)}"))
     watch = on_progress and watcher(f"replay of {', '.join(arms)} on seeds {list(seeds)}", [
         Job(f"{name} seed {seed}", out.parent, arms[name].steps * len(arms[name].harnesses)) for name, seed, out in where],

@@ -35,6 +35,9 @@ def status(run_dir: Path | str) -> dict:
         "task": started[0].get("task") if started else None, "base": started[0].get("base") if started else None,
         "backend": runtime and runtime["backend"],
         "device": started[0].get("device") if started else None,   # as resolved: cuda, bfloat16
+        # the isolation of untrusted code in the latest session (a fallback is a WARNING line)
+        "sandbox": next((e["sandbox"]["detail"] for e in reversed(events)
+                         if e["kind"] == "session_started" and "sandbox" in e), None),
         "trials": len(trials), "labels": dict(Counter(t.label for t in trials)),
         "pending": [n for n, _ in store.pending()],
         "best": None if best is None else {"version": best.version, "depth": best.depth,

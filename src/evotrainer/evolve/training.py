@@ -7,7 +7,6 @@ sampling noise: the gain is paired.
 """
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -56,14 +55,14 @@ class Training:
         for i, sg in enumerate(segments):
             for seed in self.cfg.seeds:
                 out = sg.out_root / f"seed-{seed}"
-                shutil.rmtree(out, ignore_errors=True)  # a resumed segment starts clean
                 # paired: every version at a depth sees the same prompts per seed (restart: one depth)
                 seg_seed = segment_seed(seed, 1 if self.restart else sg.depth) + sg.seed_offset
                 calls.append(Call("evotrainer.train:train_segment", dict(
                     task=self.task.spec, level=self.task.target_level, runtime=self.runtime.to_dict(),
                     harness=str(self.harness_dir(sg.version)),
                     base=sg.start.checkpoint(seed) if sg.start.dirs else self.base, out=str(out),
-                    seed=seg_seed, steps=self.segment_steps)))
+                    seed=seg_seed, steps=self.segment_steps),
+                    writes=(str(out),), clean=True))  # a resumed segment starts clean
                 where.append((i, seed, out))
         names = list(dict.fromkeys(sg.out_root.name for sg in segments))  # v1, v0-d2 (a control), replica-1
         watch = self.on_progress and watcher(

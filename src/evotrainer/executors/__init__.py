@@ -1,3 +1,3 @@
-from evotrainer.executors.worker import Call, Warm, WorkerResult, run_all, run_in_worker
+from evotrainer.executors.worker import Call, Warm, WorkerResult, isolation, run_all, run_in_worker, use_isolation
 
-__all__ = ["Call", "Warm", "WorkerResult", "run_all", "run_in_worker"]
+__all__ = ["Call", "Warm", "WorkerResult", "isolation", "run_all", "run_in_worker", "use_isolation"]

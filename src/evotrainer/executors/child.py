@@ -1,12 +1,14 @@
-"""The worker side of `run_in_worker`: run the target, pickle the outcome.
+"""The worker side of `run_in_worker`: run the target, write the outcome as JSON.
 
 Workers never download: the controller resolves every model to a local directory, so
-Hugging Face offline mode is set here, in our own process, not in the user's."""
+Hugging Face offline mode is set here (and by the sandbox's environment), in our own
+process, not in the user's. The result crosses back as JSON: a value that is not plain
+data (numbers, strings, lists, dicts) is a crash, never a pickle its caller would run."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
-import pickle
 import sys
 import traceback
 from pathlib import Path
@@ -18,9 +20,9 @@ def main(job_dir: str, wait: bool = False) -> int:
         import torch  # noqa: F401
         import evotrainer.harness  # noqa: F401
         sys.stdin.buffer.read()  # EOF: the caller gave the job, closed it unused, or died
-        if not (job_dir / "job.pkl").exists():
+        if not (job_dir / "job.json").exists():
             return 0
-    job = pickle.loads((job_dir / "job.pkl").read_bytes())
+    job = json.loads((job_dir / "job.json").read_text())
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ.setdefault(var, "1")
     if job.get("threads"):
@@ -37,12 +39,12 @@ def main(job_dir: str, wait: bool = False) -> int:
         traceback.print_exc()
         out = {"label": "crash", "error": f"{type(e).__name__}: {e}"[:500]}
     try:
-        blob = pickle.dumps(out)
-    except Exception as e:
-        blob = pickle.dumps({"label": "crash", "error": f"result is not picklable: {e}"[:500]})
+        blob = json.dumps(out, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        blob = json.dumps({"label": "crash", "error": f"result is not plain JSON data: {e}"[:500]})
     sys.stdout.flush()
     sys.stderr.flush()
-    (job_dir / "result.pkl").write_bytes(blob)
+    (job_dir / "result.json").write_text(blob)
     return 0
 
 

@@ -1,22 +1,27 @@
-"""Run untrusted work (harness code, training segments) in a worker process.
+"""Run untrusted work (harness code, training segments) in a sandboxed worker process.
 
 The controller never imports harness code. `run_in_worker("pkg.module:function", kwargs)`
-starts a fresh Python process in its own process group and waits with a deadline; past it
-the whole group is killed with SIGKILL (a thread cannot be stopped, a process group can).
-Memory is watched the same way: the caller reads the worker's resident memory as it polls
-and kills the group past `memory_mb`. (An address-space limit would be simpler, but CUDA
-reserves far more address space than it ever uses and fails to start under one.) The
+starts a fresh Python process in the sandbox (evotrainer.sandbox: its own namespaces, a
+read-only filesystem but the call's declared `writes`, an unprivileged user, limits, an
+empty environment) and waits with a deadline; past it the whole process tree is killed
+with SIGKILL (a thread cannot be stopped, a process can). Memory is watched the same way:
+the caller sums the resident memory of the worker's process tree as it polls and kills it
+past `memory_mb`. (An address-space limit would be simpler, but CUDA reserves far more
+address space than it ever uses and fails to start under one.) Arguments go in and results
+come back as JSON, never pickles: nothing a worker writes is executed by its caller. The
 outcome is labelled:
 
-    ok       the function returned; `value` holds its (picklable) result
+    ok       the function returned; `value` holds its (JSON) result
     crash    it raised, or the process died; `log_tail` holds the traceback
     timeout  it ran past the deadline and was killed
     oom      it passed its memory limit (resident memory, MemoryError, or killed by the kernel)
 """
 from __future__ import annotations
 
+import fcntl
+import json
 import os
-import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +30,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from evotrainer import sandbox
+from evotrainer.sandbox import Isolation, Jail
 
 LABELS = ("ok", "crash", "timeout", "oom")
 TAIL_CHARS = 4000
@@ -45,18 +53,45 @@ class WorkerResult:
 
 @dataclass(frozen=True)
 class Call:
-    """One job for `run_all`: `target(**kwargs)` in a worker of its own."""
+    """One job for `run_all`: `target(**kwargs)` in a worker of its own. `writes`: the
+    directories it may write (created for it; one writer at a time, see `_writer_lock`);
+    everything else is read-only to it, and it reads the paths its kwargs name. `clean`:
+    empty them first, once no earlier job writes them (a job cut off by a kill starts over)."""
     target: str
     kwargs: dict = field(default_factory=dict)
+    writes: tuple[str, ...] = ()
+    clean: bool = False
+
+
+_isolation: Isolation | None = None
+_warned: set[Isolation] = set()  # weaker levels this process has said it runs at
+
+
+def use_isolation(level: Isolation | str) -> Isolation:
+    """Set this process's sandbox level for every worker it starts (the controller does, from
+    the run config's `sandbox:`); 'auto' probes. Returns the level in force."""
+    global _isolation
+    new = sandbox.resolve(level) if isinstance(level, str) else level
+    if new is not Isolation.NAMESPACES and new not in _warned:
+        print(f"evotrainer sandbox: {sandbox.describe(new)}", file=sys.stderr)  # never silently weaker
+        _warned.add(new)
+    _isolation = new
+    return _isolation
+
+
+def isolation() -> Isolation:
+    """The level in force: what `use_isolation` set, else the strongest this machine allows."""
+    return _isolation if _isolation is not None else use_isolation("auto")
 
 
 def run_in_worker(target: str, kwargs: dict | None = None, timeout_s: float = 600.0,
                   memory_mb: int | None = 8192, cwd: Path | None = None,
                   on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
-                  threads: int | None = None, warm: Warm | None = None) -> WorkerResult:
+                  threads: int | None = None, warm: Warm | None = None, writes: tuple[str, ...] = ()) -> WorkerResult:
     """Run `target(**kwargs)` in a fresh process (or in `warm`, started earlier); `on_poll`
-    runs in the caller while it waits."""
-    return run_all([Call(target, kwargs or {})], 1, timeout_s, memory_mb, cwd, on_poll, poll_s, threads, warm)[0]
+    runs in the caller while it waits; `writes` as in Call."""
+    return run_all([Call(target, kwargs or {}, tuple(writes))], 1, timeout_s, memory_mb, cwd, on_poll, poll_s,
+                   threads, warm)[0]
 
 
 def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memory_mb: int | None = 8192,
@@ -77,7 +112,7 @@ def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memor
             while waiting and len(running) < workers:
                 i, call = waiting.pop(0)
                 job = warm.take() if warm is not None else None
-                running.append((i, job.give(call) if job is not None else _Job(call, cwd, threads)))
+                running.append((i, job.give(call) if job is not None else _Job(call, cwd, threads, timeout_s)))
             for _, job in running:
                 job.check_memory(memory_mb)
             for i, job in [r for r in running if r[1].done(timeout_s)]:
@@ -101,10 +136,13 @@ class Warm:
     of it starting up; started while the controller works on one core (scoring the last trial)
     and the other is idle, that start-up leaves the critical path. Give it to `run_in_worker`
     (it runs one job, the first), and `close()` it whether or not it ran one: a warm worker
-    never used is killed there, and dies by itself when the caller's end of its stdin closes."""
+    never used is killed there, and dies by itself when the caller's end of its stdin closes.
+    Its sandbox is fixed at its start: it reads `reads` (and what every worker reads) and
+    writes nothing, so it serves calls that return data only."""
 
-    def __init__(self, cwd: Path | None = None, threads: int | None = None):
-        self._job: _Job | None = _Job(None, cwd, threads)
+    def __init__(self, cwd: Path | None = None, threads: int | None = None, reads: tuple[str, ...] = (),
+                 timeout_s: float = 600.0):
+        self._job: _Job | None = _Job(None, cwd, threads, timeout_s, reads)
 
     def take(self) -> _Job | None:
         """Its started worker, once, if it is still waiting (else None: start a fresh one)."""
@@ -121,33 +159,47 @@ class Warm:
 
 
 class _Job:
-    """One started worker: its process group, its scratch directory and its log. Started with
-    no call, it is warm: it waits for `give`."""
+    """One started worker: its sandboxed process tree, its job directory and its log. Started
+    with no call, it is warm: it waits for `give`."""
 
-    def __init__(self, call: Call | None, cwd: Path | None, threads: int | None):
+    def __init__(self, call: Call | None, cwd: Path | None, threads: int | None, timeout_s: float,
+                 reads: tuple[str, ...] = ()):
         self.t0 = time.monotonic()
         self._tmp = tempfile.TemporaryDirectory(prefix="evotrainer-worker-")
         self.dir, self.threads = Path(self._tmp.name), threads
+        self.locks = [_writer_lock(Path(w)) for w in (call.writes if call else ())]
+        if call is not None and call.clean:
+            for w in call.writes:
+                shutil.rmtree(w, ignore_errors=True)
         if call is not None:
             self._write(call)
-        env = dict(os.environ)
-        if threads:  # read by the OpenMP/MKL runtimes when torch loads; the child also calls set_num_threads
-            env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        extra = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}
+        # read by the OpenMP/MKL runtimes when torch loads; the child also calls set_num_threads
         self.over_memory: int | None = None  # resident MB when it was killed for memory
         self.log = open(self.dir / "log.txt", "w+b")
         wait = [] if call is not None else ["--wait"]
-        self.proc = subprocess.Popen([sys.executable, "-m", "evotrainer.executors.child", str(self.dir), *wait],
-                                     stdin=subprocess.PIPE if wait else subprocess.DEVNULL, stdout=self.log,
+        argv = [sys.executable, "-m", "evotrainer.executors.child", str(self.dir), *wait]
+        level = isolation()
+        jail = Jail(read=tuple(reads), write=tuple(call.writes) if call else (), env=extra)
+        argv, env = sandbox.command(argv, jail, level, self.dir, cwd, call.kwargs if call else {}, timeout_s)
+        if env is None:  # sandbox: none, the caller's own environment
+            env = dict(os.environ) | extra
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if wait else subprocess.DEVNULL, stdout=self.log,
                                      stderr=subprocess.STDOUT, cwd=cwd, env=env,
+                                     pass_fds=[f.fileno() for f in self.locks],  # held by the job while it lives
                                      start_new_session=True)  # its own process group
+        for f in self.locks:  # the job's copy holds the lock now
+            f.close()
 
     def _write(self, call: Call) -> None:
-        (self.dir / "job.pkl").write_bytes(pickle.dumps({"target": call.target, "kwargs": call.kwargs,
-                                                         "threads": self.threads}))
+        (self.dir / "job.json").write_text(json.dumps({"target": call.target, "kwargs": call.kwargs,
+                                                       "threads": self.threads}))
 
     def give(self, call: Call) -> _Job:
         """A warm worker's job: written, then its stdin closed, which starts it; the deadline
         counts from here."""
+        if call.writes:
+            raise ValueError("a warm worker's sandbox writes nothing: start a fresh one for a call with writes")
         self._write(call)
         self.t0 = time.monotonic()
         self.proc.stdin.close()
@@ -165,14 +217,11 @@ class _Job:
         return self.proc.poll() is not None or time.monotonic() - self.t0 > timeout_s
 
     def check_memory(self, memory_mb: int | None) -> None:
-        """Kill the group once the worker's resident memory passes memory_mb (Linux /proc)."""
+        """Kill the tree once the resident memory of the worker's processes passes memory_mb
+        (Linux /proc; without it, macOS, the kernel's own limits apply)."""
         if not memory_mb or self.over_memory is not None or self.proc.poll() is not None:
             return
-        try:
-            pages = int(Path(f"/proc/{self.proc.pid}/statm").read_text().split()[1])
-        except (OSError, IndexError, ValueError):
-            return  # gone already, or no /proc (macOS): the kernel's own limits apply
-        rss_mb = pages * os.sysconf("SC_PAGE_SIZE") // 2**20
+        rss_mb = sum(map(_rss_pages, _tree(self.proc.pid))) * os.sysconf("SC_PAGE_SIZE") // 2**20
         if rss_mb > memory_mb:
             self.over_memory = rss_mb
             _kill_group(self.proc)
@@ -198,10 +247,14 @@ class _Job:
             return WorkerResult("timeout", error=f"killed after {timeout_s:g} s", log_tail=tail, seconds=seconds)
         if was_running:  # the caller was interrupted (Ctrl-C, an exception) and took its workers down with it
             return WorkerResult("crash", error="stopped: the caller was interrupted", log_tail=tail, seconds=seconds)
-        result_file = self.dir / "result.pkl"
+        result_file = self.dir / "result.json"
         if result_file.exists():
-            out = pickle.loads(result_file.read_bytes())
-            return WorkerResult(out["label"], out.get("value"), out.get("error"), tail, seconds)
+            try:
+                out = json.loads(result_file.read_text())
+                return WorkerResult(str(out["label"]) if out["label"] in LABELS else "crash", out.get("value"),
+                                    out.get("error"), tail, seconds)
+            except (ValueError, KeyError, TypeError) as e:
+                return WorkerResult("crash", error=f"unreadable result: {e}"[:500], log_tail=tail, seconds=seconds)
         if self.proc.returncode == -signal.SIGKILL:  # not us: the kernel's OOM killer
             return WorkerResult("oom", error="killed by SIGKILL (out of memory)", log_tail=tail, seconds=seconds)
         return WorkerResult("crash", error=f"worker exited with code {self.proc.returncode}", log_tail=tail,
@@ -209,9 +262,59 @@ class _Job:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the worker's whole process group (its children included) and reap it."""
+    """SIGKILL the worker's whole process tree and group (its children included) and reap it.
+    In the sandbox, the job is PID 1 of its namespace: when it dies the kernel kills the rest,
+    setsid() or not; the explicit kill of every descendant covers the other levels too."""
+    pids = _tree(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     proc.wait()
+
+
+def _tree(pid: int) -> list[int]:
+    """pid and its descendants (Linux /proc; [pid] elsewhere)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _rss_pages(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0  # gone already
+
+
+WRITER_WAIT_S = 30.0
+
+
+def _writer_lock(out: Path):
+    """An exclusive lock beside a job's output directory (.OUT.lock), passed to the job, whose
+    processes hold it while any of them lives: a resumed run's job for the same directory
+    waits here for the killed controller's job to be gone before it writes (no two writers)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    f = open(out.parent / f".{out.name}.lock", "a")
+    deadline = time.monotonic() + WRITER_WAIT_S
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                f.close()
+                raise RuntimeError(f"another worker still writes {out} after {WRITER_WAIT_S:g} s")
+            time.sleep(0.1)

@@ -61,6 +61,11 @@ def save_policy(model, tok, path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tok.save_pretrained(path)
+    # transformers writes the weights 0600; a checkpoint is read by other processes, sandboxed
+    # jobs running as nobody among them (evotrainer.sandbox), as under the usual umask 022
+    for f in path.iterdir():
+        if f.is_file():
+            f.chmod(f.stat().st_mode | 0o044)
 
 
 def resolve_model(name: str | Path) -> str:

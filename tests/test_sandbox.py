@@ -1,0 +1,130 @@
+"""The sandbox holds with arbitrary Python inside: every job here tries what untrusted code
+must not do, and the test checks the outside world, not just what the job reports."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from evotrainer.executors import run_in_worker
+from evotrainer.sandbox import Isolation, probe
+
+HERE = Path(__file__).parent
+pytestmark = pytest.mark.skipif(probe() is not Isolation.NAMESPACES,
+                                reason="this machine allows no namespaces (the fallback has its own test)")
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live processes whose command line holds `marker` (zombies are gone for this purpose)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmd and state not in ("Z", "X") and int(pid) != os.getpid():
+            out.append(int(pid))
+    return out
+
+
+def test_a_job_sees_no_secret_no_home_and_is_nobody():
+    os.environ["EVOTRAINER_TEST_SECRET"] = "hunter2"
+    try:
+        r = run_in_worker("worker_targets:whoami", timeout_s=60, cwd=HERE)
+    finally:
+        del os.environ["EVOTRAINER_TEST_SECRET"]
+    assert r.ok, r.log_tail
+    assert "EVOTRAINER_TEST_SECRET" not in r.value["env"] and not any("KEY" in k or "TOKEN" in k for k in r.value["env"])
+    assert r.value["pid"] == 1  # PID 1 of its own namespace: its death takes every process in it
+    if os.geteuid() == 0:
+        assert r.value["uid"] == 65534
+    # HOME is the private /tmp: empty but for the job's own directory (its arguments and result)
+    assert [n for n in r.value["home"] if not n.startswith("evotrainer-worker-")] == []
+
+
+def test_no_network_not_even_loopback():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    try:
+        r = run_in_worker("worker_targets:try_connect", {"port": port}, timeout_s=60, cwd=HERE)
+        assert r.ok and r.value.startswith("refused"), r.value
+        with pytest.raises(socket.timeout):
+            server.accept()  # nothing reached the listener
+    finally:
+        server.close()
+
+
+def test_writes_land_only_in_declared_directories(tmp_path):
+    out, outside = tmp_path / "out", tmp_path / "outside.txt"
+    r = run_in_worker("worker_targets:try_write", {"path": str(outside)}, timeout_s=60, cwd=HERE, writes=(str(out),))
+    assert r.ok and r.value.startswith("refused") and not outside.exists()
+    repo = HERE.parent / "evotrainer-sandbox-probe.txt"
+    r = run_in_worker("worker_targets:try_write", {"path": str(repo)}, timeout_s=60, cwd=HERE)
+    assert r.value.startswith("refused") and not repo.exists()
+    r = run_in_worker("worker_targets:try_write", {"path": str(out / "ok.txt")}, timeout_s=60, cwd=HERE,
+                      writes=(str(out),))
+    assert r.value == "written" and (out / "ok.txt").read_text() == "written by a sandboxed job"
+
+
+def test_a_setsid_daemon_dies_with_its_job():
+    marker = f"evotrainer-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    r = run_in_worker("worker_targets:escape_with_setsid", {"marker": marker}, timeout_s=60, cwd=HERE)
+    assert r.ok and r.value == "started"
+    deadline = time.monotonic() + 2
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with(marker) == []
+
+
+def test_allocating_30_gb_is_oom_and_a_loop_is_a_timeout():
+    assert run_in_worker("worker_targets:allocate", {"gb": 30}, timeout_s=60, memory_mb=2000, cwd=HERE).label == "oom"
+    assert run_in_worker("worker_targets:sleep_forever", timeout_s=2, cwd=HERE).label == "timeout"
+
+
+def test_the_result_is_json_data_never_a_pickle(tmp_path):
+    r = run_in_worker("worker_targets:not_json", timeout_s=60, cwd=HERE)
+    assert r.label == "crash" and "not plain JSON" in r.error
+
+
+def test_sigkill_of_the_controller_kills_every_worker_within_2_seconds(tmp_path):
+    """A controller dies with SIGKILL (no cleanup runs) while its workers train; they and
+    everything they started (a setsid daemon included) are gone 2 s later."""
+    marker = f"evotrainer-orphan-{os.getpid()}-{time.monotonic_ns()}"
+    script = f"""
+import sys; sys.path.insert(0, {str(HERE)!r})
+from evotrainer.executors import Call, run_all
+run_all([Call("worker_targets:daemon_then_sleep", {{"marker": {marker!r}}}),
+         Call("worker_targets:sleep_forever", {{}})], workers=2, timeout_s=600, cwd={str(HERE)!r})
+"""
+    ctl = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    daemon = marker + "-daemon"  # a name only the job builds (the script's own command line holds the marker)
+    deadline = time.monotonic() + 60
+    while not processes_with(daemon) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with(daemon), "the daemon never started"
+    workers = [p for p in processes_with("evotrainer.executors.child")
+               if _ancestor(ctl.pid, p)]
+    assert len(workers) == 2
+    os.kill(ctl.pid, signal.SIGKILL)
+    ctl.wait()
+    time.sleep(2)
+    assert processes_with(daemon) == [] and [p for p in workers if p in processes_with("evotrainer.executors.child")] == []
+
+
+def _ancestor(ancestor: int, pid: int) -> bool:
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return False
+        if pid == ancestor:
+            return True
+    return False
