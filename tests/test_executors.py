@@ -148,3 +148,21 @@ def test_a_warm_worker_dies_with_its_caller():
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive(pid)
+
+
+def test_the_limits_fallback_still_empties_the_environment_and_says_so(capsys, monkeypatch):
+    """Where namespaces are unavailable the job still runs, with limits and an empty
+    environment, and the weaker level is said on stderr (never silently)."""
+    from evotrainer.executors import worker
+    from evotrainer.sandbox import Isolation
+    monkeypatch.setattr(worker, "_isolation", None)
+    monkeypatch.setattr(worker, "_warned", set())
+    monkeypatch.setenv("EVOTRAINER_TEST_SECRET", "hunter2")
+    assert worker.use_isolation("limits") is Isolation.LIMITS
+    assert "WARNING: process limits only" in capsys.readouterr().err
+    r = run_in_worker("worker_targets:whoami", timeout_s=60, cwd=HERE)
+    assert r.ok and "EVOTRAINER_TEST_SECRET" not in r.value["env"] and r.value["pid"] != 1
+    worker.use_isolation("none")  # the explicit opt-out: the caller's own environment
+    r = run_in_worker("worker_targets:whoami", timeout_s=60, cwd=HERE)
+    assert r.ok and "EVOTRAINER_TEST_SECRET" in r.value["env"]
+    assert "WARNING: none" in capsys.readouterr().err

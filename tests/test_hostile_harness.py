@@ -112,3 +112,5 @@ def test_hostile_edits_through_the_loop_fail_inside_the_sandbox(tiny_run, tmp_pa
     store = LineageStore(run / "lineage.sqlite")
     assert store.pending() == [] and len(store.trials()) == len(corpus) + 1
     store.close()
+    from evotrainer.evolve.report import status
+    assert status(run)["sandbox"].startswith("namespaces")  # the level in force, as status shows it

@@ -446,8 +446,11 @@ class Controller:
         segments = [Segment("v0", root, 1, self.run_dir / "versions" / "v0")] + [
             Segment("v0", root, 1, self.run_dir / "noise" / f"replica-{i + 1}", seed_offset=500 + i)
             for i in range(self.cfg.gate.replicas)]
-        state, *replicas = self.training.train(  # a replica's evidence is never read
-            segments, clock, read=lambda sg, dirs: sg is segments[0] and self.read_later(sg.version, dirs))
+        def read(sg: Segment, dirs: dict[int, str]) -> None:  # a replica's evidence is never read
+            if sg is segments[0]:
+                self.read_later(sg.version, dirs)
+                self.prewarm()  # the first trial's backtest worker starts up while the root is scored
+        state, *replicas = self.training.train(segments, clock, read=read)
         for s in (state, *replicas):
             if isinstance(s, SegmentFailed):
                 raise ControlFailed(f"the root harness failed: {s}")

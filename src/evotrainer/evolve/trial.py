@@ -207,14 +207,16 @@ class Trial:
         return control, child
 
     def read(self, segment: Segment, dirs: dict[int, str]) -> None:
-        """A trained segment's findings, read while it is scored (the gate and the next proposal read them)."""
+        """A trained segment's findings, read while it is scored (the gate and the next proposal
+        read them); and the next trial's backtest worker starts up beside the scoring too."""
         self.ctl.read_later(segment.version, dirs)
+        self.ctl.prewarm()
 
     def judge(self, patch: str, screened: Screened, control: State, child: State) -> Outcome:
         """The promotion gate (paired gain over the control beyond the noise floor, no blocking
         finding), then a person at the completion gate where there is one: an abort there is
         measured and recorded, never kept."""
-        self.ctl.prewarm()  # the next trial's backtest worker starts up while this one is scored
+        self.ctl.prewarm()  # where no segment was read (it is started once: a no-op after `read`)
         findings = self.ctl._findings(child)
         blocking = [f"{f['diagnostic']} = {f['value']:g}" for f in findings if f["blocking"]]
         decision = gate(child.val, control.val, blocking, self.ctl.cfg.gate, noise_sd=self._noise_sd())
