@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from evotrainer.policy.generate import Generation, position_ids, prompt_forward
+from evotrainer.policy.generate import Generation, position_ids, prompt_forward, with_cache
 
 
 def completion_logprobs(model, gen: Generation, temperature: float,
@@ -25,7 +25,7 @@ def completion_logprobs(model, gen: Generation, temperature: float,
     logits = first[:, None]
     if T > 1:
         rest = model(input_ids=comp[:, :-1], attention_mask=None if mask is None else mask[:, :-1],
-                     position_ids=pos[:, :-1], past_key_values=cache, use_cache=False).logits
+                     position_ids=pos[:, :-1], **with_cache(model, cache), use_cache=False).logits
         logits = torch.cat([logits, rest], dim=1)
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
     logp = logp_all.gather(-1, comp.unsqueeze(-1)).squeeze(-1)

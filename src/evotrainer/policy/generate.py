@@ -8,6 +8,8 @@ the fused causal path. Prompts are encoded by `evotrainer.policy.prompts`.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -33,12 +35,28 @@ def position_ids(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def with_cache(model, cache) -> dict:
+    """The KV cache as a forward's keyword: `cache` from transformers 5 on, `past_key_values`
+    before (5 still takes the old name, but prints a deprecation line in every process)."""
+    return {_cache_keyword(type(model)): cache}
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(cls) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def cache_of(out):
+    """The KV cache a forward returned (`cache` from transformers 5 on, `past_key_values` before)."""
+    return out["cache"] if "cache" in out else out.past_key_values
+
+
 def prompt_forward(model, prompt_ids, prompt_mask, index):
     """Run each distinct prompt once; return its last logits and KV cache, one row per `index`."""
     padded = bool((prompt_mask == 0).any())
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask if padded else None,
                 position_ids=position_ids(prompt_mask), use_cache=True)
-    cache = out.past_key_values
+    cache = cache_of(out)
     cache.batch_select_indices(index)  # rows share their prompt's keys and values
     return out.logits[index, -1], cache
 
@@ -97,8 +115,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
         if mask is not None:
             mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=dev)], dim=1)
         out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=next_pos,
-                    past_key_values=cache, use_cache=True)
-        cache, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
+                    **with_cache(model, cache), use_cache=True)
+        cache, logits, next_pos = cache_of(out), out.logits[:, -1], next_pos + 1
     comp = torch.stack(tokens, dim=1)
     # mask covers tokens up to and including the first end token
     is_stop = torch.isin(comp, stops)

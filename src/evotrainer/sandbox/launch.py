@@ -57,7 +57,9 @@ class Limits:
     watched by resident size over the job's whole process tree (executors.worker), since an
     address-space limit breaks CUDA, which reserves far more than it uses."""
     cpu_s: int | None = None          # CPU seconds, all threads together (None: from the deadline)
-    processes: int = 512              # threads count too (torch and OpenMP start one per core)
+    # threads count too, and as nobody the count is the whole uid's on the machine: torch and
+    # OpenMP start about two per core in each worker, and a GPU node runs several workers
+    processes: int = 4096
     file_mb: int = 65536              # largest file the job may write (a real model's shard is ~5 GB)
     open_files: int = 4096
     address_mb: int | None = None     # virtual memory; set it for CPU-only jobs such as programs
