@@ -48,7 +48,8 @@ def _cache_keyword(cls) -> str:
 
 def cache_of(out):
     """The KV cache a forward returned (`cache` from transformers 5 on, `past_key_values` before)."""
-    return out["cache"] if "cache" in out else out.past_key_values
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def prompt_forward(model, prompt_ids, prompt_mask, index):
