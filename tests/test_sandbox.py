@@ -34,17 +34,22 @@ def processes_with(marker: str) -> list[int]:
 
 def test_a_job_sees_no_secret_no_home_and_is_nobody():
     os.environ["EVOTRAINER_TEST_SECRET"] = "hunter2"
+    sentinel = Path("/tmp") / f"evotrainer-sentinel-{os.getpid()}"  # in the machine's /tmp, not the job's
+    sentinel.write_text("the machine's /tmp")
     try:
         r = run_in_worker("worker_targets:whoami", timeout_s=60, cwd=HERE)
     finally:
         del os.environ["EVOTRAINER_TEST_SECRET"]
+        sentinel.unlink()
     assert r.ok, r.log_tail
     assert "EVOTRAINER_TEST_SECRET" not in r.value["env"] and not any("KEY" in k or "TOKEN" in k for k in r.value["env"])
     assert r.value["pid"] == 1  # PID 1 of its own namespace: its death takes every process in it
     if os.geteuid() == 0:
         assert r.value["uid"] == 65534
-    # HOME is the private /tmp: empty but for the job's own directory (its arguments and result)
-    assert [n for n in r.value["home"] if not n.startswith("evotrainer-worker-")] == []
+    # HOME is the private /tmp: it holds the job's own directory (its arguments and result) and
+    # the paths the job reads that happen to lie under /tmp (a checkout there), nothing else
+    assert sentinel.name not in r.value["home"] and any(n.startswith("evotrainer-worker-") for n in r.value["home"])
+    assert not any(n.startswith("pytest-of-") for n in r.value["home"])  # other tests' files stay out
 
 
 def test_no_network_not_even_loopback():
