@@ -218,7 +218,7 @@ def command(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: P
     setpriv = shutil.which("setpriv")
     homes = {h for h in (*HIDDEN_HOMES, str(Path.home())) if os.path.isdir(h)}
     spec = {"argv": argv, "env": env, "cwd": str(cwd),
-            "read": sorted(_environment_paths() | {str(cwd)} | reads),
+            "read": sorted((_environment_paths() | {str(cwd)} | reads) - set(write)),  # a write path is bound rw only
             "write": write, "hide": sorted(homes), "tmp_mb": jail.limits.tmp_mb, "limits": limits,
             "uid": NOBODY if root else None, "gid": NOBODY if root else None, "setpriv": setpriv,
             "mounts": level is Isolation.NAMESPACES}
