@@ -67,6 +67,13 @@ def test_no_network_not_even_loopback():
         server.close()
 
 
+def test_the_hosts_unix_sockets_are_out_of_reach():
+    """A read-only mount does not stop connect() on a world-writable socket, so /run (where
+    the host's daemons listen) is an empty tmpfs inside."""
+    r = run_in_worker("worker_targets:list_run", timeout_s=60, cwd=HERE)
+    assert r.ok and r.value == [], r.value
+
+
 def test_writes_land_only_in_declared_directories(tmp_path):
     out, outside = tmp_path / "out", tmp_path / "outside.txt"
     r = run_in_worker("worker_targets:try_write", {"path": str(outside)}, timeout_s=60, cwd=HERE, writes=(str(out),))

@@ -105,3 +105,8 @@ def daemon_then_sleep(marker):
 def my_job_dir():
     """The job directory this worker process was started with (a warm one before its job)."""
     return sys.argv[1]
+
+
+def list_run():
+    """What /run holds (named here: a path in a job's arguments is one it may read)."""
+    return sorted(os.listdir("/run"))

@@ -8,8 +8,8 @@ Isolation levels, probed once per process (`probe()`):
 
     namespaces  util-linux `unshare`: new mount, network, PID, IPC and UTS namespaces (plus a
                 user namespace when we are not root); the filesystem read-only but the job's
-                declared output directories and a private /tmp; home directories empty but
-                the paths the job reads; an unprivileged user (nobody when we are root, else a
+                declared output directories and a private /tmp; home directories and /run
+                (the host's unix sockets) empty but the paths the job reads; an unprivileged user (nobody when we are root, else a
                 user namespace whose capabilities are dropped) with no_new_privs; resource
                 limits; an empty environment. The job is PID 1 of its namespace, so killing it
                 kills everything it started (setsid() included), and it dies with the controller.
@@ -39,7 +39,9 @@ NOBODY = 65534
 # are on sys.path and so visible to the job; OpenBLAS fixes for some CPUs)
 PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
                 "PYTHONPATH", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "TZ")
-HIDDEN_HOMES = ("/root", "/home")
+# replaced by an empty tmpfs inside: homes hold keys and tokens; /run holds the host's
+# unix sockets (a read-only mount does not stop a connect to a world-writable one)
+HIDDEN = ("/root", "/home", "/run")
 
 
 class Isolation(str, enum.Enum):
@@ -216,7 +218,7 @@ def command(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: P
             raise UsageError(f"sandboxed jobs run as nobody (evotrainer runs as root here) and cannot read "
                              f"'{bad}': make it readable by others (chmod -R o+rX), or run as a non-root user")
     setpriv = shutil.which("setpriv")
-    homes = {h for h in (*HIDDEN_HOMES, str(Path.home())) if os.path.isdir(h)}
+    homes = {h for h in (*HIDDEN, str(Path.home())) if os.path.isdir(h)}
     spec = {"argv": argv, "env": env, "cwd": str(cwd),
             "read": sorted((_environment_paths() | {str(cwd)} | reads) - set(write)),  # a write path is bound rw only
             "write": write, "hide": sorted(homes), "tmp_mb": jail.limits.tmp_mb, "limits": limits,
