@@ -43,6 +43,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
 from evotrainer.evolve.replay import Arm, replay  # noqa: E402
+from evotrainer.tasks import get_task  # noqa: E402
+from evotrainer.tasks.keys import split_key  # noqa: E402
 from evotrainer.skills import SkillLibrary  # noqa: E402
 from evotrainer.evolve.stats import crossed_bootstrap_ci  # noqa: E402
 
@@ -114,7 +116,9 @@ def replays(cfg, arms: dict[str, Arm], base: str, seeds: list[int], out: Path) -
             todo[key] = arm
     if todo:
         print(f"  replaying {len(todo)} schedules on seeds {seeds}", flush=True)
-        rep = replay(cfg.task, cfg.level, base, todo, seeds, out / "replays", cfg.gate.last_k,
+        task = get_task(cfg.task, cfg.level)
+        task.use_key(split_key(Path(base).name))  # the runs' held-out pool: their base's key
+        rep = replay(task, base, todo, seeds, out / "replays", cfg.gate.last_k,
                      cfg.budget.trial_timeout_s, cfg.workers)
         for key, s in rep.scores.items():
             (out / "replays" / key / "scores.json").write_text(json.dumps(s, indent=2))

@@ -28,6 +28,13 @@ def _readable_tmp_path(request):
         readable(request.getfixturevalue("tmp_path"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _split_keys(tmp_path_factory):
+    """Runs keep their split keys (tasks/keys.py) in the user's cache; the tests' keys stay here."""
+    from evotrainer.tasks import keys
+    keys.DEFAULT_CACHE = tmp_path_factory.mktemp("cache")
+
+
 @pytest.fixture(scope="session")
 def ckpt(tmp_path_factory):
     """A randomly initialised policy checkpoint: enough for tests of plumbing, not of learning."""

@@ -65,6 +65,26 @@ def test_agentic_and_kl_metrics_only_where_the_evidence_has_them():
     assert sev["tool_failure_rate"] == "warning"
 
 
+def test_code_metrics_only_where_programs_ran():
+    from evotrainer.diagnostics.health import to_markdown
+    from evotrainer.diagnostics.library import failure_counts
+    assert value("syntax_error_rate", [rec()]) is None and value("top_failure_share", [rec()]) is None
+    code = [rec(score=1.0, outcome="passed"), rec(score=0.5, outcome="failed", failure="wrong output"),
+            rec(outcome="syntax_error", failure="SyntaxError"), rec(outcome="runtime_error", failure="NameError"),
+            rec(outcome="runtime_error", failure="NameError"), rec(outcome="timeout", failure="timeout")]
+    assert value("syntax_error_rate", code) == pytest.approx(1 / 6)
+    assert value("program_timeout_rate", code) == pytest.approx(1 / 6)
+    assert value("runtime_error_rate", code) == pytest.approx(2 / 6)
+    assert value("test_pass_fraction", code) == pytest.approx(1.5 / 6)
+    assert failure_counts(Evidence.of(code))[0] == ("NameError", 2)
+    assert value("top_failure_share", code) == pytest.approx(2 / 5)
+    sev = {f.diagnostic: f.severity for f in findings(BUILTIN, measure(BUILTIN, Evidence.of(code)))}
+    assert sev["program_timeout_rate"] == "warning" and sev["runtime_error_rate"] == "warning"
+    rep = {"source": "x", "rollouts": 6, "steps": "step 1", "first_window": "", "last_window": "", "harness": None,
+           "findings": [], "failures": failure_counts(Evidence.of(code)), "diagnostics": []}
+    assert "NameError 40%, SyntaxError 20%" in to_markdown([rep])
+
+
 def trend(reward_rise, score_rise, steps=10):
     """Evidence whose mean reward and score move linearly over the steps."""
     out = []

@@ -29,7 +29,7 @@ SLOTS = {  # slot -> (its file, the function's first line, its last)
 }
 
 
-def attacks(port: int, outside: str, run: str, marker: str) -> dict[str, tuple[str, str]]:
+def attacks(port: int, outside: str, run: str, marker: str, keys: str) -> dict[str, tuple[str, str]]:
     """name -> (slot, the body of a slot function that attacks and raises if it failed)."""
     def shell(cmd: str, check: str = "rc == 0") -> str:
         return f"    rc, out, err = sh({cmd!r})\n    assert {check}, 'attack failed: ' + err[-200:]\n"
@@ -42,6 +42,9 @@ def attacks(port: int, outside: str, run: str, marker: str) -> dict[str, tuple[s
         "setsid_daemon": ("curriculum", f"    sh({f'setsid sleep 600 {marker} > /dev/null 2>&1 < /dev/null &'!r})\n"),
         "allocate_30gb": ("reward", "    blob = bytearray(30 * 2 ** 30)\n    assert len(blob) == 0, 'attack failed'\n"),
         "loop_forever": ("curriculum", "    while True:\n        pass\n"),
+        # the held-out split is keyed by a secret: without the key file the project's own task
+        # code computes a public split that is not the run's (checked after the run)
+        "held_out_split": ("curriculum", shell(f"cat {keys}/*.key", "rc == 0 and out.strip()")),
     }
 
 
@@ -70,6 +73,8 @@ def test_hostile_edits_through_the_loop_fail_inside_the_sandbox(tiny_run, tmp_pa
     from evotrainer.evolve.controller import Controller
     from evotrainer.evolve.report import status
     from evotrainer.lineage import LineageStore
+    from evotrainer.tasks import get_task
+    from evotrainer.tasks.keys import key_dir, split_key
     cfg, run = tiny_run
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -78,7 +83,7 @@ def test_hostile_edits_through_the_loop_fail_inside_the_sandbox(tiny_run, tmp_pa
     outside = tmp_path / "outside" / "pwned.txt"
     outside.parent.mkdir()
     marker = f"9{time.monotonic_ns() % 10**8}"  # `sleep 600 MARKER`: a daemon the test can find
-    corpus = attacks(server.getsockname()[1], str(outside), str(run.resolve()), marker)
+    corpus = attacks(server.getsockname()[1], str(outside), str(run.resolve()), marker, str(key_dir()))
     for name, (slot, body) in corpus.items():  # every edit passes the static check
         h = tmp_path / "check" / name
         h.mkdir(parents=True)
@@ -120,3 +125,9 @@ def test_hostile_edits_through_the_loop_fail_inside_the_sandbox(tiny_run, tmp_pa
     assert store.pending() == [] and len(store.trials()) == len(corpus) + 1
     store.close()
     assert status(run)["sandbox"].startswith("namespaces")  # the level in force, as status shows it
+    # the split computed with the project's code and no key is not the run's
+    started = LineageStore(run / "lineage.sqlite").events("run_started")[0]
+    public, keyed = get_task("arith", 3), get_task("arith", 3)
+    keyed.use_key(split_key(started["split_key"]))
+    val = {p.id for p in keyed.split("val")}
+    assert len(val & {p.id for p in public.split("val")}) < len(val) / 2

@@ -114,3 +114,26 @@ def test_shared_prompt_cache_gives_the_same_logprobs_as_a_full_forward():
     assert sub.prompt_ids.shape[0] == 2 and sub.prompt_index.tolist() == [0, 0, 1]
     sub_logp, _ = completion_logprobs(model, sub, 1.0)
     assert torch.allclose(sub_logp, logp[[5, 6, 9]], atol=1e-5)
+
+
+class _Boom:
+    """A pickle that runs code when loaded (what a hostile harness could leave as weights)."""
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_checkpoint_never_runs_code_when_loaded(tmp_path):
+    import pickle
+    import pytest
+    ckpt = tmp_path / "ckpt"
+    tok = build_tokenizer()
+    save_policy(build_model(len(tok)), tok, ckpt)
+    (ckpt / "model.safetensors").unlink()  # weights only as a pickle, which would run code
+    marker = tmp_path / "ran"
+    (ckpt / "pytorch_model.bin").write_bytes(pickle.dumps({"w": _Boom(str(marker))}, protocol=2))
+    with pytest.raises(Exception):
+        load_policy(ckpt)
+    assert not marker.exists()

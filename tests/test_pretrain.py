@@ -1,10 +1,12 @@
 import json
+import shutil
 
 import pytest
 
-from evotrainer.pretrain import PretrainConfig, PretrainFailed, pretrain
+from evotrainer.pretrain import PretrainConfig, PretrainFailed, base_path, pretrain
 from evotrainer.policy import load_policy
 from evotrainer.tasks import get_task
+from evotrainer.tasks.keys import key_path, split_key
 
 
 def test_pretrain_is_cached_and_deterministic(tmp_path):
@@ -12,14 +14,17 @@ def test_pretrain_is_cached_and_deterministic(tmp_path):
     cfg = PretrainConfig(max_steps=4, check_every=2, probe_size=8, batch_size=16, target_acc=1.0)
     with pytest.raises(PretrainFailed, match="short of target_acc 1"):  # a base RL cannot use is never cached
         pretrain(task, cfg, tmp_path / "a")
-    assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["keys"]  # the base's split key, and no base
     path, meta = pretrain(task, cfg, tmp_path / "a", require_target=False)
     assert meta["steps"] == 4 and meta["sft_levels"] == [1, 2]
     assert json.loads((path / "base_meta.json").read_text()) == meta
     stamp = (path / "model.safetensors").stat().st_mtime_ns
     again, meta2 = pretrain(task, cfg, tmp_path / "a", require_target=False)  # served from the cache, not retrained
     assert again == path and meta2 == meta and (path / "model.safetensors").stat().st_mtime_ns == stamp
-    other, _ = pretrain(task, cfg, tmp_path / "b", require_target=False)  # same config elsewhere: same weights
+    # the same config elsewhere, with the same split key, gives the same weights (a new cache
+    # makes a new key: another held-out pool, so other training problems)
+    shutil.copytree(tmp_path / "a" / "keys", tmp_path / "b" / "keys")
+    other, _ = pretrain(task, cfg, tmp_path / "b", require_target=False)
     m1, _ = load_policy(path)
     m2, _ = load_policy(other)
     assert all((p1 == p2).all() for p1, p2 in zip(m1.parameters(), m2.parameters()))
@@ -37,8 +42,12 @@ def test_pretrain_stops_at_the_target_accuracy(tmp_path):
     assert meta["probe_acc"] >= 0.3 and meta["steps"] < 400
     # the smoothed mean of 3 checks describes the model at its middle check, which is the base
     assert meta["steps"] == seen[-1] - cfg.check_every
-    cut, _ = pretrain(task, PretrainConfig(**{**cfg.__dict__, "max_steps": meta["steps"]}), tmp_path / "b",
-                      require_target=False)  # the same SFT cut off at that step
+    cut_cfg = PretrainConfig(**{**cfg.__dict__, "max_steps": meta["steps"]})
+    # the same SFT cut off at that step, on the same training problems (the same split key)
+    same = key_path(base_path(task, cut_cfg, tmp_path / "b").name, tmp_path / "b")
+    same.parent.mkdir(parents=True)
+    same.write_text(split_key(path.name, tmp_path / "a").hex())
+    cut, _ = pretrain(task, cut_cfg, tmp_path / "b", require_target=False)
     m1, _ = load_policy(path)
     m2, _ = load_policy(cut)
     assert all((p1 == p2).all() for p1, p2 in zip(m1.parameters(), m2.parameters()))

@@ -86,6 +86,28 @@ def test_writes_land_only_in_declared_directories(tmp_path):
     assert r.value == "written" and (out / "ok.txt").read_text() == "written by a sandboxed job"
 
 
+def test_concealed_paths_stay_hidden_even_inside_a_path_the_job_reads(tmp_path):
+    from evotrainer.sandbox import launch
+    data = tmp_path / "data"
+    (data / "keys").mkdir(parents=True)
+    (data / "keys" / "run.key").write_text("s3cret")
+    (data / "heldout.jsonl").write_text("test rows")
+    (data / "train.jsonl").write_text("train rows")
+    os.chmod(data / "keys", 0o755)
+    saved = set(launch._concealed)
+    try:
+        launch.conceal(data / "keys", data / "heldout.jsonl")
+        r = run_in_worker("worker_targets:read_tree", {"root": str(data)}, timeout_s=60, cwd=HERE)
+        assert r.ok and r.value == {"train.jsonl": "train rows"}, r.value  # the rows file is /dev/null there
+        # the evaluator's call reveals what it needs (the held-out rows), and only that
+        r = run_in_worker("worker_targets:read_tree", {"root": str(data)}, timeout_s=60, cwd=HERE,
+                          reveal=(str(data / "heldout.jsonl"),))
+        assert r.ok and r.value == {"heldout.jsonl": "test rows", "train.jsonl": "train rows"}, r.value
+    finally:
+        launch._concealed.clear()
+        launch._concealed.update(saved)
+
+
 def test_a_setsid_daemon_dies_with_its_job():
     marker = f"evotrainer-daemon-{os.getpid()}-{time.monotonic_ns()}"
     r = run_in_worker("worker_targets:escape_with_setsid", {"marker": marker}, timeout_s=60, cwd=HERE)

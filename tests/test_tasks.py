@@ -133,11 +133,48 @@ def test_arith_train_streams_seeded():
 
 def test_arith_splits_and_streams_are_pinned():
     # other runs' evidence and checkpoints refer to these problems: they must never move
+    # (the train stream moved once, on purpose, when streams became indexed for split keys)
     task = get_task("arith")
     assert (task.name, task.spec, task.max_new_tokens) == ("arith", "arith", 9)
     assert [p.id for p in task.split("val")[:4]] == ["820+702", "701+580", "597+940", "602+333"]
     assert [p.id for p in task.split("test")[:4]] == ["563+793", "573+495", "906+422", "537+439"]
-    assert task.train_stream(0).draw(3).id == "883+773"
+    assert task.train_stream(0).draw(3).id == "988+700"
+
+
+def test_a_split_key_moves_the_held_out_pool_and_a_worker_trains_on_handed_indices(monkeypatch):
+    from evotrainer.tasks.base import train_draws
+    public, a, b = get_task("arith", 2), get_task("arith", 2), get_task("arith", 2)
+    a.use_key(b"\x01" * 32)
+    b.use_key(b"\x02" * 32)
+    held = {t: {p.id for s in ("val", "test") for p in t.split(s)} for t in (public, a, b)}
+    # with its own key each pool is another quarter of the problems: the public hash (the
+    # code anyone holds) no longer says which problems are held out
+    assert all(len(h) == 1000 for h in held.values())
+    assert len(held[a] & held[b]) < 250 and len(held[a] & held[public]) < 250
+    assert sum(public.held_out(p) for p in a.split("val")) < 250
+    # the controller (with the key) draws indices; the worker (no key) rebuilds the same problems
+    draws = train_draws(a, seed=5, per_level=300)
+    worker = get_task("arith", 2)
+    worker.use_draws({str(lv): ix for lv, ix in draws.items()})
+    ref = a.train_stream(5)
+    want = [ref.draw(lv).id for lv in [2, 3, 2] * 100]
+    monkeypatch.setattr(type(worker), "held_out", lambda *_: pytest.fail("a worker computed held_out"))
+    stream = worker.train_stream(5)
+    got = [stream.draw(lv) for lv in [2, 3, 2] * 100]
+    assert [p.id for p in got] == want
+    assert not {p.id for p in got} & held[a]
+    with pytest.raises(RuntimeError, match="used up"):
+        for _ in range(200):
+            stream.draw(2)
+
+
+def test_split_keys_are_kept_private_and_stable(tmp_path):
+    from evotrainer.tasks.keys import key_digest, key_dir, split_key
+    k = split_key("base-arith-3-abc", tmp_path)
+    assert len(k) == 32 and split_key("base-arith-3-abc", tmp_path) == k != split_key("other", tmp_path)
+    assert key_dir(tmp_path).stat().st_mode & 0o777 == 0o700
+    assert all(f.stat().st_mode & 0o777 == 0o600 for f in key_dir(tmp_path).iterdir())
+    assert key_digest(k) == key_digest(bytes(k)) != key_digest(split_key("other", tmp_path))
 
 
 def test_arith_bad_level_is_usage_error():

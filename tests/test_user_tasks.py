@@ -146,6 +146,27 @@ def test_jsonl_pinned_rows_go_where_they_say(tmp_path):
     assert default_id(held[0]) in drawn and not drawn & (val | test)
 
 
+def test_jsonl_keyed_split_and_the_workers_train_view(tmp_path):
+    from evotrainer.tasks.base import train_draws
+    path = write_jsonl(tmp_path / "k.jsonl", numbered(400))
+    task = get_task(f"jsonl:{path}")
+    public = set(ids(task.split("val"))) | set(ids(task.split("test")))
+    task.use_key(b"\x07" * 32)
+    held = set(ids(task.split("val"))) | set(ids(task.split("test")))
+    assert len(held & public) < len(held) / 2 and task.data_files() == (str(path),)
+    # the worker's file holds the training rows and nothing else; with handed indices it
+    # trains on exactly the controller's problems
+    spec = task.train_view(tmp_path / "view")
+    assert "rows=train" in spec and str(path) not in spec
+    worker = get_task(spec)
+    assert worker.spec == spec and worker.max_new_tokens == task.max_new_tokens
+    view_ids = {json.loads(line)["id"] for line in (tmp_path / "view" / "k.jsonl").read_text().splitlines()}
+    assert view_ids == set(ids(task._rows["train"][0])) and not view_ids & held
+    worker.use_draws({str(lv): ix for lv, ix in train_draws(task, 3, 100).items()})
+    ref, stream = task.train_stream(3), worker.train_stream(3)
+    assert [stream.draw(0).id for _ in range(100)] == [ref.draw(0).id for _ in range(100)]
+
+
 def test_jsonl_train_stream_never_yields_val_or_test(tmp_path, monkeypatch):
     task = get_task(f"jsonl:{write_jsonl(tmp_path / 's.jsonl', numbered(300))}")
     held = set(ids(task.split("val"))) | set(ids(task.split("test")))

@@ -110,3 +110,9 @@ def my_job_dir():
 def list_run():
     """What /run holds (named here: a path in a job's arguments is one it may read)."""
     return sorted(os.listdir("/run"))
+
+
+def read_tree(root):
+    """Every file under root with its content (what a job can see there)."""
+    from pathlib import Path
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(Path(root).rglob("*")) if p.is_file()}

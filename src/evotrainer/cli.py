@@ -1,4 +1,4 @@
-"""One entry point: `evotrainer pretrain | train | diagnose | backtest | replay | run | resume | status | lineage`.
+"""One entry point: `evotrainer pretrain | train | evaluate | diagnose | backtest | replay | run | resume | status | lineage`.
 
 Bad input (unknown task or slot, malformed knobs, missing checkpoint) prints one line
 naming the problem and the valid choices and exits with code 2, without a traceback.
@@ -50,7 +50,10 @@ def _base(args, task):
     from evotrainer.pretrain import PretrainConfig, pretrain
     if getattr(args, "model", None):
         from evotrainer.policy.model import resolve_model
-        return Path(resolve_model(args.model)), None  # fails early, in one line, if it is no causal LM
+        from evotrainer.tasks.keys import split_key
+        path = Path(resolve_model(args.model))  # fails early, in one line, if it is no causal LM
+        task.use_key(split_key(f"model:{path}|{task.name}/{task.target_level}", args.cache_dir))
+        return path, None
     cfg = PretrainConfig(target_acc=args.target_acc, seed=args.base_seed, warm_start=args.warm_start)
     with _progress() as prog:
         bar = prog.add_task("pretrain base", total=cfg.max_steps, info="")
@@ -85,7 +88,10 @@ def cmd_train(args) -> dict:
     steps = knobs.steps if args.steps is None else args.steps
     if steps < 0:
         raise UsageError(f"--steps must be >= 0, got {steps}")
-    base, _ = _base(args, task)
+    base, _ = _base(args, task)  # keys the task's held-out pool (tasks/keys.py)
+    from evotrainer.sandbox import conceal
+    from evotrainer.tasks.keys import key_dir
+    conceal(key_dir(args.cache_dir), *task.data_files())
     with _progress() as prog:
         bar = prog.add_task(f"train {task.name} seed {args.seed}", total=steps, info="")
 
@@ -101,6 +107,38 @@ def cmd_train(args) -> dict:
     keys = ("task", "level", "seed", "steps", "backend", "base_val", "val", "base_test", "test", "reward_first",
             "reward_last", "seconds")
     return {k: summary[k] for k in keys} | {"out": str(args.out)}
+
+
+def cmd_evaluate(args) -> dict:
+    """Greedy accuracy and pass@k of a checkpoint, in the evaluator's sandboxed process."""
+    from evotrainer.executors import run_in_worker
+    from evotrainer.policy.model import resolve_model
+    task = _task(args)
+    if args.split == "all" and not hasattr(task, "problems"):
+        raise UsageError(f"--split all needs an evaluation set with a fixed list of problems (humaneval); "
+                         f"{task.name} has val and test")
+    if args.samples < 0 or any(k < 1 or k > max(args.samples, 1) for k in args.k):
+        raise UsageError(f"--k values must be in 1..--samples ({args.samples}), got {args.k}")
+    key = None
+    if args.run is not None:  # that run's held-out problems (its split key)
+        from evotrainer.evolve.report import open_run
+        from evotrainer.tasks.keys import split_key
+        store = open_run(args.run)
+        try:
+            started = store.events("run_started")
+        finally:
+            store.close()
+        if not started or "split_key" not in started[0]:
+            raise UsageError(f"run '{args.run}' has no split key on record (not started, or older than split keys)")
+        key = split_key(started[0]["split_key"]).hex()
+    model = str(resolve_model(args.model))
+    r = run_in_worker("evotrainer.evaluate.sampled:evaluate_sampled", dict(
+        task=task.spec, level=task.target_level, checkpoint=model, split=args.split, samples=args.samples,
+        ks=list(args.k), temperature=args.temperature, policy=_runtime(args).policy.to_dict(), key=key),
+        timeout_s=args.timeout, memory_mb=args.memory_mb, reveal=task.data_files())
+    if not r.ok:
+        raise RunFailed(f"evaluation {r.label}: {r.error}")
+    return r.value
 
 
 def cmd_diagnose(args) -> dict:
@@ -329,6 +367,25 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--timeout", type=float, default=3600.0, help="seconds before the training worker is killed")
     sp.set_defaults(fn=cmd_train)
 
+    sp = sub.add_parser("evaluate", help="greedy accuracy and pass@k of a checkpoint on a task's split")
+    sp.add_argument("--task", default="arith", help="task spec (codegen, humaneval, arith, rg:FAMILY, jsonl:PATH, ...)")
+    sp.add_argument("--level", type=int, default=None, help="task level (default: the task's target level)")
+    sp.add_argument("--model", required=True, help="checkpoint directory, or any Hugging Face causal LM")
+    sp.add_argument("--split", default="test", choices=("val", "test", "all"),
+                    help="which problems ('all': every problem of an evaluation set such as humaneval)")
+    sp.add_argument("--samples", type=int, default=0, help="completions per problem for pass@k (0: greedy only)")
+    sp.add_argument("--k", type=int, nargs="+", default=[1], help="pass@k for these k (each <= --samples)")
+    sp.add_argument("--temperature", type=float, default=0.8, help="sampling temperature for pass@k")
+    sp.add_argument("--run", type=Path, default=None, help="use this run's held-out problems (its split key); "
+                    "without it, the public split of the task")
+    sp.add_argument("--backend", default="embedded", help=argparse.SUPPRESS)
+    sp.add_argument("--dtype", default="auto", help="auto, fp32, bf16 or fp16")
+    sp.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    sp.add_argument("--no-chat-template", action="store_true", help="prompt with plain text")
+    sp.add_argument("--micro-batch-size", type=int, default=0, help=argparse.SUPPRESS)
+    sp.add_argument("--timeout", type=float, default=3600.0, help="seconds before the evaluator is stopped")
+    sp.add_argument("--memory-mb", type=int, default=8192, help="resident memory past which it is killed")
+    sp.set_defaults(fn=cmd_evaluate)
     sp = sub.add_parser("diagnose", help="health report (health.md, health.json) of a train or run directory")
     sp.add_argument("dir", type=Path, help="a train directory, or a directory of them (one per version)")
     sp.add_argument("--harness", type=Path, default=None,

@@ -3,7 +3,8 @@
 RL needs a base that is right sometimes: a policy that never solves a problem gives every
 group the same reward and GRPO no gradient. So SFT stops as soon as greedy accuracy on
 *probes* (drawn from the train stream, never from validation or test) reaches
-`target_acc`, which leaves room for RL. The result is cached by its config hash.
+`target_acc`, which leaves room for RL. The result is cached by its config hash, beside
+its split key (tasks/keys.py): the held-out pool of every run on this base.
 
 Each check draws a fresh probe and the stop reads the mean of the last `smooth` checks:
 a single 200-problem probe at a 5% target has a standard error of 1.5 points, and stopping
@@ -20,7 +21,7 @@ import hashlib
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -32,8 +33,8 @@ from evotrainer.policy import build_model, build_tokenizer, load_policy, save_po
 from evotrainer.policy.config import PolicyConfig
 from evotrainer.tasks import Task, get_task
 from evotrainer.tasks.base import HELD_OUT_SHARE
+from evotrainer.tasks.keys import DEFAULT_CACHE, split_key
 
-DEFAULT_CACHE = Path.home() / ".cache" / "evotrainer"
 RESTART_STRIDE = 7919  # the init seed of attempt a (from 0): seed + RESTART_STRIDE * a
 
 
@@ -86,7 +87,7 @@ class PretrainConfig:
 def cache_key(task: Task, cfg: PretrainConfig) -> str:
     fields = {k: v for k, v in asdict(cfg).items() if k != "warm_start" or v}  # older bases keep their keys
     blob = json.dumps({"task": task.name, "target": task.target_level, "v": __version__,
-                       "train_stream": f"outside the held-out pool (1/{HELD_OUT_SHARE})",
+                       "train_stream": f"indexed, outside a keyed held-out pool (1/{HELD_OUT_SHARE})",
                        "tokenizer": "adds its own <bos>",  # older bases' tokenizers did not
                        "stop": "the model at the middle of the smoothing window", **fields},
                       sort_keys=True)
@@ -137,6 +138,7 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
     except ValueError as e:
         raise UsageError(str(e)) from None
     out = base_path(task, cfg, cache_dir)
+    task.use_key(split_key(out.name, Path(cache_dir)))  # the base's own split: SFT trains outside its held-out pool
     meta_file = out / "base_meta.json"
     if meta_file.exists():
         return out, json.loads(meta_file.read_text())

@@ -1,7 +1,9 @@
 """Training a harness from a checkpoint: the worker side and the `evotrainer train` command.
 
 `train_segment` runs in a worker process (it loads, and so runs, the harness's code; it
-holds no validation or test data): it trains, and writes to OUT run.json (task, seed,
+holds no validation or test data and cannot derive them: the controller hands it its
+training problems as indices, `handed_draws`, and the task's view without held-out rows,
+`Task.train_view`): it trains, and writes to OUT run.json (task, seed,
 group size and token budget the evidence was sampled under), checkpoint/ (Hugging Face
 format, plus optimizer.pt: AdamW's state, which the next segment continues), checkpoints/step-N every `eval_every` steps, metrics.jsonl (one line per step),
 evidence.jsonl (one line per rollout) and harness/ (a copy of the harness that ran).
@@ -23,6 +25,7 @@ from evotrainer.harness import REFERENCE, inspect_harness
 from evotrainer.inner.backends import check_backend
 from evotrainer.runtime import Runtime
 from evotrainer.tasks import Task
+from evotrainer.tasks.base import train_draws
 
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -34,10 +37,20 @@ class TrainingFailed(RuntimeError):
         super().__init__(f"{stage} {result.label}: {result.error} (log tail in {out / 'worker.log'})")
 
 
+def handed_draws(task: Task, harness: str | Path | None, seed: int, steps: int) -> dict[str, list[int]]:
+    """Controller side: the training problems of a `steps`-step segment on stream `seed`, as
+    indices per level (base.train_draws): steps x prompts_per_step for every level a
+    curriculum may pick, and a few steps' more (TRL's loader draws ahead)."""
+    pps = inspect_harness(harness).prompts_per_step
+    return {str(lv): ix for lv, ix in train_draws(task, seed, (steps + 2) * pps + 16).items()}
+
+
 def train_segment(task: str, level: int | None, harness: str, base: str, out: str, seed: int,
-                  steps: int, runtime: dict | None = None) -> dict:
-    """Worker entry point: plain arguments in, a plain dict out. `task` is the task's spec
-    string; `runtime` (evotrainer.runtime.Runtime as a dict) names the backend, device and precision."""
+                  steps: int, runtime: dict | None = None, draws: dict | None = None) -> dict:
+    """Worker entry point: plain arguments in, a plain dict out. `task` is the spec of the
+    task's train view; `draws` the handed-in training indices (None: the worker draws from
+    the public, unkeyed pool: library use outside a run); `runtime`
+    (evotrainer.runtime.Runtime as a dict) names the backend, device and precision."""
     import torch
 
     from evotrainer.harness import load_harness
@@ -54,6 +67,8 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
     rt = Runtime.of(runtime)
     model, tok = load_policy(base, rt.policy)
     t = get_task(task, level)
+    if draws is not None:
+        t.use_draws(draws)
     carried = Path(base, OPTIMIZER_FILE)
     # a segment after the first: Adam goes on where the parent's stopped
     state = torch.load(carried, weights_only=True, map_location=model.device) if carried.exists() else None
@@ -80,14 +95,15 @@ def segment_seed(seed: int, depth: int) -> int:
 
 
 def train_schedule(task: str, level: int | None, harnesses: list[str], base: str, out: str, seed: int,
-                   steps: int, runtime: dict | None = None) -> dict:
+                   steps: int, runtime: dict | None = None, draws: list[dict] | None = None) -> dict:
     """Worker entry point: one segment of `steps` per harness, each from the last one's
     checkpoint, in OUT/segment-1, segment-2, ... (segment d seeded by `segment_seed(seed, d)`,
-    as in the search). The last segment's directory holds the result."""
+    as in the search; `draws[d-1]` its handed-in problems). The last segment's directory holds the result."""
     start = base
     for d, harness in enumerate(harnesses, 1):
         seg = Path(out) / f"segment-{d}"
-        train_segment(task, level, harness, start, str(seg), segment_seed(seed, d), steps, runtime)
+        train_segment(task, level, harness, start, str(seg), segment_seed(seed, d), steps, runtime,
+                      None if draws is None else draws[d - 1])
         start = str(seg / "checkpoint")
     return {"last": str(Path(out) / f"segment-{len(harnesses)}")}
 
@@ -125,9 +141,11 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     steps = knobs.steps if steps is None else steps
     follow = _metrics_follower(out / "metrics.jsonl", on_step) if on_step else None
     level = task.target_level  # the spec and this level rebuild the same task in every process
+    harness = str(harness_dir or REFERENCE)
     result = run_in_worker("evotrainer.train:train_segment", dict(
-        task=task.spec, level=level, harness=str(harness_dir or REFERENCE),
-        base=str(base), out=str(out), seed=seed, steps=steps, runtime=runtime.to_dict()),
+        task=task.train_view(out.with_name(out.name + ".train-data")), level=level, harness=harness,
+        base=str(base), out=str(out), seed=seed, steps=steps, runtime=runtime.to_dict(),
+        draws=handed_draws(task, harness, seed, steps)),
         timeout_s=timeout_s, memory_mb=memory_mb, on_poll=follow, writes=(str(out),))
     (out / "worker.log").write_text(result.log_tail)
     if not result.ok:
@@ -136,8 +154,9 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     saved = saved_checkpoints(out)
     jobs = {str(base): ["val", "test"], **{str(c): ["val"] for c in saved}, str(out / "checkpoint"): ["val", "test"]}
     ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
-                       dict(task=task.spec, level=level, jobs=jobs, policy=runtime.policy.to_dict()),
-                       timeout_s=timeout_s, memory_mb=memory_mb)
+                       dict(task=task.spec, level=level, jobs=jobs, policy=runtime.policy.to_dict(),
+                            key=task.key.hex() if task.key else None),
+                       timeout_s=timeout_s, memory_mb=memory_mb, reveal=task.data_files())
     if not ev.ok:
         (out / "worker.log").write_text(ev.log_tail)
         raise TrainingFailed(ev, out, stage="evaluation")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from evotrainer.diagnostics.evidence import Evidence
+from evotrainer.diagnostics.library import failure_counts
 from evotrainer.diagnostics.spec import LAYERS, findings, measure, windows
 from evotrainer.errors import UsageError
 from evotrainer.evidence.records import evidence_of
@@ -54,6 +55,7 @@ def health_of(evidence_dir: str, harness_dir: str | None = None) -> dict:
             "thresholds": d.thresholds(), "severity": d.severity(values[n]), "blocking": d.blocking,
             "summary": d.summary} for n, d in diags.items()],
         "findings": [f.to_dict() for f in found],
+        "failures": failure_counts(ev.last),  # a code task's: what fails most, in the last window
         "worst": found[0].severity if found else "healthy",
         "blocking": any(f.blocking for f in found),
     }
@@ -86,6 +88,10 @@ def to_markdown(reports: list[dict]) -> str:
             lines += [""] + [f"- {f['evidence']}" for f in rep["findings"]]
         else:
             lines.append("No diagnostic past its thresholds.")
+        if rep.get("failures"):
+            total = sum(n for _, n in rep["failures"])
+            lines += ["", "### What fails most (programs, last window)", "",
+                      ", ".join(f"{kind} {n / total:.0%}" for kind, n in rep["failures"][:6])]
         lines += ["", "### Diagnostics", "",
                   "| layer | diagnostic | first window | value | thresholds | what it measures |",
                   "|---|---|---|---|---|---|"]

@@ -277,6 +277,63 @@ def kl(ev: Evidence) -> float | None:
     return mean(values) if values and any(values) else None
 
 
+# ------------------------------------------------------------------ code (tasks that run programs only)
+
+def _outcomes(ev: Evidence) -> list[str]:
+    return [v for v in ev.column("outcome") if v is not None]
+
+
+def _share(ev: Evidence, *statuses: str) -> float | None:
+    out = _outcomes(ev)
+    return sum(o in statuses for o in out) / len(out) if out else None
+
+
+@register
+@diagnostic("code", warn=0.2, critical=0.5, suggest="reward: a compile check in the reward, or a lower temperature")
+def syntax_error_rate(ev: Evidence) -> float | None:
+    """Programs that do not compile, over all programs run."""
+    return _share(ev, "syntax_error")
+
+
+@register
+@diagnostic("code", warn=0.05, critical=0.2, suggest="reward: penalise programs that time out")
+def program_timeout_rate(ev: Evidence) -> float | None:
+    """Programs stopped by their time (or memory) limit, over all programs run."""
+    return _share(ev, "timeout", "memory")
+
+
+@register
+@diagnostic("code", warn=0.3, critical=0.6, suggest="reward: penalise exceptions, or partial credit per test")
+def runtime_error_rate(ev: Evidence) -> float | None:
+    """Programs that raised (a NameError, a TypeError, ...), over all programs run."""
+    return _share(ev, "runtime_error")
+
+
+@register
+@diagnostic("code")
+def test_pass_fraction(ev: Evidence) -> float | None:
+    """Mean fraction of hidden tests passed per program (the verifier score of a code task)."""
+    return mean(r.score for r in ev.records if r.outcome is not None) if _outcomes(ev) else None
+
+
+def failure_counts(ev: Evidence) -> list[tuple[str, int]]:
+    """The kinds of failure of a code task's programs, most frequent first (health reports
+    list them: the number alone does not say *what* fails most)."""
+    counts: dict[str, int] = {}
+    for f in ev.column("failure"):
+        if f is not None:
+            counts[f] = counts.get(f, 0) + 1
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+@register
+@diagnostic("code")
+def top_failure_share(ev: Evidence) -> float | None:
+    """Share of failing programs that fail the most common way (its name: the health report)."""
+    counts = failure_counts(ev)
+    return counts[0][1] / sum(n for _, n in counts) if counts else None
+
+
 # ------------------------------------------------------------------ agentic (multi-turn records only)
 
 def _present(ev: Evidence, field: str) -> list:

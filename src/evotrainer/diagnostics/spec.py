@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 from evotrainer.diagnostics.evidence import Evidence
 from evotrainer.harness.registry import Registry
 
-LAYERS = ("score", "signal", "behavior", "efficiency", "model_state", "agentic", "custom")
+LAYERS = ("score", "signal", "behavior", "efficiency", "model_state", "code", "agentic", "custom")
 SEVERITIES = ("warning", "critical")
 
 MetricFn = Callable[[Evidence], "float | None"]

@@ -13,7 +13,7 @@ from evotrainer.tasks import Problem, Task
 
 def accuracy(model, tok, task: Task, problems: list[Problem], batch_size: int = 512,
              policy: PolicyConfig | None = None) -> float:
-    """Mean verifier score of greedy completions, prompted as in training."""
+    """Mean verifier score (as the task credits it) of greedy completions, prompted as in training."""
     policy = policy or PolicyConfig()
     was_training = model.training
     model.eval()
@@ -24,7 +24,7 @@ def accuracy(model, tok, task: Task, problems: list[Problem], batch_size: int = 
         ids, mask = encode_prompts(tok, [p.prompt for p in chunk], policy.chat_template, device)
         with policy.autocast():
             gen = generate(model, ids, mask, task.max_new_tokens, stops, tok.pad_token_id, greedy=True)
-        total += sum(task.score(p, c) for p, c in zip(chunk, decode(tok, gen)))
+        total += sum(map(task.credit, task.score_many(chunk, decode(tok, gen))))
     model.train(was_training)
     return total / max(len(problems), 1)
 
@@ -37,14 +37,18 @@ def evaluate_checkpoint(path: Path, task: Task, split: str, level: int | None = 
 
 
 def evaluate_checkpoints(task: str, level: int | None, jobs: dict[str, list[str]],
-                         policy: dict | None = None, batch_size: int = 512) -> dict[str, dict[str, float]]:
+                         policy: dict | None = None, batch_size: int = 512,
+                         key: str | None = None) -> dict[str, dict[str, float]]:
     """Evaluator process entry point: {checkpoint: {split: accuracy}} for {checkpoint: [splits]}.
 
-    `task` is the task's spec string. Loads only checkpoints and the task (no harness code),
-    so it runs in a process of its own, apart from the controller and from every training worker.
+    `task` is the task's spec string, `key` the run's split key (hex; tasks/keys.py), which
+    only this process receives. Loads only checkpoints and the task (no harness code), so it
+    runs in a process of its own, apart from the controller and from every training worker.
     """
     from evotrainer.tasks import get_task
     t = get_task(task, level)
+    if key:
+        t.use_key(bytes.fromhex(key))
     cfg = PolicyConfig.of(policy)
     sets = {s: t.split(s) for s in sorted({s for splits in jobs.values() for s in splits})}
     out = {}

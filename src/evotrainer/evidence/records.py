@@ -33,6 +33,9 @@ class RolloutRecord:
     turns: int | None = None
     tool_calls: int | None = None
     tool_failures: int | None = None
+    # tasks that run programs (codegen, humaneval) only: what happened to the program
+    outcome: str | None = None   # passed, failed, syntax_error, runtime_error, timeout, memory
+    failure: str | None = None   # the kind of failure: an exception type, "wrong output", "timeout"
 
 
 class EvidenceWriter:

@@ -59,10 +59,11 @@ from evotrainer.inner.backends import check_backend
 from evotrainer.labels import AGENT_FAILED, Label
 from evotrainer.lineage import LineageStore, TrialRecord
 from evotrainer.policy.model import resolve_model
-from evotrainer.sandbox import describe
+from evotrainer.sandbox import conceal, describe
 from evotrainer.sandbox import record as sandbox_record
 from evotrainer.skills import SkillLibrary
 from evotrainer.tasks import get_task
+from evotrainer.tasks.keys import key_digest, key_dir, split_key
 
 AGENT_ERRORS_TO_STOP = 3  # agent_error trials in a row (a wrong URL, key or model): stop, do not spend the budget
 
@@ -163,7 +164,7 @@ class Controller:
         self._event("final_started", winner=label, schedule=harnesses, seeds=list(self.cfg.final_seeds))
         arms = {"reference": Arm((str(self._harness_dir("v0")),), self.cfg.budget.total_steps), "evolved": arm}
         try:
-            rep = replay(self.task.spec, self.task.target_level, self.base, arms, self.cfg.final_seeds,
+            rep = replay(self.task, self.base, arms, self.cfg.final_seeds,
                          self.run_dir / "final", self.cfg.gate.last_k, self.cfg.budget.trial_timeout_s,
                          self.cfg.workers, self.runtime, self.cfg.worker_memory_mb, self._progress)
         except ReplayFailed as e:
@@ -211,15 +212,35 @@ class Controller:
             base = self._base_checkpoint()
             pol = self.runtime.policy
             self._event("run_started", base=base, base_s=round(time.time() - t, 2), max_depth=self.max_depth,
-                        task=self.task.spec, runtime=self.runtime.to_dict(),
+                        task=self.task.spec, runtime=self.runtime.to_dict(), split_key=self._key_name(base),
+                        split_key_digest=key_digest(self.task.key),
                         device=f"{pol.resolved_device()}, {str(pol.compute_dtype()).removeprefix('torch.')}")
             started = self.store.events("run_started")
         self.base = started[0]["base"]
+        self._use_key(started[0])
         self.training = Training(self.cfg, self.task, self.runtime, self.base, self.run_dir, self._harness_dir,
                                  self._progress)
 
+    def _key_name(self, base: str) -> str:
+        """Whose split key this run uses: a built base's (pretrain keyed the task already), or
+        the user's model's with this task."""
+        return Path(base).name if self.model is None else f"model:{base}|{self.task.name}/{self.task.target_level}"
+
+    def _use_key(self, started: dict) -> None:
+        """Key the task's held-out pool (the same key on a resume, or the run stops: new
+        validation and test problems mid-run would void every comparison), and hide the
+        keys and the task's data files from every job."""
+        if "split_key" not in started:  # a run from before split keys: its public split goes on
+            return
+        self.task.use_key(split_key(started["split_key"]))
+        if key_digest(self.task.key) != started["split_key_digest"]:
+            raise UsageError(f"this run's split key ({key_dir()}) is gone: resuming would change its validation "
+                             f"and test problems; restore the key file or start a new run")
+        conceal(key_dir(), *self.task.data_files())
+
     def _base_checkpoint(self) -> str:
         if self.model:  # absolute: a resume may start from another directory
+            self.task.use_key(split_key(self._key_name(self.model)))
             return self.model
         from evotrainer.pretrain import PretrainConfig, pretrain
         b = self.cfg.base

@@ -18,7 +18,8 @@ from typing import Callable, Mapping, Sequence
 from evotrainer.evolve.progress import Job, Progress, watcher
 from evotrainer.executors import Call, run_all, run_in_worker
 from evotrainer.runtime import Runtime
-from evotrainer.train import saved_checkpoints
+from evotrainer.tasks import Task
+from evotrainer.train import handed_draws, saved_checkpoints, segment_seed
 
 SPLITS = ("val", "test")
 
@@ -37,13 +38,15 @@ def pool(calls: list[Call], workers: int, timeout_s: float, memory_mb: int | Non
                    threads=max(1, (os.cpu_count() or 1) // workers))
 
 
-def evaluate(task: str, level: int | None, jobs: dict[str, list[str]], timeout_s: float,
+def evaluate(task: Task, jobs: dict[str, list[str]], timeout_s: float,
              runtime: Runtime | None = None, memory_mb: int | None = 8192) -> dict[str, dict[str, float]]:
     """Accuracy per checkpoint and split, from the evaluator: a process of its own that loads
-    checkpoints and the task's verifier, and no harness code. `task` is the task's spec string."""
+    checkpoints and the task's verifier, and no harness code; the one job given the split key."""
     policy = (runtime or Runtime()).policy.to_dict()
     ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
-                       dict(task=task, level=level, jobs=jobs, policy=policy), timeout_s=timeout_s, memory_mb=memory_mb)
+                       dict(task=task.spec, level=task.target_level, jobs=jobs, policy=policy,
+                            key=task.key.hex() if task.key else None),
+                       timeout_s=timeout_s, memory_mb=memory_mb, reveal=task.data_files())
     if not ev.ok:
         raise ReplayFailed(f"the evaluator failed: {ev.label}: {ev.error}")
     return ev.value
@@ -63,19 +66,21 @@ class Replay:
     eval_s: float = 0.0
 
 
-def replay(task: str, level: int | None, base: str, arms: Mapping[str, Arm], seeds: Sequence[int], out_root: Path,
+def replay(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int], out_root: Path,
            last_k: int, timeout_s: float, workers: int = 0, runtime: Runtime | None = None,
            memory_mb: int | None = 8192, on_progress: Callable[[Progress], None] | None = None) -> Replay:
     """Train every arm on every seed from `base` under out_root/ARM/seed-S and score them;
     `on_progress` hears the training steps as they go."""
     runtime = runtime or Runtime()
     calls, where = [], []
+    view = task.train_view(Path(out_root) / "train-data")
     for name, arm in arms.items():
         for seed in seeds:
             out = Path(out_root) / name / f"seed-{seed}"
+            draws = [handed_draws(task, h, segment_seed(seed, d), arm.steps) for d, h in enumerate(arm.harnesses, 1)]
             calls.append(Call("evotrainer.train:train_schedule", dict(
-                task=task, level=level, base=base, out=str(out), harnesses=list(arm.harnesses), seed=seed,
-                steps=arm.steps, runtime=runtime.to_dict()),
+                task=view, level=task.target_level, base=base, out=str(out), harnesses=list(arm.harnesses),
+                seed=seed, steps=arm.steps, runtime=runtime.to_dict(), draws=draws),
                 writes=(str(out),), clean=True))  # a replay cut off by a kill starts clean
             where.append((name, seed, out / f"segment-{len(arm.harnesses)}"))
     watch = on_progress and watcher(f"replay of {', '.join(arms)} on seeds {list(seeds)}", [
@@ -91,7 +96,7 @@ def replay(task: str, level: int | None, base: str, arms: Mapping[str, Arm], see
             for name, seed, d in where}
     jobs = {base: list(SPLITS)} | {c: list(SPLITS) for cs in last.values() for c in cs}
     t = time.time()
-    acc = evaluate(task, level, jobs, timeout_s, runtime, memory_mb)
+    acc = evaluate(task, jobs, timeout_s, runtime, memory_mb)
     eval_s = time.time() - t
     scores: dict[str, dict[int, dict[str, float]]] = {name: {} for name in arms}
     for (name, seed), cs in last.items():

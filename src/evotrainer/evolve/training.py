@@ -23,7 +23,7 @@ from evotrainer.executors import Call
 from evotrainer.lineage import TrialRecord
 from evotrainer.runtime import Runtime
 from evotrainer.tasks.base import Task
-from evotrainer.train import saved_checkpoints, segment_seed
+from evotrainer.train import handed_draws, saved_checkpoints, segment_seed
 
 
 @dataclass
@@ -52,16 +52,18 @@ class Training:
         segment that trained on every seed before they are scored, so the caller can start
         reading their evidence beside the evaluator (whose start-up leaves a core idle)."""
         calls, where = [], []
+        view = self.task.train_view(self.run_dir / "train-data")  # the task without its held-out rows
         for i, sg in enumerate(segments):
             for seed in self.cfg.seeds:
                 out = sg.out_root / f"seed-{seed}"
                 # paired: every version at a depth sees the same prompts per seed (restart: one depth)
                 seg_seed = segment_seed(seed, 1 if self.restart else sg.depth) + sg.seed_offset
+                harness = str(self.harness_dir(sg.version))
                 calls.append(Call("evotrainer.train:train_segment", dict(
-                    task=self.task.spec, level=self.task.target_level, runtime=self.runtime.to_dict(),
-                    harness=str(self.harness_dir(sg.version)),
+                    task=view, level=self.task.target_level, runtime=self.runtime.to_dict(), harness=harness,
                     base=sg.start.checkpoint(seed) if sg.start.dirs else self.base, out=str(out),
-                    seed=seg_seed, steps=self.segment_steps),
+                    seed=seg_seed, steps=self.segment_steps,
+                    draws=handed_draws(self.task, harness, seg_seed, self.segment_steps)),
                     writes=(str(out),), clean=True))  # a resumed segment starts clean
                 where.append((i, seed, out))
         names = list(dict.fromkeys(sg.out_root.name for sg in segments))  # v1, v0-d2 (a control), replica-1
@@ -160,7 +162,7 @@ class Training:
         """Accuracy per checkpoint and split (replay.evaluate: a process with no harness code)."""
         t = time.time()
         try:
-            return evaluate(self.task.spec, self.task.target_level, jobs, self.cfg.budget.trial_timeout_s,
+            return evaluate(self.task, jobs, self.cfg.budget.trial_timeout_s,
                             self.runtime, self.cfg.worker_memory_mb)
         except ReplayFailed as e:
             raise ControlFailed(str(e)) from None

@@ -25,6 +25,9 @@ def main(job_dir: str, wait: bool = False) -> int:
     job = json.loads((job_dir / "job.json").read_text())
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ.setdefault(var, "1")
+    if job.get("isolation"):  # programs this job runs (sandbox.programs) get the run's level, not a new probe
+        from evotrainer.executors.worker import use_isolation
+        use_isolation(job["isolation"])
     if job.get("threads"):
         import torch  # every target here uses torch; cap it before the target builds anything
         torch.set_num_threads(job["threads"])

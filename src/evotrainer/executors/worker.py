@@ -61,6 +61,7 @@ class Call:
     kwargs: dict = field(default_factory=dict)
     writes: tuple[str, ...] = ()
     clean: bool = False
+    reveal: tuple[str, ...] = ()  # concealed paths (sandbox.conceal) this trusted job reads: the evaluator's
 
 
 _isolation: Isolation | None = None
@@ -87,11 +88,12 @@ def isolation() -> Isolation:
 def run_in_worker(target: str, kwargs: dict | None = None, timeout_s: float = 600.0,
                   memory_mb: int | None = 8192, cwd: Path | None = None,
                   on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
-                  threads: int | None = None, warm: Warm | None = None, writes: tuple[str, ...] = ()) -> WorkerResult:
+                  threads: int | None = None, warm: Warm | None = None, writes: tuple[str, ...] = (),
+                  reveal: tuple[str, ...] = ()) -> WorkerResult:
     """Run `target(**kwargs)` in a fresh process (or in `warm`, started earlier); `on_poll`
-    runs in the caller while it waits; `writes` as in Call."""
-    return run_all([Call(target, kwargs or {}, tuple(writes))], 1, timeout_s, memory_mb, cwd, on_poll, poll_s,
-                   threads, warm)[0]
+    runs in the caller while it waits; `writes` and `reveal` as in Call."""
+    return run_all([Call(target, kwargs or {}, tuple(writes), reveal=tuple(reveal))], 1, timeout_s, memory_mb, cwd,
+                   on_poll, poll_s, threads, warm)[0]
 
 
 def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memory_mb: int | None = 8192,
@@ -180,7 +182,8 @@ class _Job:
         wait = [] if call is not None else ["--wait"]
         argv = [sys.executable, "-m", "evotrainer.executors.child", str(self.dir), *wait]
         level = isolation()
-        jail = Jail(read=tuple(reads), write=tuple(call.writes) if call else (), env=extra)
+        jail = Jail(read=tuple(reads), write=tuple(call.writes) if call else (), env=extra,
+                    reveal=tuple(call.reveal) if call else ())
         argv, env = sandbox.command(argv, jail, level, self.dir, cwd, call.kwargs if call else {}, timeout_s)
         if env is None:  # sandbox: none, the caller's own environment
             env = dict(os.environ) | extra
@@ -193,7 +196,7 @@ class _Job:
 
     def _write(self, call: Call) -> None:
         (self.dir / "job.json").write_text(json.dumps({"target": call.target, "kwargs": call.kwargs,
-                                                       "threads": self.threads}))
+                                                       "threads": self.threads, "isolation": isolation().value}))
 
     def give(self, call: Call) -> _Job:
         """A warm worker's job: written, then its stdin closed, which starts it; the deadline

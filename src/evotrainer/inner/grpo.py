@@ -29,7 +29,7 @@ from evotrainer.inner.optim import lr_at, make_adamw, resume_adamw
 from evotrainer.policy.config import PolicyConfig
 from evotrainer.policy.generate import Generation, decode, generate, select_rows
 from evotrainer.policy.prompts import encode_prompts, stop_token_ids
-from evotrainer.tasks import Task
+from evotrainer.tasks import Judgement, Task
 
 
 @dataclass
@@ -74,6 +74,7 @@ class GRPOTrainer:
         self.levels = LevelPicker(harness, task, seed)
         self.sampler = torch.Generator(device=self.device).manual_seed(seed)
         self.stream = task.train_stream(seed)
+        self.judged: list[Judgement] = []  # the verifier's verdicts on the last sample
         self.opt = make_adamw(model, k)
         # fp16 autocast needs loss scaling, or small gradients underflow to zero
         self.scaler = torch.amp.GradScaler(self.device.type) if self.policy.compute_dtype() == torch.float16 else None
@@ -101,7 +102,8 @@ class GRPOTrainer:
                            top_p=self.k.top_p)
         rows = [p for p in problems for _ in range(G)]
         texts = decode(self.tok, gen)
-        scores = torch.tensor([self.task.score(p, c) for p, c in zip(rows, texts)], dtype=torch.float32)
+        self.judged = self.task.judge_many(rows, texts)  # the evidence keeps what happened to a program
+        scores = torch.tensor([j.score for j in self.judged], dtype=torch.float32)
         return rows, gen, texts, scores
 
     def step(self) -> tuple[StepMetrics, list[RolloutRecord]]:
@@ -120,7 +122,7 @@ class GRPOTrainer:
 
         self.levels.observe([p.level for p in rows[::G]], ro.grouped(scores).mean(1).tolist())
         return finish_step(self.step_no, rows, texts, scores, sig, lengths, truncated, gen.logprobs.sum(-1).cpu(),
-                           gen.entropy.sum(-1).cpu(), upd, lr, time.perf_counter() - t0, t_gen)
+                           gen.entropy.sum(-1).cpu(), upd, lr, time.perf_counter() - t0, t_gen, self.judged)
 
     def _update(self, gen: Generation, adv: torch.Tensor, row_keep: torch.Tensor) -> "UpdateStats":
         """num_iterations optimizer steps on the sampled batch, each accumulated over micro-batches."""
@@ -213,7 +215,8 @@ class UpdateStats:
 
 def finish_step(step: int, rows: list, texts: list[str], scores: torch.Tensor, sig: Signal, lengths: torch.Tensor,
                 truncated: torch.Tensor, logp_sum: torch.Tensor, entropy_sum: torch.Tensor, upd: UpdateStats,
-                lr: float, seconds: float, generate_seconds: float) -> tuple[StepMetrics, list[RolloutRecord]]:
+                lr: float, seconds: float, generate_seconds: float,
+                judged: list[Judgement] | None = None) -> tuple[StepMetrics, list[RolloutRecord]]:
     """A step's metrics and evidence records, from its rollouts (logp_sum and entropy_sum: [B] sums
     of the sampling policy's per-token log-probs and entropies) and its updates; both backends."""
     G = len(rows) // len(sig.keep)
@@ -227,17 +230,18 @@ def finish_step(step: int, rows: list, texts: list[str], scores: torch.Tensor, s
         length_mean=float(lengths.float().mean()), truncated=float(truncated.float().mean()),
         lr=lr, seconds=seconds, generate_seconds=generate_seconds,
         clip_frac=upd.per_token(upd.clip), approx_kl=upd.per_token(upd.approx_kl))
-    return m, rollout_records(step, rows, texts, scores, sig, lengths, truncated, seq_logp, seq_ent)
+    return m, rollout_records(step, rows, texts, scores, sig, lengths, truncated, seq_logp, seq_ent, judged)
 
 
 def rollout_records(step: int, rows: list, texts: list[str], scores: torch.Tensor, sig: Signal,
                     lengths: torch.Tensor, truncated: torch.Tensor, seq_logp: torch.Tensor,
-                    seq_ent: torch.Tensor) -> list[RolloutRecord]:
+                    seq_ent: torch.Tensor, judged: list[Judgement] | None = None) -> list[RolloutRecord]:
     """One evidence record per rollout of a step (both backends write these)."""
     G = len(rows) // len(sig.keep)
+    judged = judged or [Judgement(0.0)] * len(rows)
     return [RolloutRecord(step=step, group_id=i // G, prompt_id=p.id, prompt=p.prompt, answer=p.answer, level=p.level,
                           completion=c, score=s, reward=r, advantage=a, length=n, truncated=tr,
-                          mean_logprob=lp, entropy=e, kept=kp)
-            for i, (p, c, s, r, a, n, tr, lp, e, kp) in enumerate(zip(
+                          mean_logprob=lp, entropy=e, kept=kp, outcome=j.outcome, failure=j.failure)
+            for i, (p, c, s, r, a, n, tr, lp, e, kp, j) in enumerate(zip(
                 rows, texts, scores.tolist(), sig.rewards.tolist(), sig.advantages.tolist(), lengths.tolist(),
-                truncated.tolist(), seq_logp.tolist(), seq_ent.tolist(), sig.row_keep.tolist()))]
+                truncated.tolist(), seq_logp.tolist(), seq_ent.tolist(), sig.row_keep.tolist(), judged))]

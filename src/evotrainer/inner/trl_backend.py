@@ -47,6 +47,7 @@ class Batch:
     lengths: torch.Tensor
     truncated: torch.Tensor
     signal: Signal
+    judged: list                       # the task's Judgements, one per row
     logp_sum: torch.Tensor = None      # [B] sum of the sampling policy's token log-probs
     entropy_sum: torch.Tensor = None   # [B] sum of its per-token entropies
     stats: UpdateStats = field(default_factory=UpdateStats)
@@ -106,11 +107,12 @@ class HarnessGRPOTrainer(GRPOTrainer):
         problems = [self.problems[i] for i in pid]
         ended = [bool(ids) and ids[-1] in self.stop_ids for ids in completion_ids]
         texts = decode_ids(self.processing_class, [ids[:-1] if e else ids for ids, e in zip(completion_ids, ended)])
-        scores = torch.tensor([self.task.score(p, c) for p, c in zip(problems, texts)], dtype=torch.float32)
+        judged = self.task.judge_many(problems, texts)
+        scores = torch.tensor([j.score for j in judged], dtype=torch.float32)
         lengths = torch.tensor([len(ids) for ids in completion_ids])
         truncated = torch.tensor([not e for e in ended])
         sig = harness_signal(self.harness, Rollouts(problems, texts, scores, lengths, truncated, self.G, self.budget))
-        self.rollout_batch = Batch(problems, texts, scores, lengths, truncated, sig,
+        self.rollout_batch = Batch(problems, texts, scores, lengths, truncated, sig, judged,
                            logp_sum=torch.zeros(len(problems)), entropy_sum=torch.zeros(len(problems)),
                            started=self._batch_start, generate_s=self._generate_s)
         self.level_picker.observe([p.level for p in problems[::self.G]], scores.view(-1, self.G).mean(1).tolist())
@@ -176,7 +178,7 @@ class HarnessGRPOTrainer(GRPOTrainer):
         m, recs = finish_step(self.batches_done, b.problems, b.texts, b.scores, b.signal, b.lengths, b.truncated,
                               b.logp_sum, b.entropy_sum, b.stats,
                               lr_at(self.harness.knobs, self.steps_before + self.batches_done),
-                              now - b.started, b.generate_s)
+                              now - b.started, b.generate_s, b.judged)
         self.segment_log.record(m.to_dict(), recs, self.model, self.processing_class)
         for values in self._metrics["train"].values():  # TRL's own metrics: nobody logs them here
             values.clear()

@@ -110,8 +110,11 @@ def load_policy(path: Path | str, cfg: PolicyConfig | None = None):
         raise UsageError(f"no checkpoint at '{path}' (expected config.json and model weights; "
                          "run `evotrainer pretrain` or pass --model PATH to a checkpoint)")
     cfg = cfg or PolicyConfig()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(cfg.resolved_device())
-    tok = AutoTokenizer.from_pretrained(path)
+    # a checkpoint a worker wrote is data from harness code: weights load through safetensors
+    # or torch's weights-only unpickler, and no code named in its config ever runs
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False)
+    model = model.to(cfg.resolved_device())
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token

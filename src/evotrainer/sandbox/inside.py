@@ -8,7 +8,8 @@ namespaces, plus a user namespace when the controller is not root), with the job
 1. opens every path the job must reach (before anything hides them);
 2. remounts every mount read-only, and puts an empty tmpfs over home directories (where
    keys and tokens live), /tmp (the job's private scratch) and /dev/shm;
-3. binds back the paths the job reads (read-only) and writes (read-write) at their own names;
+3. binds back the paths the job reads (read-only) and writes (read-write) at their own names,
+   then covers the concealed ones (split keys, held-out data) even inside those;
 4. sets resource limits (CPU time, processes, file size, open files, address space);
 5. execs `setpriv`, which drops to an unprivileged user (or, in a user namespace, drops every
    capability), sets no_new_privs and the parent-death signal, and execs the job with the
@@ -22,6 +23,7 @@ Only the standard library here: this runs before the job's own interpreter set-u
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -75,7 +77,16 @@ def _bind(fd: int, path: str, writable: bool, is_dir: bool) -> None:
     elif not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         open(path, "a").close()
-    _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND)
+    try:
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND)
+    except OSError as e:
+        # in a sandbox nested in another (a worker judging programs) the outer one's mounts
+        # under `path` are locked, and the kernel refuses a plain bind over them (EINVAL); a
+        # recursive one takes them along. Not always recursive: that would also take along
+        # the tmpfs this jail just put over the path (a read path /tmp would come back empty)
+        if e.errno != errno.EINVAL:
+            raise
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
     flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY)
     _mount(None, path, None, flags)
 
@@ -125,6 +136,12 @@ def _jail(spec: dict) -> None:
     for path, writable, fd, is_dir in sorted(keep, key=lambda k: len(k[0])):
         _bind(fd, path, writable, is_dir)
         os.close(fd)
+    # concealed paths last: an empty directory, or /dev/null for a file, over each
+    for path in spec["mask"]:
+        if os.path.isdir(path):
+            _tmpfs(path, 1, "0000")
+        elif os.path.exists(path):
+            _mount("/dev/null", path, None, MS_BIND)
 
 
 if __name__ == "__main__":

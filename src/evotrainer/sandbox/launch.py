@@ -82,6 +82,18 @@ class Jail:
     write: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     env: dict = field(default_factory=dict)
+    reveal: tuple[str, ...] = ()  # concealed paths this job may see after all (the evaluator's data)
+    hide: tuple[str, ...] = ()    # paths hidden from this job alone (conceal: from every job)
+
+
+_concealed: set[str] = set()
+
+
+def conceal(*paths: str | Path) -> None:
+    """Hide these paths from every job this process starts, even where a read path or the
+    working directory contains them: the split keys, a task's file of held-out rows. (Under
+    `limits` nothing is hidden: that level has no filesystem isolation, and says so.)"""
+    _concealed.update(str(Path(p).resolve()) for p in paths)
 
 
 def resolve(choice: str) -> Isolation:
@@ -221,7 +233,9 @@ def command(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: P
     homes = {h for h in (*HIDDEN, str(Path.home())) if os.path.isdir(h)}
     spec = {"argv": argv, "env": env, "cwd": str(cwd),
             "read": sorted((_environment_paths() | {str(cwd)} | reads) - set(write)),  # a write path is bound rw only
-            "write": write, "hide": sorted(homes), "tmp_mb": jail.limits.tmp_mb, "limits": limits,
+            "write": write, "hide": sorted(homes), "mask": sorted((_concealed | {str(Path(p).resolve()) for p in jail.hide})
+                                                       - {str(Path(p).resolve()) for p in jail.reveal}),
+            "tmp_mb": jail.limits.tmp_mb, "limits": limits,
             "uid": NOBODY if root else None, "gid": NOBODY if root else None, "setpriv": setpriv,
             "mounts": level is Isolation.NAMESPACES}
     spec_file = job_dir / "sandbox.json"

@@ -1,12 +1,14 @@
 """Task registry: every task is addressed by one spec string (see `get_task`)."""
 from __future__ import annotations
 
+import importlib
+
 from evotrainer.errors import UsageError, unknown
-from evotrainer.tasks.base import Problem, Task, TrainStream
+from evotrainer.tasks.base import Judgement, Problem, Task, TrainStream
 from evotrainer.tasks.spec import GENERIC_KEYS, canonical, parse_spec
 
-BUILTIN = ("arith",)
-SPEC_FORMS = ("arith", "rg:<family>", "jsonl:PATH[?verifier=exact|numeric|math]", "module:Factory",
+BUILTIN = ("arith", "codegen", "humaneval")
+SPEC_FORMS = ("arith", "codegen", "humaneval", "rg:<family>", "jsonl:PATH[?verifier=exact|numeric|math]", "module:Factory",
               "file.py:Factory")
 
 
@@ -15,6 +17,8 @@ def get_task(spec: str, level: int | None = None) -> Task:
 
     Spec forms (any may end in `?max_new_tokens=N`, the completion budget):
       arith                          the built-in reversed-sum task
+      codegen                        write a small Python function from examples (hidden tests, sandboxed)
+      humaneval                      OpenAI's HumanEval, 164 problems, for real models (tests sandboxed)
       rg:<family>                    any reasoning-gym family
       jsonl:PATH[?verifier=NAME]     the user's rows; NAME is exact (default), numeric or math
       package.module:Factory         a Task subclass or factory importable as a module
@@ -26,8 +30,8 @@ def get_task(spec: str, level: int | None = None) -> Task:
     s = parse_spec(spec)
     base, query, keys = s.base, dict(s.query), GENERIC_KEYS
     budget = s.max_new_tokens()   # checked before building: a bad value should not wait on a slow task
-    if base == "arith":
-        from evotrainer.tasks.arith import make
+    if base in ("arith", "codegen", "humaneval"):
+        make = importlib.import_module(f"evotrainer.tasks.{base}").make
         s.check_keys(keys)
         try:
             task = make(level)
@@ -42,6 +46,7 @@ def get_task(spec: str, level: int | None = None) -> Task:
         s.check_keys(keys + jsonl.QUERY_KEYS)
         task = jsonl.make(base, query, level)
         base, query["verifier"] = f"jsonl:{task.config.path}", task.config.verifier  # absolute, explicit
+        query["rows"] = None if task.config.rows == "all" else task.config.rows
     elif ":" in base:
         from evotrainer.tasks import user
         s.check_keys(keys)
@@ -60,4 +65,4 @@ def get_task(spec: str, level: int | None = None) -> Task:
     return task
 
 
-__all__ = ["Problem", "Task", "TrainStream", "get_task"]
+__all__ = ["Judgement", "Problem", "Task", "TrainStream", "get_task"]

@@ -3,18 +3,27 @@
 The verifier's output is the *score* (correct or not). It is fixed per task and never
 depends on the harness; the harness turns scores into *rewards* on its own.
 
-Which problems may ever be held out is decided by a stable hash of the problem id: one in
+Which problems may ever be held out is decided by a keyed hash of the problem id: one in
 `HELD_OUT_SHARE` belongs to the held-out pool, and validation and test are drawn from it
-only, while training streams skip it. So a training worker keeps its stream disjoint
-from validation and test without ever building either: harness code runs beside no
-held-out problem.
+only, while training streams skip it. The key (`Task.key`) is a secret of the run's base
+(tasks/keys.py): whoever lacks it cannot tell a held-out problem from a training one, even
+with this code and the task's generator in hand. A training worker never gets it: the
+controller draws the worker's training problems (`train_draws`) and hands in their
+indices, and the worker rebuilds them (`HandedStream`) without knowing which indices were
+skipped. Without a key (tests, library use) the hash is a public one.
+
+Training problem `i` of level `L` in stream `seed` is `generate(Random("name/train/seed/L/i"))`:
+a problem depends on its index alone, so a list of indices is all a worker needs.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import hmac
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 SPLIT_SEEDS = {"val": 10_000_001, "test": 20_000_002}  # train streams use the run's seed
@@ -31,6 +40,15 @@ class Problem:
     entry: Any = field(default=None, compare=False, repr=False)  # verifier's private data
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """The verifier's verdict on one completion: its score, and for tasks that run programs
+    what happened (kept in the evidence, read by the code diagnostics)."""
+    score: float
+    outcome: str | None = None   # passed, failed, syntax_error, runtime_error, timeout, memory
+    failure: str | None = None   # the kind of failure: an exception type, "wrong output", "timeout"
+
+
 class Task(ABC):
     """A task family. Subclasses generate problems; splits and streams come from here."""
 
@@ -40,6 +58,8 @@ class Task(ABC):
     target_level: int
     max_new_tokens: int   # completion budget the task needs (answer + end token, with slack)
     split_size: int = 500
+    key: bytes | None = None  # the split secret (tasks/keys.py); None: a public split (tests, library use)
+    _draws: dict[int, list[int]] | None = None  # a worker's handed-in training indices (use_draws)
 
     @abstractmethod
     def generate(self, rng: random.Random, level: int) -> Problem:
@@ -53,6 +73,19 @@ class Task(ABC):
     def score(self, problem: Problem, completion: str) -> float:
         """The verifier: 1.0 if the completion solves the problem, else 0.0 (or in [0, 1])."""
 
+    def judge_many(self, problems: list[Problem], completions: list[str]) -> list[Judgement]:
+        """Verdicts on a whole batch: one call per training step and evaluation batch, so a
+        task that runs programs starts its sandbox once per batch, not once per completion."""
+        return [Judgement(self.score(p, c)) for p, c in zip(problems, completions)]
+
+    def score_many(self, problems: list[Problem], completions: list[str]) -> list[float]:
+        return [j.score for j in self.judge_many(problems, completions)]
+
+    def credit(self, score: float) -> float:
+        """What the evaluator counts for a score: the score itself, unless a task says a
+        partial score is not a solve (codegen: correct only when every test passes)."""
+        return score
+
     def split(self, which: str, level: int | None = None, n: int | None = None) -> list[Problem]:
         """Validation or test problems: fixed seeds, no duplicates, disjoint from each other."""
         if which not in SPLITS:
@@ -63,15 +96,38 @@ class Task(ABC):
         n = full if n is None else min(n, full)
         # test excludes the *whole* validation split, so a test subset never meets validation
         exclude = set() if which == "val" else {p.id for p in self.split("val", level)}
-        rng = random.Random(f"{self.name}/{which}/{level}/{SPLIT_SEEDS[which]}")
+        secret = f"/{self.key.hex()}" if self.key else ""  # the draw order is secret too
+        rng = random.Random(f"{self.name}/{which}/{level}/{SPLIT_SEEDS[which]}{secret}")
         return self._draw_unique(rng, level, full, exclude)[:n]
 
     def held_out(self, problem: Problem) -> bool:
         """Whether the problem is in the held-out pool (validation and test come from it only)."""
-        return pool_digest(self.name, problem)[0] % HELD_OUT_SHARE == 0
+        return pool_digest(self.name, problem, self.key)[0] % HELD_OUT_SHARE == 0
 
-    def train_stream(self, seed: int) -> "TrainStream":
-        return TrainStream(self, seed)
+    def use_key(self, key: bytes) -> None:
+        """Key the held-out pool with the run's secret (the controller and the evaluator do)."""
+        self.key = key
+
+    def train_problem(self, seed: int, level: int, index: int) -> Problem:
+        """Training problem `index` of `level` in stream `seed` (held out or not: callers filter)."""
+        return self.generate(random.Random(f"{self.name}/train/{seed}/{level}/{index}"), level)
+
+    def train_stream(self, seed: int) -> "TrainStream | HandedStream":
+        """The training problems of stream `seed`: the handed-in ones in a worker, else drawn here."""
+        return TrainStream(self, seed) if self._draws is None else HandedStream(self, seed, self._draws)
+
+    def use_draws(self, draws: dict[int, list[int]]) -> None:
+        """A worker's task: train only on these indices (per level), drawn by the controller."""
+        self._draws = {int(lv): list(ix) for lv, ix in draws.items()}
+
+    def train_view(self, directory: Path) -> str:
+        """The spec a training worker gets: this one (a generator holds no held-out data; a
+        task whose file does writes its training rows under `directory`, see jsonl.py)."""
+        return self.spec
+
+    def data_files(self) -> tuple[str, ...]:
+        """Files that hold held-out problems (a JSONL task's rows): hidden from harness code."""
+        return ()
 
     def _draw_unique(self, rng, level, n, exclude) -> list[Problem]:
         out, seen, tries = [], set(exclude), 0
@@ -86,9 +142,11 @@ class Task(ABC):
         return out
 
 
-def pool_digest(task_name: str, problem: Problem) -> bytes:
-    """The stable hash behind the held-out rule; its later bytes are free for other fixed choices."""
-    return hashlib.sha256(f"{task_name}/{problem.level}/{problem.id}".encode()).digest()
+def pool_digest(task_name: str, problem: Problem, key: bytes | None = None) -> bytes:
+    """The hash behind the held-out rule (HMAC-SHA256 under `key`, plain SHA-256 without);
+    its later bytes are free for other fixed choices."""
+    msg = f"{task_name}/{problem.level}/{problem.id}".encode()
+    return hmac.new(key, msg, hashlib.sha256).digest() if key else hashlib.sha256(msg).digest()
 
 
 def budget_from_answers(answers) -> int:
@@ -104,17 +162,22 @@ def budget_from_answers(answers) -> int:
 
 
 class TrainStream:
-    """Endless training problems for any level, never one from the held-out pool."""
+    """Endless training problems for any level, never one from the held-out pool (needs the key)."""
 
     def __init__(self, task: Task, seed: int):
-        self.task = task
-        self.rng = random.Random(f"{task.name}/train/{seed}")
+        self.task, self.seed = task, seed
+        self.next: dict[int, int] = {}  # per level: the next index to try
+
+    def index(self, level: int) -> int:
+        """The index of the next training problem of `level` (held-out indices skipped)."""
+        while True:
+            i = self.next.get(level, 0)
+            self.next[level] = i + 1
+            if not self.task.held_out(self.task.train_problem(self.seed, level, i)):
+                return i
 
     def draw(self, level: int) -> Problem:
-        while True:
-            p = self.task.generate(self.rng, level)
-            if not self.task.held_out(p):
-                return p
+        return self.task.train_problem(self.seed, level, self.index(level))
 
     def batch(self, levels: list[int]) -> list[Problem]:
         return [self.draw(lv) for lv in levels]
@@ -122,3 +185,35 @@ class TrainStream:
     def __iter__(self) -> Iterator[Problem]:
         while True:
             yield self.draw(self.task.target_level)
+
+
+class HandedStream(TrainStream):
+    """A worker's stream: the controller's indices, in order; it never computes `held_out`."""
+
+    def __init__(self, task: Task, seed: int, draws: dict[int, list[int]]):
+        super().__init__(task, seed)
+        self.draws = draws
+
+    def index(self, level: int) -> int:
+        i = self.next.get(level, 0)
+        ix = self.draws.get(level, [])
+        if i >= len(ix):
+            raise RuntimeError(f"{self.task.name}: the {len(ix)} training problems handed in for level {level} "
+                               f"are used up (the controller draws steps x prompts_per_step per level)")
+        self.next[level] = i + 1
+        return ix[i]
+
+
+def train_draws(task: Task, seed: int, per_level: int) -> dict[int, list[int]]:
+    """The controller's side of HandedStream: `per_level` training indices for every level
+    (kept: every version at one depth trains on the same seeds; shared, never to be changed)."""
+    return _draws(task, task.key, seed, per_level)
+
+
+@functools.lru_cache(maxsize=16)
+def _draws(task: Task, key: bytes | None, seed: int, per_level: int) -> dict[int, list[int]]:
+    out = {}
+    for level in task.levels:
+        stream = TrainStream(task, seed)
+        out[level] = [stream.index(level) for _ in range(per_level)]
+    return out

@@ -10,7 +10,12 @@ test, each capped at `split_size` (taken in hash order; the surplus trains, so n
 wasted and none is on both sides). The assignment is computed once per file and `held_out`
 answers from it, so a `TrainStream` keeps its usual guarantee. The task's `name` is the
 file's stem, not its path: moving the file keeps its splits; editing a row's prompt or id
-moves only that row.
+moves only that row. In a run the hash is keyed by the run's split secret (base.py), so
+the assignment is recomputed when the key arrives (`use_key`).
+
+A training worker never reads the user's file (the sandbox hides it): the controller writes
+the train rows to a file of their own (`train_view`) and the worker's spec names that file
+with `rows=train`, which makes every row a training row.
 """
 from __future__ import annotations
 
@@ -33,7 +38,8 @@ from evotrainer.tasks.base import (
 from evotrainer.tasks.verifiers import VERIFIERS, answer_problem
 
 ROW_SPLITS = ("train",) + SPLITS
-QUERY_KEYS = ("verifier",)
+QUERY_KEYS = ("verifier", "rows")
+ROWS = ("all", "train")  # rows=train: a training worker's file of train rows only (train_view)
 
 
 @dataclass
@@ -42,6 +48,7 @@ class JsonlConfig:
     verifier: str = "exact"
     level: int | None = None   # target level; None: the highest level in the file
     split_size: int = 500      # cap on each of validation and test
+    rows: str = "all"          # "train": every row trains (a worker's train_view file), no val/test
 
     def validate(self) -> None:
         if self.verifier not in VERIFIERS:
@@ -56,6 +63,8 @@ class JsonlConfig:
             raise UsageError(f"jsonl task file not found: {self.path}")
         if self.split_size < 1:
             raise UsageError(f"split_size must be positive, got {self.split_size}")
+        if self.rows not in ROWS:
+            raise UsageError(f"rows must be one of {', '.join(ROWS)}, got '{self.rows}' for jsonl:{self.path}")
 
 
 class JsonlTask(Task):
@@ -67,18 +76,42 @@ class JsonlTask(Task):
         self.split_size = config.split_size
         self._verify = VERIFIERS[config.verifier]
         rows = read_rows(config.path, config.verifier)
+        if config.rows == "train":
+            rows = [(p, "train") for p, _ in rows]
         self.levels = tuple(sorted({p.level for p, _ in rows}))
         self.target_level = max(self.levels) if config.level is None else config.level
         if self.target_level not in self.levels:
             raise UsageError(f"level {self.target_level} is not a level of {self.name}; "
                              f"levels present: {', '.join(map(str, self.levels))}")
-        self._split_of, self._rows = assign_splits(self.name, rows, config.split_size)
+        self._all_rows = rows
         self.max_new_tokens = budget_from_answers(p.answer for p, _ in rows)
-        self._check_target(config.path)
+        self.use_key(None)
+
+    def use_key(self, key: bytes | None) -> None:
+        self.key = key
+        self._split_of, self._rows = assign_splits(self.name, self._all_rows, self.config.split_size, key)
+        self._check_target(self.config.path)
+
+    def data_files(self) -> tuple[str, ...]:
+        return (str(self.config.path),)
+
+    def train_view(self, directory: Path) -> str:
+        """Write the train rows (every level, file order) to DIRECTORY/<stem>.jsonl; the spec
+        a training worker gets: it rebuilds the same training problems and no other."""
+        directory.mkdir(parents=True, exist_ok=True)
+        out = directory / self.config.path.name
+        rows = [{"id": p.id, "prompt": p.prompt, "answer": p.answer, "level": p.level}
+                for p, _ in self._all_rows if self._split_of[p.id] == "train"]
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(out)  # whole or not at all: a worker may be reading the last one
+        return f"jsonl:{out}?max_new_tokens={self.max_new_tokens}&rows=train&verifier={self.config.verifier}"
 
     def _check_target(self, path: Path) -> None:
         """The target level needs rows to train on and to validate and test with."""
         lv = self.target_level
+        if self.config.rows == "train":
+            return  # a worker's train_view: validation and test live only in the controller
         if not self._rows["train"].get(lv):
             raise UsageError(f"{path}: no train rows at level {lv} (all of them are held out or pinned "
                              f"to val/test); add rows or pin some with \"split\": \"train\"")
@@ -166,13 +199,13 @@ def _row(where: str, obj: dict, verifier: str) -> tuple[Problem, str | None]:
     return Problem(id=pid, prompt=prompt, answer=answer, level=level), split
 
 
-def assign_splits(name: str, rows, split_size: int):
+def assign_splits(name: str, rows, split_size: int, key: bytes | None = None):
     """Each row's split, and the rows of each split by level (train in file order)."""
     split_of: dict[str, str] = {}
     by_split: dict[str, dict[int, list[Problem]]] = {s: {} for s in ROW_SPLITS}
     hashed: dict[tuple[str, int], list[tuple[bytes, Problem]]] = {}
     for problem, pinned in rows:
-        digest = pool_digest(name, problem)
+        digest = pool_digest(name, problem, key)
         if pinned is not None:
             split_of[problem.id] = pinned
         elif digest[0] % HELD_OUT_SHARE == 0:   # the held-out rule of base.py, byte for byte
@@ -198,4 +231,5 @@ def make(spec_base: str, query: dict[str, str], level: int | None) -> JsonlTask:
     if not raw_path:
         raise UsageError("jsonl task needs a path: jsonl:PATH[?verifier=exact|numeric|math]")
     path = Path(os.path.abspath(os.path.expanduser(raw_path)))
-    return JsonlTask(JsonlConfig(path=path, verifier=query.get("verifier", "exact"), level=level))
+    return JsonlTask(JsonlConfig(path=path, verifier=query.get("verifier", "exact"), level=level,
+                                 rows=query.get("rows", "all")))
