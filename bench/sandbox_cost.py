@@ -12,13 +12,14 @@ the sandboxed/plain ratio.
 
 Then the share of a training step: the embedded trainer runs `--steps` GRPO steps of the
 reference harness (64 prompts x 8 samples) on `codegen` level 2 from a cached SFT base,
-twice, judging each step's 512 programs (one batch) sandboxed and with the driver
-unsandboxed; it prints the median step, the median judging time either way, and what the
-sandbox adds as a share of the step.
+three times, judging each step's 512 programs (one batch): with one unsandboxed driver, one
+sandboxed driver, and the default (a sandboxed driver per core); it prints the median
+step, the median judging time each way, and what the sandbox adds as a share of the step.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import subprocess
 import sys
@@ -61,8 +62,10 @@ def group_ms(level: Isolation) -> float:
     return 1000 * (time.perf_counter() - t)
 
 
-def codegen_steps(level: Isolation, steps: int) -> tuple[list[float], list[float]]:
-    """(step seconds, judging seconds) of `steps` reference-harness steps on codegen."""
+def codegen_steps(level: Isolation, steps: int, drivers: int | None) -> tuple[list[float], list[float]]:
+    """(step seconds, judging seconds) of `steps` reference-harness steps on codegen, its
+    programs judged by `drivers` sandboxes side by side (None: the default)."""
+    from evotrainer.sandbox import programs
     from evotrainer.harness import REFERENCE, load_harness
     from evotrainer.inner.grpo import GRPOTrainer
     from evotrainer.policy import load_policy
@@ -81,12 +84,17 @@ def codegen_steps(level: Isolation, steps: int) -> tuple[list[float], list[float
         judged.append(time.perf_counter() - t)
         return out
     task.judge_many = timed
-    trainer = GRPOTrainer(model, tok, task, load_harness(REFERENCE), seed=0)
-    step_s = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        trainer.step()
-        step_s.append(time.perf_counter() - t)
+    run = programs.run_programs
+    programs.run_programs = functools.partial(run, drivers=drivers)  # codegen imports it when it judges
+    try:
+        trainer = GRPOTrainer(model, tok, task, load_harness(REFERENCE), seed=0)
+        step_s = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            trainer.step()
+            step_s.append(time.perf_counter() - t)
+    finally:
+        programs.run_programs = run
     return step_s, judged
 
 
@@ -107,13 +115,16 @@ def main() -> None:
         print(f"{name:19} plain {mp:7.1f} ms  sandboxed ({level.value}) {mb:7.1f} ms  "
               f"+{mb - mp:6.1f} ms  ratio {mb / mp:4.2f}  (medians of {args.rounds})")
     if args.steps:
-        steps_p, judge_p = codegen_steps(Isolation.NONE, args.steps)
-        steps_b, judge_b = codegen_steps(level, args.steps)
-        step, jp, jb = statistics.median(steps_b), statistics.median(judge_p), statistics.median(judge_b)
-        print(f"codegen step (64 prompts x 8, level 2): {1000 * step:.0f} ms sandboxed; judging its 512 programs "
-              f"{1000 * jb:.0f} ms sandboxed, {1000 * jp:.0f} ms with the driver plain; the sandbox adds "
-              f"{1000 * (jb - jp):+.0f} ms, {100 * (jb - jp) / step:+.1f}% of the step (judging in all: "
-              f"{100 * jb / step:.1f}%; medians of {args.steps} steps)")
+        med = statistics.median
+        _, judge_p = codegen_steps(Isolation.NONE, args.steps, 1)
+        steps_1, judge_1 = codegen_steps(level, args.steps, 1)
+        steps_n, judge_n = codegen_steps(level, args.steps, None)
+        jp, j1, jn, step1, stepn = med(judge_p), med(judge_1), med(judge_n), med(steps_1), med(steps_n)
+        print(f"codegen step (64 prompts x 8, level 2; medians of {args.steps} steps): judging its 512 programs "
+              f"{1000 * jp:.0f} ms with one plain driver, {1000 * j1:.0f} ms with one sandboxed driver: the sandbox "
+              f"adds {1000 * (j1 - jp):+.0f} ms, {100 * (j1 - jp) / step1:+.1f}% of a {1000 * step1:.0f} ms step; "
+              f"a sandboxed driver per core: {1000 * jn:.0f} ms, {100 * jn / stepn:.1f}% of a "
+              f"{1000 * stepn:.0f} ms step")
 
 
 if __name__ == "__main__":

@@ -42,3 +42,21 @@ def test_store_is_bounded_by_whole_steps_first_and_last_kept(tmp_path):
     assert steps[0] == 1 and steps[-1] == 100 and len(steps) == 10
     assert steps_to_keep([1, 2, 3], 4, 1000) == [1, 2, 3]
     assert steps_to_keep(list(range(1, 11)), 10, 30) == [1, 5, 10]
+
+
+def test_a_store_from_before_a_field_existed_takes_new_evidence(tmp_path):
+    import sqlite3
+    db = tmp_path / "evidence.sqlite"
+    old = sqlite3.connect(db)  # the table as an evotrainer without outcome/failure made it
+    old.execute("CREATE TABLE rollouts (version TEXT NOT NULL, step INTEGER, group_id INTEGER, prompt_id TEXT, "
+                "prompt TEXT, answer TEXT, level INTEGER, completion TEXT, score REAL, reward REAL, advantage REAL, "
+                "length INTEGER, truncated INTEGER, mean_logprob REAL, entropy REAL, kept INTEGER, turns INTEGER, "
+                "tool_calls INTEGER, tool_failures INTEGER)")
+    old.execute("INSERT INTO rollouts VALUES ('v0', 1, 0, 'p', '1+2=', '3', 1, '3', 1, 1, 0, 2, 0, -0.5, 0.4, 1, "
+                "NULL, NULL, NULL)")
+    old.commit()
+    old.close()
+    store = EvidenceStore(db)
+    assert store.ingest("v1", write_run(tmp_path / "b", 2)) == 8
+    assert len(store.query("v0")) == 1 and store.query("v0")[0].outcome is None and len(store.query("v1")) == 8
+    store.close()

@@ -43,6 +43,11 @@ class EvidenceStore:
         hints = typing.get_type_hints(RolloutRecord)
         cols = ", ".join(f"{f} {_TYPES[_plain(hints[f])]}" for f in FIELDS)
         self.db.execute(f"CREATE TABLE IF NOT EXISTS rollouts (version TEXT NOT NULL, {cols})")
+        # a store written before a field existed (a run resumed by a newer evotrainer): add it
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(rollouts)")}
+        for f in FIELDS:
+            if f not in have:
+                self.db.execute(f"ALTER TABLE rollouts ADD COLUMN {f} {_TYPES[_plain(hints[f])]}")
         self.db.execute("CREATE INDEX IF NOT EXISTS by_version_step ON rollouts (version, step, group_id)")
         self.db.commit()
 
@@ -56,7 +61,8 @@ class EvidenceStore:
         rows = [(version, *fields(r)) for r in records if r.step in keep]
         with self.db:  # one transaction: a version is in the store whole or not at all
             self.db.execute("DELETE FROM rollouts WHERE version = ?", (version,))
-            self.db.executemany(f"INSERT INTO rollouts VALUES ({', '.join('?' * (len(FIELDS) + 1))})", rows)
+            self.db.executemany(f"INSERT INTO rollouts (version, {', '.join(FIELDS)}) "
+                                f"VALUES ({', '.join('?' * (len(FIELDS) + 1))})", rows)
         return len(rows)
 
     def query(self, version: str | None = None, steps: tuple[int, int] | None = None,

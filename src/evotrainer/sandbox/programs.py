@@ -72,6 +72,8 @@ PROCESSES = 64           # RLIMIT_NPROC of a program (counted over its user: it 
 OPEN_FILES = 256
 ERROR_CHARS = 300
 DRIVER_SLACK_S = 10.0    # the caller's deadline past the programs' own: sandbox start, reporting
+PER_DRIVER = 32          # a batch gets another driver (another core) per this many programs
+_NAMESPACES = "namespaces"  # Isolation.NAMESPACES (this file imports nothing of ours at import time)
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
 
 
@@ -119,20 +121,42 @@ class Outcome:
 
 
 def run_programs(programs: list[Program], timeout_s: float = 2.0, memory_mb: int = 512,
-                 level: Isolation | None = None, hide: tuple[str, ...] = ()) -> list[Outcome]:
-    """Run every program (each with `timeout_s` and `memory_mb` of its own) in one sandboxed
-    driver at `level` (None: the process-wide level, executors.worker.isolation()); one
+                 level: Isolation | None = None, hide: tuple[str, ...] = (),
+                 drivers: int | None = None) -> list[Outcome]:
+    """Run every program (each with `timeout_s` and `memory_mb` of its own) in sandboxed
+    drivers at `level` (None: the process-wide level, executors.worker.isolation()); one
     Outcome per program, in order.
 
     `hide`: files the programs must not read although the caller may, a task's data files
-    (its expected values or reference solutions, perhaps in the package the sandbox reads)."""
+    (its expected values or reference solutions, perhaps in the package the sandbox reads).
+    `drivers`: how many sandboxes share a large batch, side by side (None: one per core, at
+    most 4, and one per PER_DRIVER programs). Programs in different sandboxes cannot see or
+    signal each other (each has its own PID namespace), so this keeps one-at-a-time within
+    a sandbox and still uses every core: judging is half of a codegen step on one."""
     if not programs:
         return []
-    # imported here: this file also runs as the driver, without our package on its path
-    from evotrainer.sandbox.launch import Jail, Limits, command, job_env
     if level is None:
         from evotrainer.executors.worker import isolation
         level = isolation()
+    if drivers is None:
+        drivers = min(os.cpu_count() or 1, 4, max(len(programs) // PER_DRIVER, 1))
+    if level == _NAMESPACES and drivers > 1:  # (without namespaces, drivers would share one PID space)
+        from concurrent.futures import ThreadPoolExecutor
+        parts = [programs[i::drivers] for i in range(drivers)]
+        with ThreadPoolExecutor(drivers) as pool:
+            done = list(pool.map(lambda part: _run_batch(part, timeout_s, memory_mb, level, hide), parts))
+        out: list[Outcome] = [None] * len(programs)  # type: ignore[list-item]
+        for i, part in enumerate(done):
+            out[i::drivers] = part
+        return out
+    return _run_batch(programs, timeout_s, memory_mb, level, hide)
+
+
+def _run_batch(programs: list[Program], timeout_s: float, memory_mb: int, level: Isolation,
+               hide: tuple[str, ...]) -> list[Outcome]:
+    """One sandboxed driver for `programs`, one at a time inside it."""
+    # imported here: this file also runs as the driver, without our package on its path
+    from evotrainer.sandbox.launch import Jail, Limits, command, job_env
     budget = len(programs) * timeout_s + DRIVER_SLACK_S / 2  # the driver stops starting programs past it
     deadline = len(programs) * timeout_s + DRIVER_SLACK_S
     batch = {"timeout_s": timeout_s, "memory_mb": memory_mb, "budget_s": budget,
