@@ -11,6 +11,7 @@ import pytest
 
 from evotrainer.sandbox import Isolation, probe
 from evotrainer.sandbox.programs import Outcome, Program, run_programs
+from test_sandbox import processes_with
 
 HERE = Path(__file__).parent
 LEVEL = probe()
@@ -25,20 +26,6 @@ def run(*programs: Program, level: Isolation = LEVEL, **kw) -> list[Outcome]:
 
 def one(code: str, cases=((1, 2),), expected=(3,), entry: str = "add", **kw) -> Outcome:
     return run(Program(code, entry, tuple(cases), tuple(expected)), **kw)[0]
-
-
-def processes_with(marker: str) -> list[int]:
-    """Live processes whose command line holds `marker`."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in cmd and state not in ("Z", "X") and int(pid) != os.getpid():
-            out.append(int(pid))
-    return out
 
 
 # --- scoring --------------------------------------------------------------------------------

@@ -52,6 +52,13 @@ def test_a_job_sees_no_secret_no_home_and_is_nobody():
     assert not any(n.startswith("pytest-of-") for n in r.value["home"])  # other tests' files stay out
 
 
+def test_a_job_started_from_tmp_keeps_its_own_writable_tmp():
+    # a job whose working directory is /tmp reads it, and it holds the machine's /tmp: bound
+    # read-only over the job's own, every library's tempfile would fail (torch's import does)
+    r = run_in_worker("tempfile:gettempdir", timeout_s=60, cwd=Path("/tmp"))  # it tries to write there
+    assert r.ok and r.value == "/tmp", r.log_tail
+
+
 def test_no_network_not_even_loopback():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

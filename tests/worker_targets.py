@@ -116,3 +116,4 @@ def read_tree(root):
     """Every file under root with its content (what a job can see there)."""
     from pathlib import Path
     return {str(p.relative_to(root)): p.read_text() for p in sorted(Path(root).rglob("*")) if p.is_file()}
+

@@ -210,7 +210,7 @@ class _Job:
 
     def discard(self) -> None:
         """Kill it and remove its files, without a result (a warm worker never given a job)."""
-        _kill_group(self.proc)
+        kill_tree(self.proc)
         if self.proc.stdin:
             self.proc.stdin.close()
         self.log.close()
@@ -227,12 +227,12 @@ class _Job:
         rss_mb = sum(map(_rss_pages, _tree(self.proc.pid))) * os.sysconf("SC_PAGE_SIZE") // 2**20
         if rss_mb > memory_mb:
             self.over_memory = rss_mb
-            _kill_group(self.proc)
+            kill_tree(self.proc)
 
     def finish(self, timeout_s: float) -> WorkerResult:
         was_running = self.proc.poll() is None
         killed = was_running and time.monotonic() - self.t0 > timeout_s
-        _kill_group(self.proc)  # also reaps grandchildren a finished worker left behind
+        kill_tree(self.proc)  # also reaps grandchildren a finished worker left behind
         self.log.seek(0)
         tail = self.log.read().decode("utf-8", "replace")[-TAIL_CHARS:]
         self.log.close()
@@ -264,8 +264,8 @@ class _Job:
                             seconds=seconds)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the worker's whole process tree and group (its children included) and reap it.
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a started job's whole process tree and group (its children included) and reap it.
     In the sandbox, the job is PID 1 of its namespace: when it dies the kernel kills the rest,
     setsid() or not; the explicit kill of every descendant covers the other levels too."""
     pids = _tree(proc.pid)

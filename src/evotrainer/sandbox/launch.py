@@ -195,6 +195,13 @@ def _environment_paths() -> set[str]:
     return {str(Path(p).resolve()) for p in paths if os.path.exists(p)}
 
 
+def _holds_scratch(path: str) -> bool:
+    """Whether binding `path` would cover the job's private /tmp or /dev/shm with the host's,
+    read-only (a run started from /tmp, or from /): such a path is not bound; what a job needs
+    inside it is named in its arguments and bound on its own."""
+    return any(scratch == path or scratch.startswith(path.rstrip("/") + "/") for scratch in ("/tmp", "/dev/shm"))
+
+
 def job_env(extra: dict | None = None) -> dict[str, str]:
     """The whole environment a job sees: no keys, no tokens, nothing of the caller's but PASS_THROUGH."""
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
@@ -232,7 +239,8 @@ def command(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: P
     setpriv = shutil.which("setpriv")
     homes = {h for h in (*HIDDEN, str(Path.home())) if os.path.isdir(h)}
     spec = {"argv": argv, "env": env, "cwd": str(cwd),
-            "read": sorted((_environment_paths() | {str(cwd)} | reads) - set(write)),  # a write path is bound rw only
+            "read": sorted(r for r in (_environment_paths() | {str(cwd)} | reads) - set(write)  # rw only
+                           if not _holds_scratch(r)),
             "write": write, "hide": sorted(homes), "mask": sorted((_concealed | {str(Path(p).resolve()) for p in jail.hide})
                                                        - {str(Path(p).resolve()) for p in jail.reveal}),
             "tmp_mb": jail.limits.tmp_mb, "limits": limits,

@@ -180,7 +180,8 @@ def _run_batch(programs: list[Program], timeout_s: float, memory_mb: int, level:
         try:
             out, err = proc.communicate(data, timeout=deadline)
         except BaseException as e:  # past the deadline, or interrupted: the driver never outlives us
-            _kill_tree(proc.pid)
+            from evotrainer.executors.worker import kill_tree
+            kill_tree(proc)
             proc.communicate()
             if not isinstance(e, subprocess.TimeoutExpired):
                 raise
@@ -505,20 +506,6 @@ def _kill_strays() -> None:
             except (ProcessLookupError, PermissionError):
                 pass
         time.sleep(0.005)
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL a started driver: its process group, then every descendant left."""
-    victims = _descendants(pid)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for p in victims:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 if __name__ == "__main__":
