@@ -39,10 +39,15 @@ class TrainingFailed(RuntimeError):
 
 def handed_draws(task: Task, harness: str | Path | None, seed: int, steps: int) -> dict[str, list[int]]:
     """Controller side: the training problems of a `steps`-step segment on stream `seed`, as
-    indices per level (base.train_draws): steps x prompts_per_step for every level a
-    curriculum may pick, and a few steps' more (TRL's loader draws ahead)."""
-    pps = inspect_harness(harness).prompts_per_step
-    return {str(lv): ix for lv, ix in train_draws(task, seed, (steps + 2) * pps + 16).items()}
+    indices per level (base.train_draws): steps x prompts_per_step for every level its
+    curriculum may pick, and a few steps' more (TRL's loader draws ahead). A built-in
+    curriculum picks from `train_levels` (the target level when unset); one the harness
+    writes itself may pick any level of the task."""
+    knobs = inspect_harness(harness)
+    own = Path(harness or REFERENCE, "curriculum.py").is_file()
+    levels = tuple(task.levels) if own else tuple(knobs.train_levels or (task.target_level,))
+    draws = train_draws(task, seed, (steps + 2) * knobs.prompts_per_step + 16, levels)
+    return {str(lv): ix for lv, ix in draws.items()}
 
 
 def train_segment(task: str, level: int | None, harness: str, base: str, out: str, seed: int,

@@ -204,16 +204,14 @@ class HandedStream(TrainStream):
         return ix[i]
 
 
-def train_draws(task: Task, seed: int, per_level: int) -> dict[int, list[int]]:
-    """The controller's side of HandedStream: `per_level` training indices for every level
-    (kept: every version at one depth trains on the same seeds; shared, never to be changed)."""
-    return _draws(task, task.key, seed, per_level)
+def train_draws(task: Task, seed: int, per_level: int, levels: tuple[int, ...] | None = None) -> dict[int, list[int]]:
+    """The controller's side of HandedStream: `per_level` training indices for each of
+    `levels` (None: every level of the task). Kept: every version at one depth trains on the
+    same seeds (the lists are shared, never to be changed)."""
+    return {lv: _draws(task, task.key, seed, per_level, lv) for lv in (task.levels if levels is None else levels)}
 
 
-@functools.lru_cache(maxsize=16)
-def _draws(task: Task, key: bytes | None, seed: int, per_level: int) -> dict[int, list[int]]:
-    out = {}
-    for level in task.levels:
-        stream = TrainStream(task, seed)
-        out[level] = [stream.index(level) for _ in range(per_level)]
-    return out
+@functools.lru_cache(maxsize=64)
+def _draws(task: Task, key: bytes | None, seed: int, per_level: int, level: int) -> list[int]:
+    stream = TrainStream(task, seed)
+    return [stream.index(level) for _ in range(per_level)]
