@@ -1,7 +1,6 @@
 """The codegen task: problems, the hidden-test verifier, and completions that attack the
 sandbox. Each attack is written so that, had it worked, the program would return the right
 answer (score 1); inside the sandbox it fails, scores 0, and the world outside is unchanged."""
-import os
 import random
 import socket
 import time
