@@ -257,3 +257,18 @@ def test_unknown_task_names_valid_tasks():
     msg = str(e.value)
     assert "'nope'" in msg and "arith" in msg and "rg:" in msg
     assert "jsonl:PATH" in msg and "module:Factory" in msg and "file.py:Factory" in msg
+
+
+def test_handed_draws_cover_the_levels_the_harness_curriculum_can_pick(tmp_path):
+    import shutil
+    from evotrainer.harness import REFERENCE
+    from evotrainer.train import handed_draws
+    task = get_task("arith", 3)
+    assert set(handed_draws(task, None, 1, 5)) == {"3"}  # the reference: fixed at the target level
+    h = shutil.copytree(REFERENCE, tmp_path / "h")
+    (h / "knobs.yaml").write_text((h / "knobs.yaml").read_text() + "train_levels: [2, 3, 9]\n")
+    draws = handed_draws(task, h, 1, 5)
+    # 9 is no level of the task: the worker's curriculum check refuses it, the controller does not crash
+    assert set(draws) == {"2", "3"} and all(len(ix) == 7 * 64 + 16 for ix in draws.values())
+    (h / "curriculum.py").write_text("def mine(s):\n    return {1: 1.0}\n")  # its own: it may pick any level
+    assert set(handed_draws(task, h, 1, 5)) == {str(lv) for lv in task.levels}

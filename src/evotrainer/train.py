@@ -45,7 +45,9 @@ def handed_draws(task: Task, harness: str | Path | None, seed: int, steps: int) 
     writes itself may pick any level of the task."""
     knobs = inspect_harness(harness)
     own = Path(harness or REFERENCE, "curriculum.py").is_file()
-    levels = tuple(task.levels) if own else tuple(knobs.train_levels or (task.target_level,))
+    picks = task.levels if own else (knobs.train_levels or (task.target_level,))
+    levels = tuple(lv for lv in picks if lv in task.levels)  # a level the task lacks: the worker's curriculum
+    # check refuses it (a labelled crash of the trial), not this process
     draws = train_draws(task, seed, (steps + 2) * knobs.prompts_per_step + 16, levels)
     return {str(lv): ix for lv, ix in draws.items()}
 
