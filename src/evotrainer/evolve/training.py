@@ -52,7 +52,9 @@ class Training:
         segment that trained on every seed before they are scored, so the caller can start
         reading their evidence beside the evaluator (whose start-up leaves a core idle)."""
         calls, where = [], []
-        view = self.task.train_view(self.run_dir / "train-data")  # the task without its held-out rows
+        if self._view is None:  # the task without its held-out rows (a JSONL task writes a file: once a run)
+            self._view = self.task.train_view(self.run_dir / "train-data")
+        view = self._view
         for i, sg in enumerate(segments):
             for seed in self.cfg.seeds:
                 out = sg.out_root / f"seed-{seed}"
@@ -89,6 +91,7 @@ class Training:
         return [failed[i] if i in failed else State(sg.version, sg.depth, dirs[i], *scores.pop(0))
                 for i, sg in enumerate(segments)]
 
+    _view: str | None = field(default=None, init=False, repr=False)  # the workers' task spec (train)
     _ingesting: threading.Thread | None = field(default=None, init=False, repr=False)
     _ingest_error: BaseException | None = field(default=None, init=False, repr=False)
 
