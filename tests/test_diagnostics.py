@@ -59,6 +59,7 @@ def test_agentic_and_kl_metrics_only_where_the_evidence_has_them():
     agent = [rec(turns=6, tool_calls=10, tool_failures=2), rec(turns=4, tool_calls=10, tool_failures=4)]
     assert value("turns_mean", agent) == 5 and value("tool_calls_mean", agent) == 10
     assert value("tool_failure_rate", agent) == 0.3
+    assert value("self_test_rate", agent) is None and value("edit_coverage", agent) is None  # nobody edited
     two_steps = [rec(step=1), rec(step=2)]  # the last window of two steps is step 2
     assert value("kl", two_steps, [{"step": 1, "kl": 0.2}, {"step": 2, "kl": 0.4}]) == pytest.approx(0.4)
     sev = {f.diagnostic: f.severity for f in findings(BUILTIN, measure(BUILTIN, Evidence.of(agent)))}
@@ -258,3 +259,37 @@ def test_diagnostics_read_the_evidence_store_as_they_read_a_train_directory(tmp_
     from_store = measure(BUILTIN, Evidence.of(store.query("v0")))
     from_dir = measure(BUILTIN, Evidence.of(load_evidence(run).records))
     assert from_store == from_dir and from_store["dead_group_ratio"] > 0.3
+
+
+def test_behaviour_metrics_of_repository_episodes():
+    def ep(tools, edited="", target="m.py", stop="fail", git=0, **kw):
+        t = tools.split()
+        return rec(turns=len(t), tool_calls=len(t), tool_failures=0, tool_sequence=tools, stop=stop,
+                   files_edited=edited, target_files=target, git_access=git, **kw)
+    eps = [ep("read edit test submit", "m.py", stop="success"),   # read first, tested after the edit
+           ep("edit submit", "n.py"),                              # edited the wrong file, never tested
+           ep("list list list list list", stop="turn_cap"),         # a loop of one tool
+           ep("submit", stop="abandon", git=1)]
+    assert value("self_test_rate", eps) == 0.5
+    assert value("edit_coverage", eps) == 0.5
+    assert value("search_before_edit", eps) == 0.5
+    assert value("longest_tool_run", eps) == pytest.approx((1 + 1 + 5 + 1) / 4)
+    assert value("abandonment_rate", eps) == 0.25 and value("cap_rate", eps) == 0.25
+    assert value("git_history_access", eps) == 0.25 and value("echo_trap_rate", eps) == 0.0
+    assert value("solution_diversity", eps) == 1.0            # m.py and n.py: nothing shared
+    assert value("tool_entropy", [ep("list list")]) == 0.0 and value("tool_entropy", [ep("read edit")]) == 1.0
+    assert value("format_failure_rate", eps) is None           # transcripts are not answers
+
+
+def test_a_reward_that_pays_for_fewer_turns_is_a_blocking_finding():
+    # groups where every episode failed (score 0) yet the reward still moves: with turns, it pays the behaviour
+    def group(g, pay):
+        return [rec(group=g, turns=t, tool_calls=t, tool_failures=0, score=0.0,
+                    reward=(1 - t / 4) if pay else 0.0) for t in (1, 2, 3, 4)]
+    hacked = [r for g in range(4) for r in group(g, True)]
+    honest = [r for g in range(4) for r in group(g, False)]
+    assert value("reward_turn_coupling", hacked) == pytest.approx(1.0)
+    assert value("reward_turn_coupling", honest) == 0.0
+    assert value("reward_turn_coupling", [rec()]) is None    # single-turn evidence
+    found = {f.diagnostic: f for f in findings(BUILTIN, measure(BUILTIN, Evidence.of(hacked)))}
+    assert found["reward_turn_coupling"].severity == "critical" and found["reward_turn_coupling"].blocking

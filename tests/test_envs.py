@@ -41,3 +41,149 @@ def test_a_single_turn_task_is_an_environment_with_one_turn():
     assert (wrong.reward, wrong.info["stop"]) == (0.0, "fail")
     with pytest.raises(ValueError):
         Caps(max_turns=0).validate()
+
+
+# ---------------------------------------------------------------- parsers, vault, playing
+
+import shutil  # noqa: E402
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+from evotrainer.envs import ABANDON, ECHO, FAIL, INVALID, SUCCESS, TOKEN_CAP, TURN_CAP, Environment, Step  # noqa: E402
+from evotrainer.envs.play import as_generation, play  # noqa: E402
+from evotrainer.errors import UsageError  # noqa: E402
+from evotrainer.harness import REFERENCE, load_harness  # noqa: E402
+from evotrainer.harness.actions import json_call, plain  # noqa: E402
+from evotrainer.inner import GRPOTrainer  # noqa: E402
+from evotrainer.inner.backends import check_backend  # noqa: E402
+from evotrainer.policy import build_model  # noqa: E402
+from evotrainer.runtime import Runtime  # noqa: E402
+
+TOOLS = {"look": ("key",), "edit": ("path", "old", "new"), "submit": ()}
+
+
+def test_parsers_read_plain_and_json_tool_calls_and_refuse_anything_else():
+    assert plain("look b", TOOLS).args == {"key": "b"}
+    assert plain("edit m.py|a-b|a|b", TOOLS).args == {"path": "m.py", "old": "a-b", "new": "a|b"}  # last takes the rest
+    assert plain("submit", TOOLS).name == "submit"
+    for bad in ("lok b", "edit m.py|x", "submit now", ""):
+        assert plain(bad, TOOLS) is None, bad
+    assert json_call('<tool_call>{"name": "look", "arguments": {"key": "b"}}</tool_call>', TOOLS).args == {"key": "b"}
+    assert json_call('{"name": "look", "arguments": "{\\"key\\": 3}"}', TOOLS).args == {"key": "3"}
+    for bad in ('{"name": "look", "arguments": {}}', '{"name": "rm"}', "look b", "[1]"):
+        assert json_call(bad, TOOLS) is None, bad
+
+
+def test_vault_pays_only_a_right_answer_and_names_how_each_episode_ended():
+    task = get_task("vault", 2)
+    p = task.split("val")[0]
+    script = [a for a, _ in task.demonstration(p)]
+
+    def run(actions, t=task):
+        env = t.environment(p, plain)
+        env.reset(0)
+        for a in actions:
+            s = env.step(a)
+            if s.terminated:
+                return s, env.trace
+        return s, env.trace
+
+    s, trace = run(script)
+    assert (s.reward, s.info["stop"], trace.tools, trace.failures) == (1.0, SUCCESS, ["look", "look", "answer"], 0)
+    assert run(script[:1] + ["answer 1 2"])[0].info["stop"] == FAIL
+    assert run([f"answer {p.answer}"])[0].info["stop"] == SUCCESS       # a right guess is still right
+    assert run(["answer 10 10"])[0].info["stop"] == ABANDON             # no lookup at all
+    assert run(["hello"])[0].info["stop"] == INVALID
+    env = task.environment(p, plain)
+    env.reset(0)
+    obs = env.step(script[0]).observation
+    assert env.step(obs).info["stop"] == ECHO                            # the observation said back
+    locked = get_task("vault?tool=off", 2)
+    assert locked.spec == "vault?tool=off" and locked.sft_task().spec == "vault"
+    s, trace = run(script, locked)
+    assert s.reward == 1.0 and trace.failures == 2   # the same verifier; both lookups failed
+    assert p.answer.split()[0] not in locked.environment(p, plain).step(script[0]).observation
+    with pytest.raises(UsageError, match="tool must be on or off"):
+        get_task("vault?tool=maybe")
+
+
+class Scripted(Environment):
+    """Answers every turn with a fixed observation; ends when told to."""
+    tools = {}
+
+    def __init__(self, obs="ok\n", end_after=99, caps=Caps(max_turns=3, max_tokens=200, turn_tokens=6)):
+        super().__init__()
+        self.obs, self.end_after, self.caps, self.n = obs, end_after, caps, 0
+
+    def reset(self, seed):
+        return "go\n"
+
+    def step(self, action):
+        self.n += 1
+        self.trace.tools.append("x")
+        if self.n >= self.end_after:
+            return Step("", 1.0, True, False, {"stop": SUCCESS})
+        return Step(self.obs, 0.0, False, False)
+
+    def truncate(self, stop):
+        return Step("", 0.5, False, True, {"stop": stop})
+
+
+def test_played_episodes_keep_the_sampled_ids_and_mask_only_them():
+    tok = build_tokenizer()
+    model = build_model(len(tok), seed=0)
+    stops = [tok.eos_token_id]
+    obs_ids = tok("ok\n", add_special_tokens=False)["input_ids"]
+    envs = [Scripted(end_after=2), Scripted(), Scripted(caps=Caps(max_turns=3, max_tokens=12, turn_tokens=6))]
+    out = play(model, tok, envs[:2], envs[0].caps, stops, generator=torch.Generator().manual_seed(0))
+    ended, capped = out
+    assert (ended.stop, ended.reward, ended.terminated, ended.turns) == (SUCCESS, 1.0, True, 2)
+    assert (capped.stop, capped.reward, capped.truncated, capped.turns) == (TURN_CAP, 0.5, True, 3)
+    for p in out:
+        ids, mask = p.episode.assemble()
+        n_prompt = len(p.episode.prompt_ids)
+        assert mask[:n_prompt] == [0] * n_prompt and sum(mask) == len(p.logprobs) == len(p.entropies)
+        for policy, obs in p.episode.turns:
+            assert obs in ([], obs_ids)        # the observation's ids as the tokenizer made them once
+            assert len(policy) <= 6            # the turn cap on tokens
+    short = play(model, tok, envs[2:], envs[2].caps, stops, generator=torch.Generator().manual_seed(0))[0]
+    assert short.stop == TOKEN_CAP and short.episode.tokens() <= 12 and short.truncated
+    gen = as_generation(out, tok.pad_token_id, 200)
+    for b, p in enumerate(out):
+        ids, mask = p.episode.assemble()
+        after = ids[len(p.episode.prompt_ids):]
+        row_mask = mask[len(p.episode.prompt_ids):]
+        assert gen.completion_ids[b, :len(after)].tolist() == after
+        assert gen.completion_mask[b].tolist() == row_mask + [0] * (gen.completion_mask.shape[1] - len(after))
+        assert gen.logprobs[b][gen.completion_mask[b].bool()].tolist() == pytest.approx(p.logprobs)
+        assert float(gen.logprobs[b][~gen.completion_mask[b].bool()].abs().sum()) == 0.0
+    assert gen.truncated.tolist() == [False, True]
+
+
+def test_the_trainer_plays_vault_and_its_records_carry_the_episode(tmp_path):
+    d = tmp_path / "h"
+    shutil.copytree(REFERENCE, d)
+    raw = yaml.safe_load((REFERENCE / "knobs.yaml").read_text())
+    (d / "knobs.yaml").write_text(yaml.safe_dump({**raw, "prompts_per_step": 4, "group_size": 4, "reward": "longer"}))
+    # a reward that varies inside groups (policy tokens), so the update has a gradient to apply
+    (d / "reward.py").write_text("def longer(r):\n    return r.lengths.float() + r.turns.float()\n")
+    tok = build_tokenizer()
+    model = build_model(len(tok), seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    tr = GRPOTrainer(model, tok, get_task("vault", 1), load_harness(d), seed=0)
+    m, recs = tr.step()
+    assert len(recs) == 16 and m.step == 1
+    for r, p in zip(recs, tr.played):
+        assert r.turns == p.turns >= 1 and r.stop == p.stop and r.tool_sequence.split() == p.trace.tools
+        assert r.length == sum(p.episode.assemble()[1])   # policy tokens only
+        assert r.terminated == p.terminated and r.truncated == p.truncated
+    # a random policy writes no valid call: every episode ends on an invalid action, all rewards 0
+    assert {r.stop for r in recs} <= {INVALID, "turn_cap", "token_cap"} and {r.score for r in recs} == {0.0}
+    assert m.dead_groups < 1.0 and any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_the_trl_backend_refuses_a_multi_turn_task_in_one_line():
+    with pytest.raises(UsageError, match="cannot train the multi-turn task vault: TRL's environment_factory"):
+        check_backend(Runtime(backend="trl"), load_harness().knobs, task=get_task("vault"))
+    check_backend(Runtime(backend="embedded"), load_harness().knobs, task=get_task("vault"))

@@ -84,7 +84,7 @@ def cmd_train(args) -> dict:
     task = _task(args)
     runtime = _runtime(args)
     knobs = inspect_harness(args.harness)  # bad knobs or slot names fail here, before any work
-    check_backend(runtime, knobs, str(args.harness or "the reference harness"))
+    check_backend(runtime, knobs, str(args.harness or "the reference harness"), task)
     steps = knobs.steps if args.steps is None else args.steps
     if steps < 0:
         raise UsageError(f"--steps must be >= 0, got {steps}")

@@ -21,16 +21,18 @@ import hashlib
 import json
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from evotrainer import __version__
+from evotrainer.envs import EnvTask, Episode, pad
 from evotrainer.errors import UsageError
 from evotrainer.evaluate import accuracy
 from evotrainer.policy import build_model, build_tokenizer, load_policy, save_policy
 from evotrainer.policy.config import PolicyConfig
+from evotrainer.policy.prompts import observation_token_ids, prompt_token_ids
 from evotrainer.tasks import Task, get_task
 from evotrainer.tasks.base import HELD_OUT_SHARE
 from evotrainer.tasks.keys import DEFAULT_CACHE, split_key
@@ -56,7 +58,7 @@ class PretrainConfig:
     # and climbed steadily (25% at ~480, 90% by 700), which a stop-at-target SFT needs.
     lr: float = 1e-3
     warmup_steps: int = 20
-    check_every: int = 10
+    check_every: int = 0            # probe every this many steps; 0: the task's own (Task.sft_check_every)
     probe_size: int = 200           # problems per check, a fresh draw each time
     smooth: int = 3                 # the stop reads the mean of this many last checks
     # From scratch, SFT on addition sits on a loss plateau (~0.7) for a number of steps that
@@ -84,7 +86,13 @@ class PretrainConfig:
             raise ValueError(f"warm_start must be 0 (fresh) or a level, got {self.warm_start}")
 
 
+def resolved(task: Task, cfg: PretrainConfig) -> PretrainConfig:
+    """The config with the task's own defaults filled in (what the cache key hashes)."""
+    return replace(cfg, check_every=cfg.check_every or task.sft_check_every)
+
+
 def cache_key(task: Task, cfg: PretrainConfig) -> str:
+    cfg = resolved(task, cfg)
     fields = {k: v for k, v in asdict(cfg).items() if k != "warm_start" or v}  # older bases keep their keys
     blob = json.dumps({"task": task.name, "target": task.target_level, "v": __version__,
                        "train_stream": f"indexed, outside a keyed held-out pool (1/{HELD_OUT_SHARE})",
@@ -98,12 +106,15 @@ def base_path(task: Task, cfg: PretrainConfig, cache_dir: Path = DEFAULT_CACHE) 
     return Path(cache_dir) / f"base-{task.name.replace(':', '_')}-{task.target_level}-{cache_key(task, cfg)}"
 
 
-def sft_batch(tok, problems) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded BOS+prompt+answer+EOS and a loss mask over answer and EOS only.
+def sft_batch(tok, problems, task: Task | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded BOS+prompt+answer+EOS and a loss mask over answer and EOS only; for a
+    multi-turn task, its expert episodes with the loss on the policy's turns only.
 
     Right padding needs no attention mask in a causal model (pads come after every real
     token), so attention takes the fused causal path; positions match generation's.
     """
+    if isinstance(task, EnvTask):
+        return episode_batch(tok, task, problems)
     texts = [tok.bos_token + p.prompt + p.answer + tok.eos_token for p in problems]
     enc = tok(texts, add_special_tokens=False, padding=True, padding_side="right", return_tensors="pt")
     ids, mask = enc["input_ids"], enc["attention_mask"]
@@ -112,6 +123,20 @@ def sft_batch(tok, problems) -> tuple[torch.Tensor, torch.Tensor]:
     ans_len = torch.tensor([[len(p.answer) + 1] for p in problems])
     t = torch.arange(T)[None, :]
     return ids, ((t >= end - ans_len) & (t < end)).long()
+
+
+def episode_batch(tok, task: EnvTask, problems) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert episodes built as the trainer builds them (envs/episode.py): the same ids, each
+    policy turn ending in EOS, observations tokenized once; the loss mask is the episode's."""
+    rows = []
+    for p in problems:
+        ep = Episode(prompt_token_ids(tok, [p.prompt], chat_template=False)[0])
+        for text, obs in task.demonstration(p):
+            ep.add(tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id],
+                   observation_token_ids(tok, obs, chat_template=False) if obs else [])
+        rows.append(ep.assemble())
+    ids, mask, _ = pad(rows, tok.pad_token_id)
+    return torch.tensor(ids), torch.tensor(mask)
 
 
 def sft_loss(model, ids, loss_mask) -> torch.Tensor:
@@ -133,12 +158,16 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
     from (every group dead), so it raises PretrainFailed instead of being cached, unless
     `require_target` is False.
     """
+    cfg = resolved(task, cfg)
     try:
         cfg.validate()
     except ValueError as e:
         raise UsageError(str(e)) from None
     out = base_path(task, cfg, cache_dir)
     task.use_key(split_key(out.name, Path(cache_dir)))  # the base's own split: SFT trains outside its held-out pool
+    if isinstance(task, EnvTask):  # a control variant (vault?tool=off) starts from the plain task's base
+        task, key = task.sft_task(), task.key
+        task.use_key(key)
     meta_file = out / "base_meta.json"
     if meta_file.exists():
         return out, json.loads(meta_file.read_text())
@@ -194,7 +223,7 @@ def _sft(task: Task, cfg: PretrainConfig, model, tok, seed: int, levels: list[in
     model.train()
     for step in range(1, cfg.max_steps + 1):
         batch = stream.batch([rng.choice(levels) for _ in range(cfg.batch_size)])
-        loss = sft_loss(model, *sft_batch(tok, batch))
+        loss = sft_loss(model, *sft_batch(tok, batch, task))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -144,7 +144,7 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     out.mkdir(parents=True, exist_ok=True)
     runtime = runtime or Runtime()
     knobs = inspect_harness(harness_dir)
-    check_backend(runtime, knobs, str(harness_dir or "the reference harness"))
+    check_backend(runtime, knobs, str(harness_dir or "the reference harness"), task)
     steps = knobs.steps if steps is None else steps
     follow = _metrics_follower(out / "metrics.jsonl", on_step) if on_step else None
     level = task.target_level  # the spec and this level rebuild the same task in every process

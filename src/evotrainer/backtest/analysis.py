@@ -111,6 +111,7 @@ FEATURES = {
     "format_failure": lambda r: float(format_failure(r)),
     "repetition": lambda r: repetition(r.completion),
     "policy_confidence": lambda r: r.mean_logprob,
+    "turns": lambda r: float(r.turns or 0),  # multi-turn tasks (constant 0, so never tracked, elsewhere)
     CORRECTNESS_FEATURE: answer_similarity,
 }
 

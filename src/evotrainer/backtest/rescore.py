@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from evotrainer.envs.base import Trace
+
 from evotrainer.evidence.records import RolloutRecord, read_evidence
 from evotrainer.harness import Rollouts, load_harness
 from evotrainer.harness.signal import harness_signal
@@ -44,6 +46,18 @@ def _cut(r: RolloutRecord, budget: int) -> tuple[str, int, bool, float]:
     return r.completion[:budget], budget, True, 0.0
 
 
+def episodes_of(rows: list[RolloutRecord]) -> dict:
+    """A multi-turn task's Rollouts fields rebuilt from its records (turns, stops, traces), so
+    a reward that reads them rescores as it trains; nothing for single-turn records."""
+    if any(r.turns is None for r in rows):
+        return {}
+    traces = [Trace(tools=(r.tool_sequence or "").split(), failures=r.tool_failures or 0,
+                    files_read=(r.files_read or "").split(), files_edited=(r.files_edited or "").split(),
+                    target_files=(r.target_files or "").split(), tests_run=r.tests_run or 0,
+                    git_access=r.git_access or 0, partial=r.partial) for r in rows]
+    return {"turns": torch.tensor([r.turns for r in rows]), "stops": [r.stop for r in rows], "traces": traces}
+
+
 def rescore(evidence_dir: str, harness_dir: str) -> dict:
     """Worker entry point: per record, the candidate's reward, advantage and keep flag."""
     d = Path(evidence_dir)
@@ -63,7 +77,7 @@ def rescore(evidence_dir: str, harness_dir: str) -> dict:
         ro = Rollouts(problems=[Problem(r.prompt_id, r.prompt, r.answer, r.level) for r in rows],
                       completions=[c[0] for c in cut], scores=scores,
                       lengths=torch.tensor([c[1] for c in cut]), truncated=torch.tensor([c[2] for c in cut]),
-                      group_size=G, max_new_tokens=T)
+                      group_size=G, max_new_tokens=T, **episodes_of(rows))
         sig = harness_signal(h, ro)
         out["reward"] += sig.rewards.tolist()
         out["advantage"] += sig.advantages.tolist()

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from evotrainer.diagnostics.evidence import Evidence
-from evotrainer.diagnostics.library import failure_counts
+from evotrainer.diagnostics.library import failure_counts, stop_counts
 from evotrainer.diagnostics.spec import LAYERS, findings, measure, windows
 from evotrainer.errors import UsageError
 from evotrainer.evidence.records import evidence_of
@@ -56,6 +56,7 @@ def health_of(evidence_dir: str, harness_dir: str | None = None) -> dict:
             "summary": d.summary} for n, d in diags.items()],
         "findings": [f.to_dict() for f in found],
         "failures": failure_counts(ev.last),  # a code task's: what fails most, in the last window
+        "stops": stop_counts(ev.last),        # a multi-turn task's: how episodes end, in the last window
         "worst": found[0].severity if found else "healthy",
         "blocking": any(f.blocking for f in found),
     }
@@ -92,6 +93,10 @@ def to_markdown(reports: list[dict]) -> str:
             total = sum(n for _, n in rep["failures"])
             lines += ["", "### What fails most (programs, last window)", "",
                       ", ".join(f"{kind} {n / total:.0%}" for kind, n in rep["failures"][:6])]
+        if rep.get("stops"):
+            total = sum(n for _, n in rep["stops"])
+            lines += ["", "### How episodes end (last window)", "",
+                      ", ".join(f"{stop} {n / total:.0%}" for stop, n in rep["stops"])]
         lines += ["", "### Diagnostics", "",
                   "| layer | diagnostic | first window | value | thresholds | what it measures |",
                   "|---|---|---|---|---|---|"]

@@ -71,7 +71,8 @@ def char_classes(text: str) -> set[str]:
 
 
 def format_failure(r: RolloutRecord) -> bool:
-    """Empty, cut off without an end token, or using a kind of character the answer never does."""
+    """Empty, cut off without an end token, or using a kind of character the answer never does
+    (single-turn answers; an episode's transcript holds tool calls and observations)."""
     return not r.completion.strip() or r.truncated or not char_classes(r.completion) <= char_classes(r.answer)
 
 
@@ -189,8 +190,9 @@ def reward_length_coupling(ev: Evidence) -> float | None:
 @diagnostic("behavior", warn=0.2, critical=0.5,
             suggest="reward: a format signal, or check for a length or format hack")
 def format_failure_rate(ev: Evidence) -> float | None:
-    """Share of completions that are empty, cut off, or use characters the answer never does."""
-    recs = ev.records
+    """Share of completions that are empty, cut off, or use characters the answer never does
+    (single-turn tasks: an episode's format is the agentic layer's invalid actions)."""
+    recs = [r for r in ev.records if r.turns is None]
     return sum(map(format_failure, recs)) / len(recs) if recs else None
 
 
@@ -335,31 +337,167 @@ def top_failure_share(ev: Evidence) -> float | None:
 
 
 # ------------------------------------------------------------------ agentic (multi-turn records only)
+# EvoTrainer's behaviour metrics for agents, where its thresholds are published (shared/
+# REFERENCES.md: tool or edit failures > 15%, self-test rate < 50%, edit coverage < 60%,
+# solution diversity < 15%, a metric for git-history access after a leak); the others are
+# ours, said so beside them. Each is None on single-turn records (no turns) and on episodes
+# that never did what it measures (self-tests of episodes that never edit).
 
-def _present(ev: Evidence, field: str) -> list:
-    return [v for v in ev.column(field) if v is not None]
+def _episodes(ev: Evidence) -> list[RolloutRecord]:
+    return [r for r in ev.records if r.turns is not None]
+
+
+def _tools(r: RolloutRecord) -> list[str]:
+    return (r.tool_sequence or "").split()
+
+
+def _edited(r: RolloutRecord) -> list[str]:
+    return (r.files_edited or "").split()
+
+
+def _stop_share(ev: Evidence, *stops: str) -> float | None:
+    eps = _episodes(ev)
+    return sum(r.stop in stops for r in eps) / len(eps) if eps else None
+
+
+def stop_counts(ev: Evidence) -> list[tuple[str, int]]:
+    """How episodes ended (envs.base STOPS), most frequent first (the health report lists them)."""
+    counts: dict[str, int] = {}
+    for r in _episodes(ev):
+        counts[r.stop or "?"] = counts.get(r.stop or "?", 0) + 1
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
 @register
 @diagnostic("agentic")
 def turns_mean(ev: Evidence) -> float | None:
-    """Mean turns per episode."""
-    return mean(_present(ev, "turns"))
+    """Mean policy turns per episode."""
+    return mean(r.turns for r in _episodes(ev))
 
 
 @register
 @diagnostic("agentic")
 def tool_calls_mean(ev: Evidence) -> float | None:
-    """Mean tool calls per episode."""
-    return mean(_present(ev, "tool_calls"))
+    """Mean tool calls per episode (unparsed actions included)."""
+    return mean(r.tool_calls or 0 for r in _episodes(ev))
 
 
 @register
 @diagnostic("agentic", warn=0.15, critical=0.3, suggest="reward: a tool-format or edit-format signal")
 def tool_failure_rate(ev: Evidence) -> float | None:
     """Failed tool calls over all tool calls (EvoTrainer: edit failures above 15%)."""
-    calls, fails = sum(_present(ev, "tool_calls")), sum(_present(ev, "tool_failures"))
+    eps = _episodes(ev)
+    calls, fails = sum(r.tool_calls or 0 for r in eps), sum(r.tool_failures or 0 for r in eps)
     return fails / calls if calls else None
+
+
+@register
+@diagnostic("agentic", warn=0.15, critical=0.3, suggest="action_parser: read more formats, or a format signal")
+def invalid_action_rate(ev: Evidence) -> float | None:
+    """Episodes ended by a turn that parsed as no tool (thresholds as tool failures)."""
+    return _stop_share(ev, "invalid_action")
+
+
+@register
+@diagnostic("agentic", warn=0.2, critical=0.5,
+            suggest="reward: check for an efficiency term paying for early exits; curriculum: easier levels")
+def abandonment_rate(ev: Evidence) -> float | None:
+    """Episodes that ended on their own without any work (answered before a lookup,
+    submitted without an edit). EvoTrainer: "abandonment" is critical; these bounds are ours."""
+    return _stop_share(ev, "abandon")
+
+
+@register
+@diagnostic("agentic", warn=0.05, critical=0.2, suggest="exploration: penalise repeats, or a lower temperature")
+def echo_trap_rate(ev: Evidence) -> float | None:
+    """Episodes ended by the policy repeating an observation back (EvoTrainer's echo trap; bounds ours)."""
+    return _stop_share(ev, "echo")
+
+
+@register
+@diagnostic("agentic", warn=0.2, critical=0.5, suggest="efficiency: a turn cap, or a reward for finishing")
+def cap_rate(ev: Evidence) -> float | None:
+    """Episodes cut by the turn or token cap (truncated, not terminated; bounds ours)."""
+    return _stop_share(ev, "turn_cap", "token_cap")
+
+
+@register
+@diagnostic("agentic", warn=0.5, critical=0.25, above=False, suggest="reward: a signal for running the tests")
+def self_test_rate(ev: Evidence) -> float | None:
+    """Of the episodes that edited, the share that ran the tests after their first edit (EvoTrainer: < 50% warns)."""
+    edits = [r for r in _episodes(ev) if "edit" in _tools(r)]
+    if not edits:
+        return None
+    def tested_after(r):
+        t = _tools(r)
+        return "test" in t[t.index("edit"):]
+    return sum(map(tested_after, edits)) / len(edits)
+
+
+@register
+@diagnostic("agentic", warn=0.6, critical=0.3, above=False, suggest="behavior: search and read before editing")
+def edit_coverage(ev: Evidence) -> float | None:
+    """Of the episodes that edited, the mean share of the files the fix belongs in that they
+    edited (EvoTrainer: < 60% warns)."""
+    rows = [r for r in _episodes(ev) if _edited(r) and (r.target_files or "").split()]
+    if not rows:
+        return None
+    return mean(len(set(_edited(r)) & set(r.target_files.split())) / len(set(r.target_files.split())) for r in rows)
+
+
+@register
+@diagnostic("agentic", warn=0.15, above=False, suggest="exploration: raise the temperature")
+def solution_diversity(ev: Evidence) -> float | None:
+    """1 - mean pairwise Jaccard similarity of the edited files within a group (EvoTrainer: < 15% warns)."""
+    sims = []
+    for g in ev.groups:
+        sets = [set(_edited(r)) for r in g if r.turns is not None and _edited(r)]
+        sims += [len(a & b) / len(a | b) for i, a in enumerate(sets) for b in sets[i + 1:]]
+    return 1 - mean(sims) if sims else None
+
+
+@register
+@diagnostic("agentic")
+def search_before_edit(ev: Evidence) -> float | None:
+    """Of the episodes that edited, the share that read or searched before their first edit."""
+    edits = [r for r in _episodes(ev) if "edit" in _tools(r)]
+    if not edits:
+        return None
+    return sum(bool({"read", "search"} & set(_tools(r)[:_tools(r).index("edit")])) for r in edits) / len(edits)
+
+
+def longest_run(tools: list[str]) -> int:
+    best = run = 0
+    for i, t in enumerate(tools):
+        run = run + 1 if i and t == tools[i - 1] else 1
+        best = max(best, run)
+    return best
+
+
+@register
+@diagnostic("agentic", warn=4, critical=8, suggest="efficiency: a turn cap, or penalise repeated calls")
+def longest_tool_run(ev: Evidence) -> float | None:
+    """Mean longest run of one tool called again and again in an episode (a loop; bounds ours)."""
+    return mean(longest_run(_tools(r)) for r in _episodes(ev))
+
+
+@register
+@diagnostic("agentic")
+def tool_entropy(ev: Evidence) -> float | None:
+    """Mean entropy (bits) of the tool kinds an episode calls: 0 when it only ever calls one."""
+    def bits(tools):
+        n = len(tools)
+        return -sum(tools.count(t) / n * math.log2(tools.count(t) / n) for t in set(tools)) if n else 0.0
+    return mean(bits(_tools(r)) for r in _episodes(ev))
+
+
+@register
+@diagnostic("agentic", warn=0.01, critical=0.05, suggest="environment: scrub version-control history from the workspace")
+def git_history_access(ev: Evidence) -> float | None:
+    """Share of episodes that reached for version-control history (the leak EvoTrainer found
+    by audit: a score of 48.8 fell to 31.0 once history was cleared)."""
+    eps = [r for r in _episodes(ev) if r.git_access is not None]
+    return sum(r.git_access > 0 for r in eps) / len(eps) if eps else None
 
 
 @register
@@ -368,3 +506,24 @@ def turns_rise(ev: Evidence) -> float | None:
     """Relative rise in turns per episode, first to last window."""
     fl = _first_last(ev, "turns")
     return (fl[1] - fl[0]) / fl[0] if fl and fl[0] else None
+
+
+@register
+@diagnostic("agentic", warn=0.5, critical=0.8, blocking=True, scope="run",
+            suggest="reward hacking: the reward pays for a behaviour (fewer or more turns); pay for the outcome only")
+def reward_turn_coupling(ev: Evidence) -> float | None:
+    """|Spearman| of reward with turns inside groups whose verifier scores are all equal: where
+    the outcome ties, a reward that still moves with the number of turns pays for the behaviour
+    itself (EvoTrainer's lesson: an efficiency factor produced 1-turn exits). Over the whole
+    segment: once the hack has won, every episode exits alike and nothing is left to correlate."""
+    rewards, turns = [], []
+    for g in ev.groups:
+        eps = [r for r in g if r.turns is not None]
+        if len(eps) < 2 or len({r.score for r in eps}) > 1 or std(r.reward for r in eps) <= DEAD_STD:
+            continue
+        mr, mt = mean(r.reward for r in eps), mean(r.turns for r in eps)
+        rewards += [r.reward - mr for r in eps]
+        turns += [r.turns - mt for r in eps]
+    if not _episodes(ev):
+        return None
+    return abs(spearman(rewards, turns) or 0.0) if len(rewards) >= 8 else 0.0

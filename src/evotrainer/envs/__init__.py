@@ -1,5 +1,8 @@
-"""Multi-turn environments: the interface (base.py) and an episode's tokens and loss mask (episode.py)."""
-from evotrainer.envs.base import Caps, Environment, SingleTurn, Step
+"""Multi-turn environments: the interface (base.py), an episode's
+tokens and loss mask (episode.py), and playing a batch of episodes with a policy (play.py)."""
+from evotrainer.envs.base import (ABANDON, ECHO, FAIL, INVALID, STOPS, SUCCESS, TOKEN_CAP, TURN_CAP, Caps, EnvTask,
+                                  Environment, SingleTurn, Step, ToolCall, Trace)
 from evotrainer.envs.episode import Episode, pad
 
-__all__ = ["Caps", "Environment", "Episode", "SingleTurn", "Step", "pad"]
+__all__ = ["ABANDON", "Caps", "ECHO", "EnvTask", "Environment", "Episode", "FAIL", "INVALID", "STOPS", "SUCCESS",
+           "SingleTurn", "Step", "TOKEN_CAP", "TURN_CAP", "ToolCall", "Trace", "pad"]

@@ -4,6 +4,9 @@ from pathlib import Path
 
 import torch
 
+from evotrainer.envs import EnvTask
+from evotrainer.harness.actions import ACTION_PARSERS
+from evotrainer.envs.play import play
 from evotrainer.policy import load_policy
 from evotrainer.policy.config import PolicyConfig
 from evotrainer.policy.generate import decode, generate
@@ -21,12 +24,24 @@ def accuracy(model, tok, task: Task, problems: list[Problem], batch_size: int = 
     total = 0.0
     for i in range(0, len(problems), batch_size):
         chunk = problems[i:i + batch_size]
+        if isinstance(task, EnvTask):
+            total += sum(task.credit(p.reward) for p in play_greedy(model, tok, task, chunk, stops, policy))
+            continue
         ids, mask = encode_prompts(tok, [p.prompt for p in chunk], policy.chat_template, device)
         with policy.autocast():
             gen = generate(model, ids, mask, task.max_new_tokens, stops, tok.pad_token_id, greedy=True)
         total += sum(map(task.credit, task.score_many(chunk, decode(tok, gen))))
     model.train(was_training)
     return total / max(len(problems), 1)
+
+
+def play_greedy(model, tok, task: EnvTask, problems: list[Problem], stops: list[int], policy: PolicyConfig):
+    """Greedy episodes of a multi-turn task. Actions are read with the task's built-in parser,
+    never a harness's: the evaluator runs no harness code, so a harness that evolves its
+    parser changes what its training sees, not how it is judged."""
+    parse = ACTION_PARSERS.get(task.action_format)
+    return play(model, tok, [task.environment(p, parse) for p in problems], task.caps, stops, greedy=True,
+                chat_template=policy.chat_template)
 
 
 def evaluate_checkpoint(path: Path, task: Task, split: str, level: int | None = None,

@@ -30,9 +30,18 @@ class RolloutRecord:
     entropy: float       # mean per-token entropy of the policy at those positions
     kept: bool           # its group passed the group filter
     # multi-turn (agentic) tasks only; None where the task has no turns or tools
-    turns: int | None = None
+    turns: int | None = None          # policy turns
     tool_calls: int | None = None
-    tool_failures: int | None = None
+    tool_failures: int | None = None  # calls that failed: unparsed, bad arguments, no match, locked
+    tool_sequence: str | None = None  # tool names in call order, space-separated ("look look answer")
+    stop: str | None = None           # how it ended: success, fail, turn_cap, token_cap, invalid_action, echo, abandon
+    terminated: bool | None = None    # ended on its own (False: a cap cut it; `truncated` is then True)
+    files_read: str | None = None     # repositories: paths read, space-separated
+    files_edited: str | None = None   # paths edited
+    target_files: str | None = None   # paths the fix belongs in (edit coverage reads it)
+    tests_run: int | None = None      # runs of the visible tests
+    git_access: int | None = None     # calls that reached for version-control history
+    partial: float | None = None      # share of hidden tests passed, beside the 0/1 reward
     # tasks that run programs (codegen, humaneval) only: what happened to the program
     outcome: str | None = None   # passed, failed, syntax_error, runtime_error, timeout, memory
     failure: str | None = None   # the kind of failure: an exception type, "wrong output", "timeout"

@@ -83,7 +83,7 @@ class Controller:
         self.runtime = cfg.runtime().validate()
         # a user's model: a local directory every worker loads (checked now: bad input stops here)
         self.model = resolve_model(cfg.model) if cfg.model else None
-        check_backend(self.runtime, inspect_harness(cfg.harness or REFERENCE), "the root harness")
+        check_backend(self.runtime, inspect_harness(cfg.harness or REFERENCE), "the root harness", self.task)
         # continue mode: segments to the reference's total steps; restart mode: every state is whole
         self.max_depth = 1 if cfg.policy == "restart" else cfg.budget.total_steps // cfg.budget.steps_per_segment
         self.on_event = on_event or (lambda kind, data: None)

@@ -9,6 +9,9 @@ Parameters (the defaults are the reference recipe):
     loss_agg: `token_mean` (DAPO 2503.14476), `seq_mean_token_mean` (GRPO),
         `seq_mean_token_sum`, `seq_mean_token_sum_norm` (Dr. GRPO).
     curriculum: level sampling (`fixed`, `frontier`).
+    action_parser: how a multi-turn task reads a policy turn as a tool call (`plain`:
+        `name arg|arg`, for the built-in character model; `json`: a JSON tool call, bare or in
+        <tool_call> tags, for chat models; or one the harness defines). Unused by single-turn tasks.
     train_levels: levels the curriculum draws from; empty means the task's target level.
     lr: AdamW learning rate. The reference uses 3e-4; 1e-3 collapses the tiny policy
         within a few steps (shared/MEASUREMENTS.md).
@@ -53,6 +56,7 @@ class Knobs:
     loss_agg: str = "token_mean"
     kl_estimator: str = "k3"
     curriculum: str = "fixed"
+    action_parser: str = "plain"
     train_levels: tuple[int, ...] = field(default_factory=tuple)
     lr: float = 3e-4
     warmup_steps: int = 0

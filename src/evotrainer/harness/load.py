@@ -1,7 +1,7 @@
 """A harness is a directory: `knobs.yaml` plus optional slot files.
 
 Slot files (`reward.py`, `group_filter.py`, `advantage.py`, `loss_agg.py`,
-`policy_loss.py`, `curriculum.py`) define plain functions; each public function becomes
+`policy_loss.py`, `curriculum.py`, `action_parser.py`) define plain functions; each public function becomes
 a name the knobs can pick, next to the built-in ones. `diagnostics.py` adds or revises
 diagnostics (evotrainer.diagnostics.load reads it). The reference harness ships in
 the package (`evotrainer/harnesses/reference`) and is the root of every run.
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from evotrainer.harness.actions import ACTION_PARSERS
 from evotrainer.errors import UsageError, unknown
 from evotrainer.harness.advantages import ADVANTAGES
 from evotrainer.harness.curriculum import CURRICULA
@@ -30,7 +31,7 @@ REFERENCE = Path(__file__).resolve().parent.parent / "harnesses" / "reference"
 SLOTS: dict[str, Registry] = {
     "reward": REWARDS, "group_filter": GROUP_FILTERS, "advantage": ADVANTAGES,
     "policy_loss": POLICY_LOSSES, "loss_agg": LOSS_AGGS, "kl_estimator": KL_ESTIMATORS,
-    "curriculum": CURRICULA,
+    "curriculum": CURRICULA, "action_parser": ACTION_PARSERS,
 }
 
 

@@ -18,6 +18,11 @@ class Rollouts:
     truncated: torch.Tensor      # [B] bool: hit max_new_tokens without an end token
     group_size: int
     max_new_tokens: int
+    # multi-turn tasks only (None otherwise): policy turns per episode, how each ended (envs.base
+    # STOPS) and what it did (envs.base.Trace: tools called in order, failures, files, tests)
+    turns: torch.Tensor | None = None
+    stops: list[str] | None = None
+    traces: list | None = None
 
     @property
     def num_groups(self) -> int:

@@ -23,6 +23,7 @@ class Backend:
     name: str
     target: str                                  # "module:function", imported in the worker only
     refusals: Callable[..., list[str]]            # (knobs, runtime) -> what it cannot express
+    multi_turn: str = ""                         # why it cannot play environments; "" where it can
 
     def run(self, *args, **kwargs) -> dict:
         module, _, fn = self.target.partition(":")
@@ -44,7 +45,12 @@ def run_embedded(model, tok, task, harness, seed: int, steps: int, log, optimize
 
 BACKENDS = {
     "embedded": Backend("embedded", "evotrainer.inner.backends:run_embedded", lambda knobs, runtime: []),
-    "trl": Backend("trl", "evotrainer.inner.trl_backend:run_trl", trl_refusals),
+    # TRL's multi-turn path (`environment_factory`, `max_tool_calling_iterations`) parses tool
+    # calls with the model's chat template and holds its own environment objects: not yet
+    # wired to ours (caps, traces, the harness's action parser), so it is refused, not half-run
+    "trl": Backend("trl", "evotrainer.inner.trl_backend:run_trl", trl_refusals,
+                   multi_turn="TRL's environment_factory is not wired to evotrainer environments yet "
+                              "(caps, traces and the action_parser slot); use backend: embedded"),
 }
 
 
@@ -54,8 +60,12 @@ def get_backend(name: str) -> Backend:
     return BACKENDS[name]
 
 
-def check_backend(runtime, knobs, harness: str = "the harness") -> None:
-    """One line, before any work, if the backend cannot train this harness as it is written."""
-    refused = get_backend(runtime.backend).refusals(knobs, runtime)
+def check_backend(runtime, knobs, harness: str = "the harness", task=None) -> None:
+    """One line, before any work, if the backend cannot train this harness (on this task) as it is written."""
+    from evotrainer.envs import EnvTask
+    backend = get_backend(runtime.backend)
+    if isinstance(task, EnvTask) and backend.multi_turn:
+        raise UsageError(f"backend {runtime.backend} cannot train the multi-turn task {task.name}: {backend.multi_turn}")
+    refused = backend.refusals(knobs, runtime)
     if refused:
         raise UsageError(f"backend {runtime.backend} cannot train {harness}: {refused[0]}")

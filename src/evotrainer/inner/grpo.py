@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from evotrainer.envs import EnvTask
+from evotrainer.envs.play import Played, as_generation, play
 from evotrainer.evidence import RolloutRecord
 from evotrainer.harness import Harness, Rollouts
 from evotrainer.harness.filters import DEAD_STD
@@ -67,7 +69,8 @@ class GRPOTrainer:
         self.k = k = harness.knobs
         self.seed, self.step_no = seed, 0
         self.steps_before = 0  # steps this policy trained before this trainer (see resume_optimizer)
-        self.T = k.completion_budget(task.max_new_tokens)
+        # a multi-turn task's "completion" is everything after the prompt: the episode's token cap
+        self.T = task.caps.max_tokens if isinstance(task, EnvTask) else k.completion_budget(task.max_new_tokens)
         self.device = next(model.parameters()).device
         self.stop_ids = stop_token_ids(model, tok)
         torch.manual_seed(seed)
@@ -75,6 +78,7 @@ class GRPOTrainer:
         self.sampler = torch.Generator(device=self.device).manual_seed(seed)
         self.stream = task.train_stream(seed)
         self.judged: list[Judgement] = []  # the verifier's verdicts on the last sample
+        self.played: list[Played] | None = None  # a multi-turn task's episodes of the last sample
         self.opt = make_adamw(model, k)
         # fp16 autocast needs loss scaling, or small gradients underflow to zero
         self.scaler = torch.amp.GradScaler(self.device.type) if self.policy.compute_dtype() == torch.float16 else None
@@ -95,6 +99,8 @@ class GRPOTrainer:
     def sample(self) -> tuple[list, Generation, list[str], torch.Tensor]:
         G = self.k.group_size
         problems = self.stream.batch(self.levels.levels(self.step_no, self.k.prompts_per_step))
+        if isinstance(self.task, EnvTask):
+            return self._play(problems)
         ids, mask = encode_prompts(self.tok, [p.prompt for p in problems], self.policy.chat_template, self.device)
         with self.policy.autocast():
             gen = generate(self.model, ids, mask, self.T, self.stop_ids, self.tok.pad_token_id,
@@ -106,6 +112,20 @@ class GRPOTrainer:
         scores = torch.tensor([j.score for j in self.judged], dtype=torch.float32)
         return rows, gen, texts, scores
 
+    def _play(self, problems) -> tuple[list, Generation, list[str], torch.Tensor]:
+        """A multi-turn task's sample: each group plays its problem G times (envs/play.py)."""
+        G, k = self.k.group_size, self.k
+        rows = [p for p in problems for _ in range(G)]
+        envs = [self.task.environment(p, self.harness.action_parser) for p in rows]
+        with self.policy.autocast():
+            self.played = play(self.model, self.tok, envs, self.task.caps, self.stop_ids, temperature=k.temperature,
+                               generator=self.sampler, top_k=k.top_k, top_p=k.top_p,
+                               chat_template=self.policy.chat_template)
+        gen = as_generation(self.played, self.tok.pad_token_id, self.T, self.device)
+        self.judged = [Judgement(p.reward) for p in self.played]
+        scores = torch.tensor([p.reward for p in self.played], dtype=torch.float32)
+        return rows, gen, [p.transcript() for p in self.played], scores
+
     def step(self) -> tuple[StepMetrics, list[RolloutRecord]]:
         k, h, G = self.k, self.harness, self.k.group_size
         t0 = time.perf_counter()
@@ -116,13 +136,14 @@ class GRPOTrainer:
         for group in self.opt.param_groups:
             group["lr"] = lr
         lengths, truncated = gen.lengths.cpu(), gen.truncated.cpu()
-        ro = Rollouts(rows, texts, scores, lengths, truncated, G, self.T)
+        ro = Rollouts(rows, texts, scores, lengths, truncated, G, self.T, *episode_fields(self.played))
         sig = harness_signal(h, ro)  # slots run on the CPU, on plain tensors
         upd = self._update(gen, sig.advantages.to(self.device), sig.row_keep.to(self.device))
 
         self.levels.observe([p.level for p in rows[::G]], ro.grouped(scores).mean(1).tolist())
         return finish_step(self.step_no, rows, texts, scores, sig, lengths, truncated, gen.logprobs.sum(-1).cpu(),
-                           gen.entropy.sum(-1).cpu(), upd, lr, time.perf_counter() - t0, t_gen, self.judged)
+                           gen.entropy.sum(-1).cpu(), upd, lr, time.perf_counter() - t0, t_gen, self.judged,
+                           self.played)
 
     def _update(self, gen: Generation, adv: torch.Tensor, row_keep: torch.Tensor) -> "UpdateStats":
         """num_iterations optimizer steps on the sampled batch, each accumulated over micro-batches."""
@@ -215,8 +236,8 @@ class UpdateStats:
 
 def finish_step(step: int, rows: list, texts: list[str], scores: torch.Tensor, sig: Signal, lengths: torch.Tensor,
                 truncated: torch.Tensor, logp_sum: torch.Tensor, entropy_sum: torch.Tensor, upd: UpdateStats,
-                lr: float, seconds: float, generate_seconds: float,
-                judged: list[Judgement] | None = None) -> tuple[StepMetrics, list[RolloutRecord]]:
+                lr: float, seconds: float, generate_seconds: float, judged: list[Judgement] | None = None,
+                played: list[Played] | None = None) -> tuple[StepMetrics, list[RolloutRecord]]:
     """A step's metrics and evidence records, from its rollouts (logp_sum and entropy_sum: [B] sums
     of the sampling policy's per-token log-probs and entropies) and its updates; both backends."""
     G = len(rows) // len(sig.keep)
@@ -230,7 +251,26 @@ def finish_step(step: int, rows: list, texts: list[str], scores: torch.Tensor, s
         length_mean=float(lengths.float().mean()), truncated=float(truncated.float().mean()),
         lr=lr, seconds=seconds, generate_seconds=generate_seconds,
         clip_frac=upd.per_token(upd.clip), approx_kl=upd.per_token(upd.approx_kl))
-    return m, rollout_records(step, rows, texts, scores, sig, lengths, truncated, seq_logp, seq_ent, judged)
+    records = rollout_records(step, rows, texts, scores, sig, lengths, truncated, seq_logp, seq_ent, judged)
+    for r, p in zip(records, played or ()):
+        agentic_fields(r, p)
+    return m, records
+
+
+def episode_fields(played: list[Played] | None) -> tuple:
+    """Rollouts' multi-turn fields (turns, stops, traces), or Nones for a single-turn task."""
+    if played is None:
+        return None, None, None
+    return torch.tensor([p.turns for p in played]), [p.stop for p in played], [p.trace for p in played]
+
+
+def agentic_fields(r: RolloutRecord, p: Played) -> None:
+    """A multi-turn episode's evidence beside its reward: turns, tools, how it ended, files."""
+    t = p.trace
+    r.turns, r.tool_calls, r.tool_failures = p.turns, len(t.tools), t.failures
+    r.tool_sequence, r.stop, r.terminated = " ".join(t.tools), p.stop, p.terminated
+    r.files_read, r.files_edited = " ".join(t.files_read), " ".join(t.files_edited)
+    r.target_files, r.tests_run, r.git_access, r.partial = " ".join(t.target_files), t.tests_run, t.git_access, t.partial
 
 
 def rollout_records(step: int, rows: list, texts: list[str], scores: torch.Tensor, sig: Signal,

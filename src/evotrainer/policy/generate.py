@@ -81,15 +81,18 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
              stop_ids: int | list[int], pad_id: int, temperature: float = 1.0, greedy: bool = False,
              generator: torch.Generator | None = None, repeats: int = 1, top_k: int = 0,
-             top_p: float = 1.0) -> Generation:
-    """`repeats` completions per prompt (a GRPO group), rows of one prompt contiguous.
+             top_p: float = 1.0, index: torch.Tensor | None = None) -> Generation:
+    """`repeats` completions per prompt (a GRPO group), rows of one prompt contiguous; or,
+    given `index`, one completion per entry, continuing prompt `index[b]` (multi-turn
+    episodes whose histories coincide share one prompt forward).
 
     A row ends at the first of `stop_ids` (every end-of-sequence id the model's generation
     config lists). Tensors live on the prompts' device; the log-probs and entropies are
     those of the distribution sampled from (temperature, then top-k / top-p)."""
     dev = prompt_ids.device
     stops = torch.tensor([stop_ids] if isinstance(stop_ids, int) else list(stop_ids), device=dev)
-    index = torch.arange(prompt_ids.shape[0], device=dev).repeat_interleave(repeats)
+    if index is None:
+        index = torch.arange(prompt_ids.shape[0], device=dev).repeat_interleave(repeats)
     B = index.shape[0]
     logits, cache = prompt_forward(model, prompt_ids, prompt_mask, index)
     mask = prompt_mask[index] if bool((prompt_mask == 0).any()) else None

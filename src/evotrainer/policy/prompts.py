@@ -49,3 +49,22 @@ def stop_token_ids(model, tok) -> list[int]:
     if not ids:
         raise ValueError("the tokenizer has no end token and the model's generation config lists none")
     return ids
+
+
+def observation_token_ids(tok, text: str, chat_template: bool = True) -> list[int]:
+    """Ids of an environment's observation, to append after a policy turn (never re-tokenized later).
+
+    Plain text: the observation's own ids, no special tokens. With a chat template: what the
+    template writes for a tool message and the next assistant header, found as the difference
+    between a conversation rendered with and without it (verl's agent loop does the same),
+    since templates only render whole conversations."""
+    if not uses_chat_template(tok, chat_template):
+        return tok(text, add_special_tokens=False)["input_ids"]
+    before = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
+    head = tok.apply_chat_template(before, tokenize=False)
+    full = tok.apply_chat_template(before + [{"role": "tool", "content": text}], add_generation_prompt=True,
+                                   tokenize=False)
+    if not full.startswith(head):
+        raise ValueError("the chat template renders earlier messages differently once a tool message follows; "
+                         "observations cannot be appended without re-tokenizing")
+    return tok(full[len(head):], add_special_tokens=False)["input_ids"]

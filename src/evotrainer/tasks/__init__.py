@@ -7,8 +7,8 @@ from evotrainer.errors import UsageError, unknown
 from evotrainer.tasks.base import Judgement, Problem, Task, TrainStream
 from evotrainer.tasks.spec import GENERIC_KEYS, canonical, parse_spec
 
-BUILTIN = ("arith", "codegen", "humaneval")
-SPEC_FORMS = ("arith", "codegen", "humaneval", "rg:<family>", "jsonl:PATH[?verifier=exact|numeric|math]", "module:Factory",
+BUILTIN = ("arith", "codegen", "humaneval", "vault", "swe-mini")
+SPEC_FORMS = ("arith", "codegen", "humaneval", "vault[?tool=on|off]", "swe-mini", "rg:<family>", "jsonl:PATH[?verifier=exact|numeric|math]", "module:Factory",
               "file.py:Factory")
 
 
@@ -19,6 +19,8 @@ def get_task(spec: str, level: int | None = None) -> Task:
       arith                          the built-in reversed-sum task
       codegen                        write a small Python function from examples (hidden tests, sandboxed)
       humaneval                      OpenAI's HumanEval, 164 problems, for real models (tests sandboxed)
+      vault[?tool=off]               multi-turn: look values up with a tool, then answer (off: the tool locked)
+      swe-mini                       multi-turn: fix a bug in a generated mini-repository (tests sandboxed)
       rg:<family>                    any reasoning-gym family
       jsonl:PATH[?verifier=NAME]     the user's rows; NAME is exact (default), numeric or math
       package.module:Factory         a Task subclass or factory importable as a module
@@ -37,6 +39,17 @@ def get_task(spec: str, level: int | None = None) -> Task:
             task = make(level)
         except ValueError as e:
             raise UsageError(str(e)) from None
+    elif base in ("vault", "swe-mini"):
+        s.check_keys(keys + (("tool",) if base == "vault" else ()))
+        tool = query.get("tool", "on")
+        if tool not in ("on", "off"):
+            raise UsageError(f"tool must be on or off, got '{tool}' in task spec '{spec}'")
+        module = importlib.import_module(f"evotrainer.tasks.{base.replace('-', '_')}")
+        try:
+            task = module.make(level, tool=tool == "on") if base == "vault" else module.make(level)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        query = {"tool": "off"} if tool == "off" else {}
     elif base.startswith("rg:"):
         from evotrainer.tasks.reasoning_gym import ReasoningGymTask
         s.check_keys(keys)

@@ -58,6 +58,10 @@ class Task(ABC):
     target_level: int
     max_new_tokens: int   # completion budget the task needs (answer + end token, with slack)
     split_size: int = 500
+    # SFT checks its probe every this many steps (pretrain.py): a task whose accuracy jumps
+    # within a few steps needs finer checks for the stop to land inside the jump (vault's
+    # went from 2% to 93% between two checks 10 steps apart)
+    sft_check_every: int = 10
     key: bytes | None = None  # the split secret (tasks/keys.py); None: a public split (tests, library use)
     _draws: dict[int, list[int]] | None = None  # a worker's handed-in training indices (use_draws)
 

@@ -1,12 +1,15 @@
-"""Does the tiny policy learn `codegen` by RL? Base against trained, several bases and seeds.
+"""Does the tiny policy learn a task by RL? Base against trained, several bases and seeds.
 
-    .venv/bin/python bench/codegen_learning.py [--bases 0 1 2] [--seeds 0 1 2] [--steps 40]
+    .venv/bin/python bench/task_learning.py --task codegen [--bases 0 1 2] [--seeds 0 1 2] [--steps 40]
+    .venv/bin/python bench/task_learning.py --task vault --steps 30
+    .venv/bin/python bench/task_learning.py --task "vault?tool=off" --steps 30   # the no-tool control
 
-Each base is its own SFT (`evotrainer pretrain --task codegen --base-seed B`, stopped at
-25% on a train-stream probe, with its own split key: its own validation and test problems),
-cached under --out. Each (base, seed) trains the reference harness `--steps` steps in a
-sandboxed worker, and the evaluator scores the base and the result on the test split
-(greedy, solved only when every hidden test passes). The gain is trained minus base, paired
+Each base is its own SFT (`evotrainer pretrain --task T --base-seed B`, stopped at 25% on a
+train-stream probe, with its own split key: its own validation and test problems), cached
+under --out (a control such as `vault?tool=off` shares the open task's bases). Each (base,
+seed) trains the reference harness `--steps` steps in a sandboxed worker, and the evaluator
+scores the base and the result on the test split (greedy; codegen: solved only when every
+hidden test passes; vault: the episode played to its answer). The gain is trained minus base, paired
 by construction; per base the mean over seeds with a t interval, over all a crossed
 bootstrap (bases and seeds resampled), so the claim does not hinge on one base or one seed.
 """
@@ -38,29 +41,32 @@ def t_interval(xs: list[float]) -> tuple[float, float, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", default="codegen")
     p.add_argument("--bases", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--level", type=int, default=2)
-    p.add_argument("--out", type=Path, default=ROOT / "bench-runs" / "codegen-learning")
+    p.add_argument("--level", type=int, default=None, help="default: the task's target level")
+    p.add_argument("--out", type=Path, default=None, help="default bench-runs/<task>-learning")
     args = p.parse_args()
+    name = args.task.replace("?", "-").replace("=", "-")
+    out_root = args.out or ROOT / "bench-runs" / f"{name}-learning"
+    cache = (args.out or ROOT / "bench-runs" / f"{args.task.split('?')[0]}-learning") / "cache"  # controls share bases
     rows: dict[int, dict[int, dict]] = {}
     for b in args.bases:
-        task = get_task("codegen", args.level)
+        task = get_task(args.task, args.level)
         t = time.time()
-        base, meta = pretrain(task, PretrainConfig(seed=b), args.out / "cache")
+        base, meta = pretrain(task, PretrainConfig(seed=b), cache)
         print(f"base {b}: SFT {meta['steps']} steps, probe {meta['probe_acc']:.2f} ({time.time() - t:.0f} s)", flush=True)
         rows[b] = {}
         for s in args.seeds:
-            out = args.out / f"base-{b}" / f"seed-{s}"
+            out = out_root / f"base-{b}" / f"seed-{s}"
             done = out / "summary.json"
             summary = json.loads(done.read_text()) if done.exists() else \
                 train_run(task, None, base, out, seed=s, steps=args.steps, timeout_s=1800)
             rows[b][s] = summary
             print(f"  seed {s}: test {100 * summary['base_test']:.1f} -> {100 * summary['test']:.1f} "
                   f"({summary['seconds']:.0f} s)", flush=True)
-    print(f"\ncodegen level {args.level}, reference harness, {args.steps} steps; test accuracy % (solved: "
-          f"every hidden test passes)\n")
+    print(f"\n{args.task} level {task.target_level}, reference harness, {args.steps} steps; test accuracy %\n")
     print(f"{'base':>4} {'base test':>9} {'trained (per seed)':>24} {'gain':>6} {'95% t interval':>18}")
     table = []
     for b, by_seed in rows.items():
