@@ -61,3 +61,24 @@ def test_missing_file():
 def test_bool_is_not_an_int():
     with pytest.raises(UsageError, match="'budget.trials' must be int, got True"):
         config_from_dict({"task": "arith", "budget": {"trials": True}})
+
+
+def test_base_sft_settings_and_a_harness_beside_the_config(tmp_path):
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "knobs.yaml").write_text("prompts_per_step: 8\n")
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("task: vault\nharness: h\nbase:\n  max_steps: 250\n  batch_size: 32\n  require_target: false\n")
+    cfg = load_config(cfg_file)
+    assert cfg.harness == str((tmp_path / "h").resolve())   # found from any working directory
+    p = cfg.base.pretrain_config()
+    assert (p.max_steps, p.batch_size, cfg.base.require_target) == (250, 32, False)
+    assert load_config_default_steps(tmp_path) == 1500
+    cfg_file.write_text("task: vault\nbase:\n  max_steps: -1\n")
+    with pytest.raises(UsageError, match="base.max_steps"):
+        load_config(cfg_file)
+
+
+def load_config_default_steps(tmp_path):
+    f = tmp_path / "d.yaml"
+    f.write_text("task: vault\n")
+    return load_config(f).base.pretrain_config().max_steps

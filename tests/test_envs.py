@@ -187,3 +187,12 @@ def test_the_trl_backend_refuses_a_multi_turn_task_in_one_line():
     with pytest.raises(UsageError, match="cannot train the multi-turn task vault: TRL's environment_factory"):
         check_backend(Runtime(backend="trl"), load_harness().knobs, task=get_task("vault"))
     check_backend(Runtime(backend="embedded"), load_harness().knobs, task=get_task("vault"))
+
+
+def test_pass_at_k_plays_episodes_of_a_multi_turn_task():
+    from evotrainer.evaluate.sampled import correct_counts
+    tok = build_tokenizer()
+    model = build_model(len(tok), seed=0)
+    task = get_task("vault", 1)
+    counts = correct_counts(model, tok, task, task.split("val", n=3), n=2, batch_size=2)
+    assert counts == [0, 0, 0]   # a random policy never calls the tool right (and cannot guess 1 in 90 twice)

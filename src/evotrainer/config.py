@@ -53,6 +53,9 @@
       target_acc: 0.25           # the cached base's SFT stops here
       seed: 0
       warm_start: 0              # 0: SFT from scratch; N: continue from the level-N base
+      max_steps: 0               # SFT steps at most (0: pretrain's 1500)
+      batch_size: 0              # SFT batch (0: pretrain's 128); long episodes (swe-mini) want fewer
+      require_target: true       # false: keep the base SFT reached in max_steps, short of target_acc or not
     budget:
       trials: 8                  # versions proposed, whatever becomes of them
       steps_per_segment: 50      # training steps a version adds (continue mode)
@@ -97,6 +100,16 @@ class BaseConfig:
     target_acc: float = 0.25
     seed: int = 0
     warm_start: int = 0
+    max_steps: int = 0
+    batch_size: int = 0
+    require_target: bool = True
+
+    def pretrain_config(self):
+        """The PretrainConfig this section asks for (0: pretrain's own default)."""
+        from evotrainer.pretrain import PretrainConfig
+        d = PretrainConfig()
+        return PretrainConfig(target_acc=self.target_acc, seed=self.seed, warm_start=self.warm_start,
+                              max_steps=self.max_steps or d.max_steps, batch_size=self.batch_size or d.batch_size)
 
 
 @dataclass(frozen=True)
@@ -221,6 +234,8 @@ class RunConfig:
         need(self.workers >= 0, "workers", f"must be >= 0 (0: one per core), got {self.workers}")
         need(self.base.warm_start >= 0, "base.warm_start", f"must be >= 0 (0: from scratch), got {self.base.warm_start}")
         need(0 < self.base.target_acc <= 1, "base.target_acc", f"must be in (0, 1], got {self.base.target_acc}")
+        need(self.base.max_steps >= 0 and self.base.batch_size >= 0, "base.max_steps",
+             f"max_steps and batch_size must be >= 0 (0: the default), got {self.base.max_steps} and {self.base.batch_size}")
         b = self.budget
         for key in ("trials", "steps_per_segment", "total_steps", "wall_clock_s", "trial_timeout_s"):
             need(getattr(b, key) > 0, f"budget.{key}", f"must be > 0, got {getattr(b, key)}")
@@ -248,7 +263,11 @@ def load_config(path: Path | str) -> RunConfig:
     except yaml.YAMLError as e:
         line = getattr(getattr(e, "problem_mark", None), "line", None)
         raise UsageError(f"{path}: malformed YAML{f' at line {line + 1}' if line is not None else ''}") from None
-    return config_from_dict(raw or {}).validate()
+    cfg = config_from_dict(raw or {})
+    if cfg.harness and not Path(cfg.harness).is_absolute() and (path.parent / cfg.harness).is_dir():
+        # a harness shipped beside its config is found from any working directory
+        cfg = dataclasses.replace(cfg, harness=str((path.parent / cfg.harness).resolve()))
+    return cfg.validate()
 
 
 def config_from_dict(raw, cls=RunConfig, prefix: str = ""):

@@ -25,7 +25,7 @@ def accuracy(model, tok, task: Task, problems: list[Problem], batch_size: int = 
     for i in range(0, len(problems), batch_size):
         chunk = problems[i:i + batch_size]
         if isinstance(task, EnvTask):
-            total += sum(task.credit(p.reward) for p in play_greedy(model, tok, task, chunk, stops, policy))
+            total += sum(task.credit(p.reward) for p in play_task(model, tok, task, chunk, stops, policy, greedy=True))
             continue
         ids, mask = encode_prompts(tok, [p.prompt for p in chunk], policy.chat_template, device)
         with policy.autocast():
@@ -35,13 +35,14 @@ def accuracy(model, tok, task: Task, problems: list[Problem], batch_size: int = 
     return total / max(len(problems), 1)
 
 
-def play_greedy(model, tok, task: EnvTask, problems: list[Problem], stops: list[int], policy: PolicyConfig):
-    """Greedy episodes of a multi-turn task. Actions are read with the task's built-in parser,
-    never a harness's: the evaluator runs no harness code, so a harness that evolves its
-    parser changes what its training sees, not how it is judged."""
+def play_task(model, tok, task: EnvTask, problems: list[Problem], stops: list[int], policy: PolicyConfig,
+              **sampling):
+    """Episodes of a multi-turn task (greedy=True, or temperature and generator). Actions are read
+    with the task's built-in parser, never a harness's: the evaluator runs no harness code, so a
+    harness that evolves its parser changes what its training sees, not how it is judged."""
     parse = ACTION_PARSERS.get(task.action_format)
-    return play(model, tok, [task.environment(p, parse) for p in problems], task.caps, stops, greedy=True,
-                chat_template=policy.chat_template)
+    return play(model, tok, [task.environment(p, parse) for p in problems], task.caps, stops,
+                chat_template=policy.chat_template, **sampling)
 
 
 def evaluate_checkpoint(path: Path, task: Task, split: str, level: int | None = None,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from evotrainer.envs import EnvTask
+from evotrainer.evaluate.greedy import play_task
 from evotrainer.evaluate.passk import mean_pass_at_k
 from evotrainer.policy.config import PolicyConfig
 from evotrainer.policy.generate import decode, generate
@@ -28,6 +30,13 @@ def correct_counts(model, tok, task: Task, problems: list[Problem], n: int, temp
     counts: list[int] = []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i:i + batch_size]
+        if isinstance(task, EnvTask):  # n episodes of each problem, played as the evaluator reads actions
+            rows = [p for p in chunk for _ in range(n)]
+            with torch.inference_mode(), policy.autocast():
+                played = play_task(model, tok, task, rows, stops, policy, temperature=temperature, generator=gen_rng)
+            credits = [task.credit(e.reward) for e in played]
+            counts += [round(sum(credits[j * n:(j + 1) * n])) for j in range(len(chunk))]
+            continue
         ids, mask = encode_prompts(tok, [p.prompt for p in chunk], policy.chat_template, device)
         with torch.inference_mode(), policy.autocast():
             gen = generate(model, ids, mask, task.max_new_tokens, stops, tok.pad_token_id, temperature,

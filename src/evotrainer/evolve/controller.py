@@ -242,9 +242,9 @@ class Controller:
         if self.model:  # absolute: a resume may start from another directory
             self.task.use_key(split_key(self._key_name(self.model)))
             return self.model
-        from evotrainer.pretrain import PretrainConfig, pretrain
+        from evotrainer.pretrain import pretrain
         b = self.cfg.base
-        path, _ = pretrain(self.task, PretrainConfig(target_acc=b.target_acc, seed=b.seed, warm_start=b.warm_start),
+        path, _ = pretrain(self.task, b.pretrain_config(), require_target=b.require_target,
                            progress=lambda step, loss, acc: self.on_event(
                                "base_progress", {"step": step, "loss": loss, "probe_acc": acc}))
         return str(path)

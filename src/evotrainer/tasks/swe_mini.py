@@ -75,7 +75,9 @@ GIT = re.compile(r"\.git|git ", re.I)
 @dataclass
 class SweMiniConfig:
     target_level: int = 1
-    split_size: int = 500      # problems in each of validation and test
+    # problems in each of validation and test: each is a repository played for up to 16 turns
+    # with sandboxed tests, so fewer than the single-turn tasks' 500 (SWE-bench Verified: 500)
+    split_size: int = 100
     timeout_s: float = 1.0     # per workspace's test run (every test of it together)
     memory_mb: int = 256       # per workspace's test run
     invalid_run: int = 3       # unparsable actions in a row that end an episode
@@ -369,6 +371,8 @@ class SweMiniEnv(Environment):
 # The task.
 
 class SweMiniTask(EnvTask):
+    sft_check_every = 50  # a probe plays 200 whole repositories (~6 turns, sandboxed tests): not every 10 steps
+
     def __init__(self, config: SweMiniConfig | None = None):
         self.config = config or SweMiniConfig()
         self.config.validate()
