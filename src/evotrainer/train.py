@@ -62,6 +62,7 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
 
     from evotrainer.harness import load_harness
     from evotrainer.inner.backends import get_backend
+    from evotrainer.inner.grpo import completion_width
     from evotrainer.inner.segment import SegmentLog
     from evotrainer.policy import load_policy, save_policy
     from evotrainer.runtime import Runtime
@@ -82,7 +83,7 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
     # what the evidence was sampled under: backtests re-score it against these
     (out_dir / "run.json").write_text(json.dumps({
         "task": task, "level": level, "seed": seed, "steps": steps, "group_size": h.knobs.group_size,
-        "prompts_per_step": h.knobs.prompts_per_step, "max_new_tokens": h.knobs.completion_budget(t.max_new_tokens),
+        "prompts_per_step": h.knobs.prompts_per_step, "max_new_tokens": completion_width(t, h.knobs),
         "harness_hash": h.content_hash, "backend": rt.backend}, indent=2))
     log = SegmentLog(out_dir, steps, h.knobs.eval_every)
     try:

@@ -60,6 +60,12 @@ class StepMetrics:
         return asdict(self)
 
 
+def completion_width(task: Task, knobs) -> int:
+    """Tokens a rollout's completion may take: the harness's budget for a single-turn task; for a
+    multi-turn task everything after the prompt, so the episode's token cap."""
+    return task.caps.max_tokens if isinstance(task, EnvTask) else knobs.completion_budget(task.max_new_tokens)
+
+
 class GRPOTrainer:
     def __init__(self, model, tok, task: Task, harness: Harness, seed: int = 0,
                  policy: PolicyConfig | None = None, micro_batch_size: int = 0):
@@ -69,8 +75,7 @@ class GRPOTrainer:
         self.k = k = harness.knobs
         self.seed, self.step_no = seed, 0
         self.steps_before = 0  # steps this policy trained before this trainer (see resume_optimizer)
-        # a multi-turn task's "completion" is everything after the prompt: the episode's token cap
-        self.T = task.caps.max_tokens if isinstance(task, EnvTask) else k.completion_budget(task.max_new_tokens)
+        self.T = completion_width(task, k)
         self.device = next(model.parameters()).device
         self.stop_ids = stop_token_ids(model, tok)
         torch.manual_seed(seed)
