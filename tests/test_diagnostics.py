@@ -293,3 +293,8 @@ def test_a_reward_that_pays_for_fewer_turns_is_a_blocking_finding():
     assert value("reward_turn_coupling", [rec()]) is None    # single-turn evidence
     found = {f.diagnostic: f for f in findings(BUILTIN, measure(BUILTIN, Evidence.of(hacked)))}
     assert found["reward_turn_coupling"].severity == "critical" and found["reward_turn_coupling"].blocking
+
+
+def test_transcript_measures_are_left_to_the_agentic_layer():
+    loop = [rec(turns=3, tool_calls=3, tool_failures=0, tool_sequence="list list list", completion="list\na\nlist\na\nlist")]
+    assert value("repetition_rate", loop) is None and value("longest_tool_run", loop) == 3

@@ -199,8 +199,10 @@ def format_failure_rate(ev: Evidence) -> float | None:
 @register
 @diagnostic("behavior", warn=0.2, critical=0.4, suggest="exploration: lower the temperature or penalise repeats")
 def repetition_rate(ev: Evidence) -> float | None:
-    """Mean share of repeated character trigrams within a completion."""
-    return mean(repetition(r.completion) for r in ev.records)
+    """Mean share of repeated character trigrams within a completion (single-turn tasks: an
+    episode's transcript repeats its tools' names and observations by design; longest_tool_run
+    is its loop measure)."""
+    return mean(repetition(r.completion) for r in ev.records if r.turns is None)
 
 
 @register
