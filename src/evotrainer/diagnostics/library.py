@@ -13,6 +13,7 @@ from typing import Mapping
 
 from evotrainer.diagnostics.evidence import Evidence, mean, quantile, spearman, std
 from evotrainer.diagnostics.spec import diagnostic, register
+from evotrainer.envs.base import ABANDON, ECHO, INVALID, TOKEN_CAP, TURN_CAP
 from evotrainer.evidence.records import RolloutRecord
 from evotrainer.harness.filters import DEAD_STD
 
@@ -397,7 +398,7 @@ def tool_failure_rate(ev: Evidence) -> float | None:
 @diagnostic("agentic", warn=0.15, critical=0.3, suggest="action_parser: read more formats, or a format signal")
 def invalid_action_rate(ev: Evidence) -> float | None:
     """Episodes ended by a turn that parsed as no tool (thresholds as tool failures)."""
-    return _stop_share(ev, "invalid_action")
+    return _stop_share(ev, INVALID)
 
 
 @register
@@ -406,21 +407,21 @@ def invalid_action_rate(ev: Evidence) -> float | None:
 def abandonment_rate(ev: Evidence) -> float | None:
     """Episodes that ended on their own without any work (answered before a lookup,
     submitted without an edit). EvoTrainer: "abandonment" is critical; these bounds are ours."""
-    return _stop_share(ev, "abandon")
+    return _stop_share(ev, ABANDON)
 
 
 @register
 @diagnostic("agentic", warn=0.05, critical=0.2, suggest="exploration: penalise repeats, or a lower temperature")
 def echo_trap_rate(ev: Evidence) -> float | None:
     """Episodes ended by the policy repeating an observation back (EvoTrainer's echo trap; bounds ours)."""
-    return _stop_share(ev, "echo")
+    return _stop_share(ev, ECHO)
 
 
 @register
 @diagnostic("agentic", warn=0.2, critical=0.5, suggest="efficiency: a turn cap, or a reward for finishing")
 def cap_rate(ev: Evidence) -> float | None:
     """Episodes cut by the turn or token cap (truncated, not terminated; bounds ours)."""
-    return _stop_share(ev, "turn_cap", "token_cap")
+    return _stop_share(ev, TURN_CAP, TOKEN_CAP)
 
 
 @register
