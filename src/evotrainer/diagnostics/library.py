@@ -519,6 +519,8 @@ def reward_turn_coupling(ev: Evidence) -> float | None:
     the outcome ties, a reward that still moves with the number of turns pays for the behaviour
     itself (EvoTrainer's lesson: an efficiency factor produced 1-turn exits). Over the whole
     segment: once the hack has won, every episode exits alike and nothing is left to correlate."""
+    if not _episodes(ev):
+        return None
     rewards, turns = [], []
     for g in ev.groups:
         eps = [r for r in g if r.turns is not None]
@@ -527,6 +529,4 @@ def reward_turn_coupling(ev: Evidence) -> float | None:
         mr, mt = mean(r.reward for r in eps), mean(r.turns for r in eps)
         rewards += [r.reward - mr for r in eps]
         turns += [r.turns - mt for r in eps]
-    if not _episodes(ev):
-        return None
     return abs(spearman(rewards, turns) or 0.0) if len(rewards) >= 8 else 0.0

@@ -85,9 +85,9 @@ def _turn(model, tok, played: list[Played], envs: list[Environment], caps: Caps,
           generator, top_k, top_p, chat_template, device) -> None:
     """One policy turn of each live episode, then the environments' answers."""
     histories = [tuple(p.episode.assemble()[0]) for p in played]
-    distinct = list(dict.fromkeys(histories))
-    index = torch.tensor([distinct.index(h) for h in histories], device=device)
-    ids, mask = pad_left([list(h) for h in distinct], tok.pad_token_id, device)
+    distinct = {h: i for i, h in enumerate(dict.fromkeys(histories))}  # history -> its row
+    index = torch.tensor([distinct[h] for h in histories], device=device)
+    ids, mask = pad_left([list(h) for h in distinct], tok.pad_token_id, device)  # in first-seen order
     rooms = [caps.max_tokens - len(h) for h in histories]
     gen = generate(model, ids, mask, min(caps.turn_tokens, max(rooms)), stop_ids, tok.pad_token_id, temperature,
                    greedy=greedy, generator=generator, top_k=top_k, top_p=top_p, index=index)
@@ -118,7 +118,7 @@ def as_generation(played: list[Played], pad_id: int, width: int, device=None) ->
     and padding 0) and whose log-probs and entropies are the sampling policy's at those ids.
     `width`: the columns of the completion (the episode cap; Dr. GRPO's constant divides by it)."""
     prompts = [tuple(p.episode.prompt_ids) for p in played]
-    distinct = list(dict.fromkeys(prompts))
+    distinct = {q: i for i, q in enumerate(dict.fromkeys(prompts))}
     prompt_ids, prompt_mask = pad_left([list(q) for q in distinct], pad_id, device)
     B = len(played)
     ids = torch.full((B, width), pad_id, dtype=torch.long)
@@ -135,7 +135,7 @@ def as_generation(played: list[Played], pad_id: int, width: int, device=None) ->
         logp[b, pos] = torch.tensor(p.logprobs, dtype=torch.float32)
         ent[b, pos] = torch.tensor(p.entropies, dtype=torch.float32)
     cols = max(p.episode.tokens() - len(p.episode.prompt_ids) for p in played) or 1  # the longest episode
-    index = torch.tensor([distinct.index(q) for q in prompts], device=device)
+    index = torch.tensor([distinct[q] for q in prompts], device=device)
     truncated = torch.tensor([p.truncated for p in played], device=device)
     return Generation(prompt_ids, prompt_mask, index, ids[:, :cols].to(device), mask[:, :cols].to(device),
                       truncated, logp[:, :cols].to(device), ent[:, :cols].to(device))
