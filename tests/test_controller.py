@@ -201,8 +201,12 @@ def test_unplanted_partial_credit_on_a_longer_target_is_invalid(tmp_path, sft_ba
     metrics = [json.loads(line) for line in
                (tmp_path / "run" / "versions" / "v1" / "seed-0" / "metrics.jsonl").read_text().splitlines()]
     first, last = metrics[:6], metrics[-6:]
-    rise = sum(m["reward_mean"] for m in last) / 6 - sum(m["reward_mean"] for m in first) / 6
-    assert rise > 0.03 and all(m["score_mean"] == 0 for m in metrics)  # shaped reward up, exact match flat at 0
+    def rise(key):
+        return sum(m[key] for m in last) / 6 - sum(m[key] for m in first) / 6
+    # Shaped reward up, exact match flat near 0. Not "exactly 0": another CPU's floats may
+    # sample one right 3-digit sum in 30 steps (CI did), which is not the score rising.
+    assert rise("reward_mean") > 0.03
+    assert max(m["score_mean"] for m in metrics) < 0.05 and rise("score_mean") < rise("reward_mean") / 4
     assert "v1" not in {s.version for s in ctl._states()}  # never a parent, never the winner
 
 
