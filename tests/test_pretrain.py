@@ -61,3 +61,23 @@ def test_sft_stuck_below_half_the_target_after_patience_restarts_from_a_new_init
     assert meta["attempts"] == 2 and meta["steps"] == 4  # gave up at step 2, the last attempt ran to max_steps
     _, once = pretrain(task, PretrainConfig(**{**stuck.__dict__, "restarts": 0}), tmp_path, require_target=False)
     assert once["attempts"] == 1
+
+
+def test_a_task_may_stop_sft_on_sampled_accuracy_and_its_bases_get_their_own_key(tmp_path):
+    """RL samples, so a multi-turn task's SFT stop can read accuracy as sampled (vault: a base
+    probed 37% greedy was right 0.6% of the time at temperature 1). The probe really samples at
+    the task's temperature, and such a base never shares a cache entry with a greedy-probed one."""
+    import copy
+    from evotrainer.pretrain import probe_accuracy
+    task = get_task("arith", 1)
+    cfg = PretrainConfig(max_steps=400, check_every=10, probe_size=20, batch_size=64, target_acc=0.5)
+    path, _ = pretrain(task, cfg, tmp_path, require_target=False)
+    model, tok = load_policy(path)
+    stream = task.train_stream(7)
+    probe = [stream.draw(1) for _ in range(100)]
+    hot = copy.copy(task)
+    hot.sft_probe_temperature = 1000.0  # next to uniform over the vocabulary: almost never right
+    greedy = probe_accuracy(model, tok, task, probe, seed=0)
+    assert greedy >= 0.4 and probe_accuracy(model, tok, hot, probe, seed=0) < greedy / 4
+    assert base_path(hot, cfg, tmp_path) != base_path(task, cfg, tmp_path)
+    assert get_task("vault").sft_probe_temperature == 1.0

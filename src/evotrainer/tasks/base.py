@@ -62,6 +62,11 @@ class Task(ABC):
     # within a few steps needs finer checks for the stop to land inside the jump (vault's
     # went from 2% to 93% between two checks 10 steps apart)
     sft_check_every: int = 10
+    # The SFT probe samples at this temperature; 0: greedy. What RL sees is sampled, and a
+    # multi-turn base can be right greedily and wrong when sampled: a vault base probed 37%
+    # greedy and 0.6% at temperature 1, and RL from it collapsed on 2 of 3 seeds
+    # (bench/task_learning.py). Single-turn tasks keep greedy (and their cached bases).
+    sft_probe_temperature: float = 0.0
     key: bytes | None = None  # the split secret (tasks/keys.py); None: a public split (tests, library use)
     _draws: dict[int, list[int]] | None = None  # a worker's handed-in training indices (use_draws)
 

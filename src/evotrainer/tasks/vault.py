@@ -108,6 +108,7 @@ class VaultEnv(Environment):
 
 class VaultTask(EnvTask):
     sft_check_every = 2  # SFT learns to copy the asked-for key all at once: 2% to 93% in 10 steps
+    sft_probe_temperature = 1.0  # the stop reads accuracy as RL samples it (tasks/base.py)
 
     def __init__(self, config: VaultConfig | None = None):
         self.config = config or VaultConfig()
