@@ -1,5 +1,6 @@
 """The environment interface and an episode's tokens: the loss mask checked token by token on
-a scripted two-turn rollout (issue 19's first piece; the trainer does not play episodes yet)."""
+a scripted two-turn rollout, on played episodes (the tiny policy's and a chat model's), and
+in the trainer's records."""
 import pytest
 
 from evotrainer.envs import Caps, Episode, SingleTurn, pad
@@ -196,3 +197,28 @@ def test_pass_at_k_plays_episodes_of_a_multi_turn_task():
     task = get_task("vault", 1)
     counts = correct_counts(model, tok, task, task.split("val", n=3), n=2, batch_size=2)
     assert counts == [0, 0, 0]   # a random policy never calls the tool right (and cannot guess 1 in 90 twice)
+
+
+def test_a_chat_model_plays_through_its_template_and_observations_are_template_deltas(tiny_qwen):
+    """A real model's episode: the prompt as its chat template renders a user message, every
+    turn ending at a token the policy sampled (<|im_end|> or <|endoftext|>, both its stops),
+    then the template's tool message and next assistant header, tokenized once and masked out."""
+    from evotrainer.policy import load_policy
+    from evotrainer.policy.prompts import observation_token_ids, stop_token_ids
+    model, tok = load_policy(tiny_qwen)
+    stops = stop_token_ids(model, tok)
+    assert set(stops) == set(tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
+    envs = [Scripted(end_after=2, caps=Caps(max_turns=3, max_tokens=200, turn_tokens=40)) for _ in range(4)]
+    out = play(model, tok, envs, envs[0].caps, stops, generator=torch.Generator().manual_seed(0))
+    delta = observation_token_ids(tok, "ok\n")
+    assert tok.decode(delta) == "<|im_start|>tool\nok\n<|im_end|>\n<|im_start|>assistant\n"
+    head = tok.apply_chat_template([{"role": "user", "content": "go\n"}], add_generation_prompt=True, tokenize=False)
+    for p in out:
+        ids, mask = p.episode.assemble()
+        assert tok.decode(p.episode.prompt_ids) == head
+        for policy, obs in p.episode.turns:
+            assert obs in ([], delta)
+            assert policy[-1] in stops or len(policy) == 40   # ended by the policy, or by the turn's token cap
+        assert [i for i, m in zip(ids, mask) if m] == [t for policy, _ in p.episode.turns for t in policy]
+        assert sum(mask) == len(p.logprobs)
+    assert all(p.turns == 2 and p.stop == SUCCESS for p in out)
