@@ -12,6 +12,10 @@ scores the base and the result on the test split (greedy; codegen: solved only w
 hidden test passes; vault: the episode played to its answer). The gain is trained minus base, paired
 by construction; per base the mean over seeds with a t interval, over all a crossed
 bootstrap (bases and seeds resampled), so the claim does not hinge on one base or one seed.
+
+`--sampled N` adds pass@1 at temperature 1 from N samples per test problem (what RL sees),
+base and trained, scored by the evaluator in its own process. A multi-turn base can be far
+better greedily than sampled (vault bases: 86-97% greedy at 10% sampled).
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from evotrainer.evolve.stats import crossed_bootstrap_ci, mean_se  # noqa: E402
+from evotrainer.executors.worker import run_in_worker  # noqa: E402
 from evotrainer.pretrain import PretrainConfig, pretrain  # noqa: E402
 from evotrainer.tasks import get_task  # noqa: E402
 from evotrainer.train import train_run  # noqa: E402
@@ -39,6 +44,17 @@ def t_interval(xs: list[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
+def sampled_pass1(task, checkpoint: Path, n: int) -> float:
+    """pass@1 at temperature 1 on the test split, n samples a problem, in an evaluator process."""
+    ev = run_in_worker("evotrainer.evaluate.sampled:evaluate_sampled",
+                       dict(task=task.spec, level=task.target_level, checkpoint=str(checkpoint), split="test",
+                            samples=n, ks=[1], temperature=1.0, key=task.key.hex() if task.key else None),
+                       timeout_s=1800, reveal=task.data_files())
+    if not ev.ok:
+        raise SystemExit(f"sampled evaluation of {checkpoint} failed:\n{ev.log_tail}")
+    return ev.value["pass@1"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", default="codegen")
@@ -47,15 +63,20 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--level", type=int, default=None, help="default: the task's target level")
     p.add_argument("--out", type=Path, default=None, help="default bench-runs/<task>-learning")
+    p.add_argument("--sampled", type=int, default=0, metavar="N",
+                   help="also pass@1 at temperature 1 from N samples per test problem")
+    p.add_argument("--target-acc", type=float, default=PretrainConfig().target_acc,
+                   help="the bases' SFT stop (0: the task's own; vault samples its probe at temperature 1)")
     args = p.parse_args()
     name = args.task.replace("?", "-").replace("=", "-")
     out_root = args.out or ROOT / "bench-runs" / f"{name}-learning"
     cache = (args.out or ROOT / "bench-runs" / f"{args.task.split('?')[0]}-learning") / "cache"  # controls share bases
     rows: dict[int, dict[int, dict]] = {}
+    sampled: dict[int, float] = {}  # base seed -> the base's sampled pass@1
     for b in args.bases:
         task = get_task(args.task, args.level)
         t = time.time()
-        base, meta = pretrain(task, PretrainConfig(seed=b), cache)
+        base, meta = pretrain(task, PretrainConfig(seed=b, target_acc=args.target_acc), cache)
         print(f"base {b}: SFT {meta['steps']} steps, probe {meta['probe_acc']:.2f} ({time.time() - t:.0f} s)", flush=True)
         rows[b] = {}
         for s in args.seeds:
@@ -63,9 +84,14 @@ def main() -> None:
             done = out / "summary.json"
             summary = json.loads(done.read_text()) if done.exists() else \
                 train_run(task, None, base, out, seed=s, steps=args.steps, timeout_s=1800)
+            if args.sampled:
+                summary["sampled"] = sampled_pass1(task, out / "checkpoint", args.sampled)
+                summary["base_sampled"] = sampled.setdefault(b, sampled_pass1(task, base, args.sampled))
             rows[b][s] = summary
             print(f"  seed {s}: test {100 * summary['base_test']:.1f} -> {100 * summary['test']:.1f} "
-                  f"({summary['seconds']:.0f} s)", flush=True)
+                  f"({summary['seconds']:.0f} s)"
+                  + (f"; sampled {100 * summary['base_sampled']:.1f} -> {100 * summary['sampled']:.1f}"
+                     if args.sampled else ""), flush=True)
     print(f"\n{args.task} level {task.target_level}, reference harness, {args.steps} steps; test accuracy %\n")
     print(f"{'base':>4} {'base test':>9} {'trained (per seed)':>24} {'gain':>6} {'95% t interval':>18}")
     table = []
@@ -76,6 +102,20 @@ def main() -> None:
         trained = " ".join(f"{100 * r['test']:.1f}" for r in by_seed.values())
         print(f"{b:>4} {100 * next(iter(by_seed.values()))['base_test']:>9.1f} {trained:>24} {m:>+6.1f} "
               f"[{lo:+6.1f}, {hi:+6.1f}]")
+    summarise(table)
+    if args.sampled:
+        print(f"\nsampled at temperature 1, pass@1 from {args.sampled} samples per test problem, %\n")
+        table = []
+        for b, by_seed in rows.items():
+            gains = [100 * (r["sampled"] - r["base_sampled"]) for r in by_seed.values()]
+            table.append(gains)
+            m, lo, hi = t_interval(gains)
+            trained = " ".join(f"{100 * r['sampled']:.1f}" for r in by_seed.values())
+            print(f"{b:>4} {100 * sampled[b]:>9.1f} {trained:>24} {m:>+6.1f} [{lo:+6.1f}, {hi:+6.1f}]")
+        summarise(table)
+
+
+def summarise(table: list[list[float]]) -> None:
     flat = [g for row in table for g in row]
     lo, hi = crossed_bootstrap_ci(table)
     print(f"\nall {len(flat)} (base, seed) pairs: mean gain {sum(flat) / len(flat):+.1f} points, "

@@ -80,4 +80,7 @@ def test_a_task_may_stop_sft_on_sampled_accuracy_and_its_bases_get_their_own_key
     greedy = probe_accuracy(model, tok, task, probe, seed=0)
     assert greedy >= 0.4 and probe_accuracy(model, tok, hot, probe, seed=0) < greedy / 4
     assert base_path(hot, cfg, tmp_path) != base_path(task, cfg, tmp_path)
-    assert get_task("vault").sft_probe_temperature == 1.0
+    from evotrainer.pretrain import resolved
+    vault = get_task("vault")   # its own stop: 10% sampled at temperature 1; arith keeps 25% greedy
+    assert (vault.sft_probe_temperature, resolved(vault, PretrainConfig()).target_acc) == (1.0, 0.1)
+    assert resolved(task, PretrainConfig()).target_acc == 0.25 and resolved(task, cfg).target_acc == 0.5

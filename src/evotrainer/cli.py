@@ -339,7 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--level", type=int, default=None, help="target difficulty (arith: digits, default 3)")
         sp.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where base checkpoints are cached")
         sp.add_argument("--target-acc", type=float, default=PretrainConfig().target_acc,
-                        help="the cached base's SFT stops at this greedy accuracy on a train-stream probe")
+                        help="the cached base's SFT stops at this accuracy on a train-stream probe (greedy; "
+                             "sampled for vault); 0: the task's own (0.25; vault 0.1)")
         sp.add_argument("--base-seed", type=int, default=PretrainConfig().seed,
                         help="seed of the cached base's SFT (initialisation and data order)")
         sp.add_argument("--warm-start", type=int, default=0, metavar="LEVEL",

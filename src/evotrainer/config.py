@@ -50,7 +50,7 @@
       escalation: true           # after 3 failures in a row: subtract, switch layer, roll back
       skills: ~/.local/share/evotrainer/skills.sqlite   # the skill library (null: none)
     base:                        # the built-in tiny model's SFT base (when no `model` is given)
-      target_acc: 0.25           # the cached base's SFT stops here
+      target_acc: 0              # the cached base's SFT stops here (0: the task's own, 0.25; vault 0.1)
       seed: 0
       warm_start: 0              # 0: SFT from scratch; N: continue from the level-N base
       max_steps: 0               # SFT steps at most (0: pretrain's 1500)
@@ -97,7 +97,7 @@ DEFAULT_SKILLS = "~/.local/share/evotrainer/skills.sqlite"
 
 @dataclass(frozen=True)
 class BaseConfig:
-    target_acc: float = 0.25
+    target_acc: float = 0.0
     seed: int = 0
     warm_start: int = 0
     max_steps: int = 0
@@ -233,7 +233,8 @@ class RunConfig:
         need(self.search.population >= 1, "search.population", f"must be >= 1, got {self.search.population}")
         need(self.workers >= 0, "workers", f"must be >= 0 (0: one per core), got {self.workers}")
         need(self.base.warm_start >= 0, "base.warm_start", f"must be >= 0 (0: from scratch), got {self.base.warm_start}")
-        need(0 < self.base.target_acc <= 1, "base.target_acc", f"must be in (0, 1], got {self.base.target_acc}")
+        need(0 <= self.base.target_acc <= 1, "base.target_acc",
+             f"must be in (0, 1] (0: the task's own), got {self.base.target_acc}")
         need(self.base.max_steps >= 0 and self.base.batch_size >= 0, "base.max_steps",
              f"max_steps and batch_size must be >= 0 (0: the default), got {self.base.max_steps} and {self.base.batch_size}")
         b = self.budget

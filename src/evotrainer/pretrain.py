@@ -54,7 +54,7 @@ class PretrainConfig:
     # SFT from the 25% 3-digit base on a 2/3/4 mix reached 5% on a 4-digit probe in 1360 steps
     # (164 s): a weak base on the target, where the harness matters.
     warm_start: int = 0
-    target_acc: float = 0.25        # stop once probe accuracy on the target level reaches this
+    target_acc: float = 0.0         # stop once probe accuracy on the target level reaches this; 0: the task's own
     max_steps: int = 1500
     batch_size: int = 128
     # 3e-3 (the prototype's) sat on a loss plateau of ~1.4 for 700+ steps on two seeds once
@@ -92,7 +92,8 @@ class PretrainConfig:
 
 def resolved(task: Task, cfg: PretrainConfig) -> PretrainConfig:
     """The config with the task's own defaults filled in (what the cache key hashes)."""
-    return replace(cfg, check_every=cfg.check_every or task.sft_check_every)
+    return replace(cfg, check_every=cfg.check_every or task.sft_check_every,
+                   target_acc=cfg.target_acc or task.sft_target_acc)
 
 
 def cache_key(task: Task, cfg: PretrainConfig) -> str:

@@ -67,6 +67,7 @@ class Task(ABC):
     # greedy and 0.6% at temperature 1, and RL from it collapsed on 2 of 3 seeds
     # (bench/task_learning.py). Single-turn tasks keep greedy (and their cached bases).
     sft_probe_temperature: float = 0.0
+    sft_target_acc: float = 0.25  # the SFT stop's probe accuracy, unless a config names its own
     key: bytes | None = None  # the split secret (tasks/keys.py); None: a public split (tests, library use)
     _draws: dict[int, list[int]] | None = None  # a worker's handed-in training indices (use_draws)
 

@@ -109,6 +109,9 @@ class VaultEnv(Environment):
 class VaultTask(EnvTask):
     sft_check_every = 2  # SFT learns to copy the asked-for key all at once: 2% to 93% in 10 steps
     sft_probe_temperature = 1.0  # the stop reads accuracy as RL samples it (tasks/base.py)
+    # 10% sampled: a group of 8 has a success 57% of the time. Bases at 5.1% and 12.9% sampled
+    # learned on all seeds, one at 0.6% collapsed on two of three; 25% sampled was 100% greedy
+    sft_target_acc = 0.10
 
     def __init__(self, config: VaultConfig | None = None):
         self.config = config or VaultConfig()
