@@ -86,7 +86,9 @@ def main() -> None:
                 train_run(task, None, base, out, seed=s, steps=args.steps, timeout_s=1800)
             if args.sampled:
                 summary["sampled"] = sampled_pass1(task, out / "checkpoint", args.sampled)
-                summary["base_sampled"] = sampled.setdefault(b, sampled_pass1(task, base, args.sampled))
+                if b not in sampled:
+                    sampled[b] = sampled_pass1(task, base, args.sampled)
+                summary["base_sampled"] = sampled[b]
             rows[b][s] = summary
             print(f"  seed {s}: test {100 * summary['base_test']:.1f} -> {100 * summary['test']:.1f} "
                   f"({summary['seconds']:.0f} s)"
@@ -94,30 +96,25 @@ def main() -> None:
                      if args.sampled else ""), flush=True)
     print(f"\n{args.task} level {task.target_level}, reference harness, {args.steps} steps; test accuracy %\n")
     print(f"{'base':>4} {'base test':>9} {'trained (per seed)':>24} {'gain':>6} {'95% t interval':>18}")
-    table = []
-    for b, by_seed in rows.items():
-        gains = [100 * (r["test"] - r["base_test"]) for r in by_seed.values()]
-        table.append(gains)
-        m, lo, hi = t_interval(gains)
-        trained = " ".join(f"{100 * r['test']:.1f}" for r in by_seed.values())
-        print(f"{b:>4} {100 * next(iter(by_seed.values()))['base_test']:>9.1f} {trained:>24} {m:>+6.1f} "
-              f"[{lo:+6.1f}, {hi:+6.1f}]")
-    summarise(table)
+    table(rows, "test")
     if args.sampled:
         print(f"\nsampled at temperature 1, pass@1 from {args.sampled} samples per test problem, %\n")
-        table = []
-        for b, by_seed in rows.items():
-            gains = [100 * (r["sampled"] - r["base_sampled"]) for r in by_seed.values()]
-            table.append(gains)
-            m, lo, hi = t_interval(gains)
-            trained = " ".join(f"{100 * r['sampled']:.1f}" for r in by_seed.values())
-            print(f"{b:>4} {100 * sampled[b]:>9.1f} {trained:>24} {m:>+6.1f} [{lo:+6.1f}, {hi:+6.1f}]")
-        summarise(table)
+        table(rows, "sampled")
 
 
-def summarise(table: list[list[float]]) -> None:
-    flat = [g for row in table for g in row]
-    lo, hi = crossed_bootstrap_ci(table)
+def table(rows: dict[int, dict[int, dict]], key: str) -> None:
+    """Per base: its accuracy, the trained seeds', their mean gain with a t interval; then all
+    pairs with a crossed bootstrap. key: "test" (greedy) or "sampled"; the base's is base_<key>."""
+    gains_by_base = []
+    for b, by_seed in rows.items():
+        gains = [100 * (r[key] - r[f"base_{key}"]) for r in by_seed.values()]
+        gains_by_base.append(gains)
+        m, lo, hi = t_interval(gains)
+        trained = " ".join(f"{100 * r[key]:.1f}" for r in by_seed.values())
+        print(f"{b:>4} {100 * next(iter(by_seed.values()))[f'base_{key}']:>9.1f} {trained:>24} {m:>+6.1f} "
+              f"[{lo:+6.1f}, {hi:+6.1f}]")
+    flat = [g for row in gains_by_base for g in row]
+    lo, hi = crossed_bootstrap_ci(gains_by_base)
     print(f"\nall {len(flat)} (base, seed) pairs: mean gain {sum(flat) / len(flat):+.1f} points, "
           f"95% crossed bootstrap CI [{lo:+.1f}, {hi:+.1f}], smallest {min(flat):+.1f}")
 
