@@ -234,7 +234,7 @@ class RunConfig:
         need(self.workers >= 0, "workers", f"must be >= 0 (0: one per core), got {self.workers}")
         need(self.base.warm_start >= 0, "base.warm_start", f"must be >= 0 (0: from scratch), got {self.base.warm_start}")
         need(0 <= self.base.target_acc <= 1, "base.target_acc",
-             f"must be in (0, 1] (0: the task's own), got {self.base.target_acc}")
+             f"must be in [0, 1] (0: the task's own), got {self.base.target_acc}")
         need(self.base.max_steps >= 0 and self.base.batch_size >= 0, "base.max_steps",
              f"max_steps and batch_size must be >= 0 (0: the default), got {self.base.max_steps} and {self.base.batch_size}")
         b = self.budget
