@@ -2,5 +2,11 @@
 # The tests: install into their own environment, then run the suite (CPU only, offline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# the report's test opens it in Debian's headless chromium (driven by playwright); where this
+# script may install packages (root with apt), it does; elsewhere that test skips, saying why
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "warning: could not install chromium; the report's browser test will skip" >&2
+fi
 bash scripts/setup-venv.sh .venv-test dev
 .venv-test/bin/python -m pytest tests

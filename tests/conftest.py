@@ -47,6 +47,10 @@ def ckpt(tmp_path_factory):
 @pytest.fixture
 def tiny_run(tmp_path, ckpt):
     """A run config over a small root harness and a random-init base: plumbing, not learning."""
+    return tiny_run_config(tmp_path, ckpt)
+
+
+def tiny_run_config(tmp_path, ckpt):
     root = shutil.copytree(REFERENCE, tmp_path / "root")
     text = (root / "knobs.yaml").read_text()
     for old, new in [("prompts_per_step: 64", "prompts_per_step: 4"), ("group_size: 8", "group_size: 4"),

@@ -17,7 +17,7 @@ from evotrainer.evolve.report import status
 from evotrainer.lineage import LineageStore
 
 
-def start(tiny_run, agent, trials: int, **extra):
+def start(tiny_run, agent, trials: int, on_event=None, **extra):
     cfg_path, run = tiny_run
     raw = yaml.safe_load(cfg_path.read_text()) | {"final_seeds": [], **extra}
     raw["budget"]["trials"] = trials
@@ -26,7 +26,7 @@ def start(tiny_run, agent, trials: int, **extra):
 
     def go():  # the controller owns its SQLite connection: built in the thread that uses it
         try:
-            Controller(config_from_dict(raw).validate(), run, agent=agent, gate_poll_s=0.05).run()
+            Controller(config_from_dict(raw).validate(), run, on_event, agent=agent, gate_poll_s=0.05).run()
         except BaseException as e:  # surfaced by the test, never swallowed
             errors.append(e)
     th = threading.Thread(target=go, daemon=True)

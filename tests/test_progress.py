@@ -32,3 +32,14 @@ def test_a_watcher_reads_the_files_at_most_once_per_interval(tmp_path: Path):
     (seg / "metrics.jsonl").write_text('{"step": 1}\n')
     poll()  # within the interval: the new line is not read yet
     assert [p.done for p in seen] == [0]
+
+
+def test_a_seeds_steps_follow_its_segments_and_a_half_written_line_is_skipped(tmp_path: Path):
+    from evotrainer.evolve.progress import seed_metrics
+    seed = tmp_path / "evolved" / "seed-100"
+    for d, body in ((1, '{"step": 1, "r": 0.1}\n{"step": 2, "r": 0.2}\n'),
+                    (2, '{"step": 1, "r": 0.3}\n{"step": 2, "r": 0.4}\n{"step": 3, "r"')):  # segment 2 in flight
+        (seed / f"segment-{d}").mkdir(parents=True)
+        (seed / f"segment-{d}" / "metrics.jsonl").write_text(body)
+    assert [(r["step"], r["r"]) for r in seed_metrics(seed)] == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
+    assert seed_metrics(tmp_path / "missing") == []

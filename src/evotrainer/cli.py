@@ -190,53 +190,46 @@ def cmd_replay(args) -> dict:
 
 
 def _run_loop(cfg, out: Path) -> dict:
-    from rich.markup import escape
-
     from evotrainer.evolve.controller import ControlFailed, Controller
     from evotrainer.evolve.report import status
+    from evotrainer.live import LiveView
     from evotrainer.pretrain import PretrainConfig
-    prog = _progress(transient=True)  # one live bar: what trains now, its steps over all workers
-    say = prog.console.print
-    bar: list = [None, None]  # (task id, title) of the bar shown
-
-    def track(data: dict) -> None:
-        if bar[1] != data["title"]:
-            if bar[0] is not None:
-                prog.remove_task(bar[0])
-            bar[:] = [prog.add_task(escape(data["title"]), total=data["total"], info=""), data["title"]]
-        prog.update(bar[0], completed=data["done"], total=data["total"], description=escape(data["title"]),
-                    info=escape("  ".join(f"{n} {d}/{t}".rstrip("/") for n, d, t in data["jobs"][:4])))
+    view = LiveView()
+    say = view.say
 
     def show(kind, data):
+        if kind == "stage":
+            return view.set_stage(data["stage"])
         if kind == "training_progress":
-            return track(data)
-        if kind == "base_progress" and not prog.console.is_terminal and data["step"] % 100 == 0:
+            return view.training(data["title"], data["jobs"])
+        if kind == "base_progress" and not view.console.is_terminal and data["step"] % 100 == 0:
             say(f"building the base: SFT step {data['step']}, loss {data['loss']:.3f}, "
                 f"probe accuracy {data['probe_acc']:.2f}")  # a log has no live bar: milestones instead
         if kind == "base_progress":  # steps of the SFT stage under way, against its cap
-            return track({"title": "building the base (SFT, cached afterwards)", "done": data["step"],
-                          "total": PretrainConfig().max_steps,
-                          "jobs": [("loss", f"{data['loss']:.3f}", ""), ("probe", f"{data['probe_acc']:.2f}", "")]})
+            view.set_stage("building the base (SFT, cached afterwards)")
+            return view.training("base", [("SFT", data["step"], PretrainConfig().max_steps,
+                                           f"loss {data['loss']:.3f} probe {data['probe_acc']:.2f}")])
         if kind == "trial_finished":
             val = data.get("val") or {}
             mean = f" val {sum(val.values()) / len(val):.3f}" if val else ""
-            say(escape(f"trial {data['trial']} {data['version']} [{data['intervention']}]: {data['label']}{mean}"))
-        elif kind in ("trial_started", "stopped", "trial_resumed", "escalated"):
-            say(escape(f"{kind.replace('_', ' ')}: {', '.join(f'{k} {v}' for k, v in data.items())}"))
+            say(f"trial {data['trial']} {data['version']} [{data['intervention']}]: {data['label']}{mean}")
+        elif kind in ("trial_started", "stopped", "trial_resumed", "escalated", "tracker_failed"):
+            say(f"{kind.replace('_', ' ')}: {', '.join(f'{k} {v}' for k, v in data.items())}")
         elif kind == "final_started":
-            say(escape(f"final comparison: winner {data['winner']} (schedule {' -> '.join(data['schedule'])}) "
-                       f"and the reference, replayed from the base on fresh seeds {data['seeds']}"))
+            say(f"final comparison: winner {data['winner']} (schedule {' -> '.join(data['schedule'])}) "
+                f"and the reference, replayed from the base on fresh seeds {data['seeds']}")
         elif kind == "final_finished":
-            say(escape(data["table"]))
+            say(data["table"])
         elif kind == "gate_waiting":
-            say(escape(f"trial {data['trial']} waits at the {data['point']} gate: {data['intervention']}: "
-                       f"{data['hypothesis']}\n  decide with: evotrainer approve {data['run']} "
-                       f"{data['trial']} | evotrainer revise {data['run']} {data['trial']} --feedback TEXT | "
-                       f"evotrainer abort {data['run']} {data['trial']}"))
+            view.set_stage(f"trial {data['trial']} waits at the {data['point']} gate")
+            say(f"trial {data['trial']} waits at the {data['point']} gate: {data['intervention']}: "
+                f"{data['hypothesis']}\n  decide with: evotrainer approve {data['run']} "
+                f"{data['trial']} | evotrainer revise {data['run']} {data['trial']} --feedback TEXT | "
+                f"evotrainer abort {data['run']} {data['trial']}")
         elif kind == "gate_decided":
-            say(escape(f"trial {data['trial']} {data['point']} gate: {data['decision']} {data['feedback']}"))
+            say(f"trial {data['trial']} {data['point']} gate: {data['decision']} {data['feedback']}")
     try:
-        with prog:
+        with view:
             Controller(cfg, out, on_event=show).run()
     except ControlFailed as e:
         raise RunFailed(str(e)) from None
@@ -292,6 +285,13 @@ def cmd_lineage(args) -> dict:
     tree = lineage_tree(args.run)
     print(tree, file=sys.stderr)
     return None
+
+
+def cmd_report(args) -> dict:
+    from evotrainer.evolve.report import open_run
+    from evotrainer.report import write_report
+    open_run(args.run).close()  # not a run: one line, exit 2
+    return write_report(args.run, args.out, args.engine)
 
 
 def _library(args):
@@ -443,6 +443,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("lineage", help="the version tree of a run, with labels and fitness")
     sp.add_argument("run", type=Path)
     sp.set_defaults(fn=cmd_lineage)
+    sp = sub.add_parser("report", help="one self-contained HTML file of a run (finished or in progress); opens offline")
+    sp.add_argument("run", type=Path)
+    sp.add_argument("--out", type=Path, default=None, help="the HTML file (default: RUN/report.html)")
+    sp.add_argument("--engine", default="auto", help="charts: plotly (interactive; the `report` extra), svg (static, "
+                    "no script) or auto (plotly where installed)")
+    sp.set_defaults(fn=cmd_report)
     sk = sub.add_parser("skills", help="the skill library: validated interventions shared by runs").add_subparsers(
         dest="skills_cmd", required=True, metavar="{list,show}")
     sp = sk.add_parser("list", help="every skill with its counts, mean gain and the tasks where it held")

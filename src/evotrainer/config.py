@@ -62,6 +62,12 @@
       total_steps: 300           # the reference recipe's training budget (and restart mode's)
       wall_clock_s: 3600
       trial_timeout_s: 900       # a segment's worker is killed past this
+    tracking:                    # experiment trackers (each an optional extra, imported only when named)
+      report_to: []              # tensorboard | wandb | mlflow | trackio: per-step training metrics,
+                                 # trial outcomes, the final table; the TRL backend gets the same list
+      project: evotrainer        # the W&B / MLflow / trackio project
+      wandb_mode: offline        # offline (RUN/trackers/wandb; `wandb sync` later) | online
+      mlflow_uri: null           # null: a SQLite store, RUN/trackers/mlflow/mlflow.db
     gate:
       z: 2.0                     # gain must exceed z standard errors of the paired differences
       min_gain: 0.01             # and this absolute floor (about 2x the sampling error of 500 problems)
@@ -136,6 +142,14 @@ class GateConfig:
 
 
 @dataclass(frozen=True)
+class TrackingConfig:
+    report_to: tuple[str, ...] = ()
+    project: str = "evotrainer"
+    wandb_mode: str = "offline"
+    mlflow_uri: str | None = None
+
+
+@dataclass(frozen=True)
 class SearchConfig:
     selection: str = "population"
     population: int = 4
@@ -195,6 +209,7 @@ class RunConfig:
     base: BaseConfig = field(default_factory=BaseConfig)
     budget: Budget = field(default_factory=Budget)
     gate: GateConfig = field(default_factory=GateConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def validate(self) -> "RunConfig":
         def need(ok: bool, key: str, msg: str):
@@ -246,13 +261,20 @@ class RunConfig:
         need(self.gate.min_gain >= 0, "gate.min_gain", f"must be >= 0, got {self.gate.min_gain}")
         need(self.gate.last_k >= 1, "gate.last_k", f"must be >= 1, got {self.gate.last_k}")
         need(self.gate.replicas >= 0, "gate.replicas", f"must be >= 0, got {self.gate.replicas}")
+        from evotrainer.trackers import WANDB_MODES, check
+        try:
+            check(self.tracking.report_to)
+        except UsageError as e:
+            raise UsageError(f"config: 'tracking.report_to': {e}") from None
+        need(self.tracking.wandb_mode in WANDB_MODES, "tracking.wandb_mode",
+             f"must be one of {', '.join(WANDB_MODES)}, got '{self.tracking.wandb_mode}'")
         return self
 
 
     def runtime(self) -> Runtime:
         """Backend, device and precision: what every training and evaluation job of the run shares."""
         return Runtime(self.backend, PolicyConfig(self.dtype, self.device, self.chat_template),
-                       self.micro_batch_size, self.trl.use_vllm, self.trl.vllm_mode)
+                       self.micro_batch_size, self.trl.use_vllm, self.trl.vllm_mode, self.tracking.report_to)
 
 
 def load_config(path: Path | str) -> RunConfig:

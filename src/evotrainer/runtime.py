@@ -10,6 +10,8 @@ a harness choice (an agent may not move the run to another device or backend).
         (0: the whole batch at once). The update is the same; only memory and speed change.
     use_vllm / vllm_mode: the TRL backend samples with vLLM (`colocate`: in the training
         process, sharing its GPU; `server`: a `trl vllm-serve` process). Needs vllm installed.
+    report_to: the run's trackers (config `tracking.report_to`), passed to TRL as its own
+        `report_to`, so a TRL job also logs TRL's metrics into its train directory.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ class Runtime:
     micro_batch_size: int = 0
     use_vllm: bool = False
     vllm_mode: str = "colocate"
+    report_to: tuple[str, ...] = ()
 
     def validate(self) -> "Runtime":
         if self.backend not in BACKEND_NAMES:
@@ -44,11 +47,11 @@ class Runtime:
 
     def to_dict(self) -> dict:
         return {"backend": self.backend, "policy": self.policy.to_dict(), "micro_batch_size": self.micro_batch_size,
-                "use_vllm": self.use_vllm, "vllm_mode": self.vllm_mode}
+                "use_vllm": self.use_vllm, "vllm_mode": self.vllm_mode, "report_to": list(self.report_to)}
 
     @classmethod
     def of(cls, d: "dict | Runtime | None") -> "Runtime":
         if isinstance(d, Runtime):
             return d
         d = dict(d or {})
-        return cls(**{**d, "policy": PolicyConfig.of(d.get("policy"))})
+        return cls(**{**d, "policy": PolicyConfig.of(d.get("policy")), "report_to": tuple(d.get("report_to", ()))})

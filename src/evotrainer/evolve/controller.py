@@ -44,7 +44,7 @@ from evotrainer.evolve.diagnosis import misleads, worst_findings
 from evotrainer.evolve.final import compare, extend, schedule, table, winner
 from evotrainer.evolve.plan import TrialPlan
 from evotrainer.evolve.population import Elite, SelectionConfig, crossover_due, mates, merge, promote, select_parent
-from evotrainer.evolve.progress import Progress
+from evotrainer.evolve.progress import Progress, seed_metrics
 from evotrainer.evolve.replay import Arm, ReplayFailed, replay
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import noise_floor
@@ -64,6 +64,7 @@ from evotrainer.sandbox import record as sandbox_record
 from evotrainer.skills import SkillLibrary
 from evotrainer.tasks import get_task
 from evotrainer.tasks.keys import key_digest, key_dir, split_key
+from evotrainer.trackers import TrackerSet, open_trackers, trial_row
 
 AGENT_ERRORS_TO_STOP = 3  # agent_error trials in a row (a wrong URL, key or model): stop, do not spend the budget
 
@@ -95,6 +96,7 @@ class Controller:
         self._findings_of: dict[tuple, Future] = {}  # a state is diagnosed once, as child and as parent
         self._reader: ThreadPoolExecutor | None = None  # read_later's thread, while a run is under way
         self._warm: Warm | None = None  # the next backtest's worker, started early (prewarm)
+        self.trackers: TrackerSet = TrackerSet([], self._tracker_failed)  # opened by `run`
 
     # ------------------------------------------------------------------ the loop
 
@@ -103,6 +105,7 @@ class Controller:
         self.isolation = use_isolation(self.cfg.sandbox)
         # status adds up sessions (time between a kill and a resume is not ours) and reads the sandbox here
         self.store.event("session_started", sandbox=sandbox_record(self.isolation))
+        self.trackers = open_trackers(self.cfg.tracking, self.run_dir, self.run_dir.name, self._tracker_failed)
         self._setup()
         self._learn()  # what a kill cut off between a trial's row and its skill outcome
         self.training.ingest_missing(self.store.trials())  # a resume: what a kill cut off before it was stored
@@ -119,6 +122,7 @@ class Controller:
             self.final()  # reads no evidence: the last trial's is stored beside it
         finally:
             self._close_warm()
+            self.trackers.close()
             self.training.join_ingest()
             if self._reader is not None:
                 self._reader.shutdown()
@@ -162,6 +166,8 @@ class Controller:
             return done[-1] if done else None
         label, harnesses, arm = self.winner_schedule()
         self._event("final_started", winner=label, schedule=harnesses, seeds=list(self.cfg.final_seeds))
+        self.stage(f"final comparison: {label} and the reference train from the base on seeds "
+                   f"{list(self.cfg.final_seeds)}, then the evaluator scores them")
         arms = {"reference": Arm((str(self._harness_dir("v0")),), self.cfg.budget.total_steps), "evolved": arm}
         try:
             rep = replay(self.task, self.base, arms, self.cfg.final_seeds,
@@ -179,6 +185,10 @@ class Controller:
                                                f"{' -> '.join(harnesses)}\n\n```\n{result['table']}\n```\n\n"
                                                f"sandbox: {describe(self.isolation)}\n")
         self._event("final_finished", **result)
+        for arm in arms:
+            for d in sorted((self.run_dir / "final" / arm).glob("seed-*")):
+                self.trackers.steps(f"final/{arm}/{d.name}", seed_metrics(d))
+        self.trackers.final(result, result["table"])
         return result
 
     def winner_schedule(self) -> tuple[str, list[str], Arm]:
@@ -219,7 +229,7 @@ class Controller:
         self.base = started[0]["base"]
         self._use_key(started[0])
         self.training = Training(self.cfg, self.task, self.runtime, self.base, self.run_dir, self._harness_dir,
-                                 self._progress)
+                                 self._progress, self.stage)
 
     def _key_name(self, base: str) -> str:
         """Whose split key this run uses: a built base's (pretrain keyed the task already), or
@@ -341,6 +351,7 @@ class Controller:
                  round_: int = 0) -> TrialPlan | None:
         """The agent's plan for trial `n` from `parent` (round > 0: a revision a person asked
         for at a gate, with their feedback, the rejected interventions counted as tried)."""
+        self.stage(f"trial {n}: the {self.cfg.agent} agent proposes a change to {parent.version}")
         findings = self._findings(parent)
         trials = self.store.trials()
         tried = {t.intervention for t in trials if t.parents[:1] == [parent.version]} | set(rejected)
@@ -462,6 +473,7 @@ class Controller:
         root = State("v0", 0, {}, {}, {})
         if 0 not in dict(self.store.pending()):
             self.store.begin_trial(0, intervention="root", version="v0")
+        self.stage(f"trial 0: the root harness v0 trains, with {self.cfg.gate.replicas} noise replica(s)")
         t0, clock = time.time(), Clock()
         # replicas: the root again on other data (segment seeds offset), to measure the noise floor
         segments = [Segment("v0", root, 1, self.run_dir / "versions" / "v0")] + [
@@ -522,6 +534,19 @@ class Controller:
             self._learn(rec.id)
         self.on_event("trial_finished", {"trial": rec.id, "label": rec.label, "version": rec.version,
                                          "intervention": rec.intervention, "val": rec.fitness.get("val")})
+        self._track(rec)
+
+    def _track(self, rec: TrialRecord) -> None:
+        """A finished trial to the run's trackers: its training jobs' steps, its outcome."""
+        if not self.trackers.trackers:
+            return
+        dirs = (rec.fitness.get("state") or {}).get("dirs") or {}
+        for seed, d in sorted(dirs.items(), key=lambda kv: int(kv[0])):
+            self.trackers.steps(f"{rec.version}/seed-{seed}", seed_metrics(Path(d)))
+        self.trackers.trial(trial_row(rec), [trial_row(t) for t in self.store.trials()])
+
+    def _tracker_failed(self, name: str, why: str) -> None:
+        self._event("tracker_failed", tracker=name, error=why)
 
     @property
     def restart(self) -> bool:
@@ -531,6 +556,10 @@ class Controller:
         """Training steps as they go: shown (`training_progress`), never stored in the lineage."""
         self.on_event("training_progress", {"title": p.title, "done": p.done, "total": p.total,
                                             "jobs": [list(j) for j in p.jobs]})
+
+    def stage(self, text: str) -> None:
+        """What the run does now (shown live, never stored: the lineage records outcomes)."""
+        self.on_event("stage", {"stage": text})
 
     def _event(self, kind: str, trial: int | None = None, **data) -> None:
         self.store.event(kind, trial, **data)

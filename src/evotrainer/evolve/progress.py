@@ -7,6 +7,7 @@ writes; a poll that finds no file yet counts zero.
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -39,6 +40,33 @@ def steps_done(out: Path) -> int:
         except OSError:
             continue
     return n
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The complete JSON lines of a file a worker may still be writing."""
+    rows = []
+    try:
+        text = path.read_text()
+    except OSError:
+        return rows
+    for line in text.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue  # the line being written
+    return rows
+
+
+def seed_metrics(seed_dir: Path) -> list[dict]:
+    """A seed's steps in order; a schedule's segments follow each other (steps renumbered)."""
+    files = sorted(seed_dir.glob("segment-*/metrics.jsonl"), key=lambda p: int(p.parent.name.split("-")[1]))
+    own = seed_dir / "metrics.jsonl"
+    rows, offset = [], 0
+    for f in ([own] if own.exists() else []) + files:
+        part = [r for r in read_jsonl(f) if "step" in r]
+        rows += [{**r, "step": offset + r["step"]} for r in part]
+        offset += part[-1]["step"] if part else 0
+    return rows
 
 
 def watcher(title: str, jobs: Sequence[Job], report: Callable[[Progress], None],

@@ -35,6 +35,7 @@ class Training:
     run_dir: Path
     harness_dir: Callable[[str], Path]       # a version's harness checkout
     on_progress: Callable[[Progress], None] | None = None   # hears training steps as they go
+    on_stage: Callable[[str], None] | None = None           # hears when scoring starts
 
     @property
     def restart(self) -> bool:
@@ -87,6 +88,8 @@ class Training:
             for i, sg in enumerate(segments):
                 if i not in failed:
                     read(sg, dirs[i])
+        if self.on_stage is not None:
+            self.on_stage(f"the evaluator scores {', '.join(names)} on validation and test")
         scores = self._evaluate([dirs[i] for i in range(len(segments)) if i not in failed], clock)
         return [failed[i] if i in failed else State(sg.version, sg.depth, dirs[i], *scores.pop(0))
                 for i, sg in enumerate(segments)]

@@ -83,6 +83,7 @@ class Trial:
         """The stages in order; the first that ends the trial gives its outcome."""
         if self.plan.failed:  # the agent produced nothing usable: labelled, never run
             return Outcome(self.plan.failed.label, self.plan.failed.reason, committed=False)
+        self.stage("commits the change and checks its legality")
         patch = self.candidate()
         if isinstance(patch, Outcome):
             return patch
@@ -95,14 +96,17 @@ class Trial:
                            patch, Screened(tuple(replays)))
         if replays and self.ctl.repo.files_changed(self.parent.version, self.version) == ["diagnostics.py"]:
             return self.keep_untrained(patch, replays)
+        self.stage(f"backtest: {self.version} rescores {self.parent.version}'s cached rollouts")
         screened = self.backtest(patch, replays)
         if isinstance(screened, Outcome):
             return screened
         if self.ask("backtest", backtest=screened.to_json()) == "abort":
             return Outcome(Label.ABORTED, "aborted by a person at the backtest gate", patch, screened)
+        self.stage(f"trains {self.version} beside its control, then the evaluator scores both")
         trained = self.train(patch, screened)
         if isinstance(trained, Outcome):
             return trained
+        self.stage("gate: paired gain over the control against the noise floor; blocking findings")
         return self.judge(patch, screened, *trained)
 
     # ------------------------------------------------------------------ the stages
@@ -241,6 +245,9 @@ class Trial:
             reflection=o.reflection, started=self.started, finished=time.time()), o.state)
 
     # ------------------------------------------------------------------ helpers
+
+    def stage(self, what: str) -> None:
+        self.ctl.stage(f"trial {self.n} {self.version} [{self.plan.intervention}]: {what}")
 
     def ask(self, point: str, **shown) -> str:
         """'approve' at once where this point is not gated; else a person's 'approve' or 'abort'

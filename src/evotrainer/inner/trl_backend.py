@@ -20,8 +20,10 @@ Single process only: groups are whole within the one process that trains.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from datasets import IterableDataset
@@ -180,7 +182,12 @@ class HarnessGRPOTrainer(GRPOTrainer):
                               lr_at(self.harness.knobs, self.steps_before + self.batches_done),
                               now - b.started, b.generate_s, b.judged)
         self.segment_log.record(m.to_dict(), recs, self.model, self.processing_class)
-        for values in self._metrics["train"].values():  # TRL's own metrics: nobody logs them here
+        if self.args.report_to and self.args.report_to != ["none"]:
+            # to the trackers TRL was given: our step's metrics beside TRL's own averages (TRL's
+            # `log` adds those and empties them); the Trainer's own logging never fires
+            self.log({f"evotrainer/{k}": v for k, v in m.to_dict().items() if k != "step"
+                      and isinstance(v, (int, float)) and not isinstance(v, bool)})
+        for values in self._metrics["train"].values():  # TRL's own metrics: logged above or nowhere
             values.clear()
         self._last_step_end = now
 
@@ -196,12 +203,27 @@ class _StepEnd(TrainerCallback):
             self.trainer.batch_done()
 
 
+def tracker_files(report_to, out: Path) -> None:
+    """Where the trackers' Trainer callbacks write in this worker: inside its train directory
+    (the only place a sandboxed job may write), offline. This process is the job's own, so
+    the libraries' documented variables are set here, never in the user's shell."""
+    out.mkdir(parents=True, exist_ok=True)
+    if "wandb" in report_to:
+        os.environ.setdefault("WANDB_MODE", "offline")
+        os.environ.setdefault("WANDB_DIR", str(out))
+    if "mlflow" in report_to:
+        os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{(out / 'mlflow.db').resolve()}")
+    if "trackio" in report_to:
+        os.environ.setdefault("TRACKIO_DIR", str(out / "trackio"))
+
+
 def run_trl(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
             runtime) -> dict:
     """Backend entry point (inner.backends): train `steps` sampled batches with TRL."""
     import transformers
     k = harness.knobs
     transformers.logging.set_verbosity_error()
+    tracker_files(runtime.report_to, log.out_dir / "trl")
     config = GRPOConfig(**grpo_config_kwargs(k, runtime, task.max_new_tokens, seed, steps,
                                              str(log.out_dir / "trl")))
     opt = make_adamw(model, k, GatedAdamW)

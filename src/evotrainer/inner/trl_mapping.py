@@ -73,6 +73,7 @@ def grpo_config_kwargs(knobs, runtime, task_budget: int, seed: int, steps: int, 
         entropy_coef=knobs.entropy_coef,
         use_vllm=runtime.use_vllm, vllm_mode=runtime.vllm_mode,
         shuffle_dataset=False,  # the stream is already random, and a shuffle buffer would read ahead of the curriculum
-        report_to="none", save_strategy="no", eval_strategy="no", logging_steps=10**9, disable_tqdm=True,
+        # the run's trackers (tracking.report_to): the trainer logs once per sampled batch itself
+        report_to=list(runtime.report_to) or "none", save_strategy="no", eval_strategy="no", logging_steps=10**9, disable_tqdm=True,
         log_completions=False, dataloader_pin_memory=False,
     )

@@ -1,0 +1,61 @@
+"""What `evotrainer run` shows while it works: the stage, and a step bar per training worker.
+
+    trial 2 v2 [raise_temperature]: trains v2 beside its control, then the evaluator scores both
+      v2 s0        ━━━━━━━━━━━━━━╸━━━━━━━━━  61/150 0:00:41
+      v2 s1        ━━━━━━━━━━━━━╸━━━━━━━━━━  58/150 0:00:41
+      v1-d3 s0     ━━━━━━━━━━━━━━━╸━━━━━━━━  66/150 0:00:41
+
+The controller reports stages (`stage`) and step counts (`training_progress`, read from
+the workers' metrics files); lines that are kept (trial outcomes, the final table) are
+printed above the live area. Off a terminal the live area is not drawn, and the base's SFT
+prints a milestone line every 100 steps instead.
+"""
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+
+class LiveView:
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(stderr=True)
+        self.stage = Text("starting", style="bold")
+        self.bars = Progress(TextColumn("  {task.description:<14}"), BarColumn(), MofNCompleteColumn(),
+                             TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=self.console)
+        self.live = Live(Group(self.stage, self.bars), console=self.console, transient=True,
+                         refresh_per_second=4)
+        self.title: str | None = None
+        self.jobs: dict[str, int] = {}     # job name -> its bar
+
+    def __enter__(self) -> "LiveView":
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.live.__exit__(*exc)
+
+    def say(self, text: str) -> None:
+        """A line that stays (printed above the live area)."""
+        self.console.print(escape(text))
+
+    def set_stage(self, text: str) -> None:
+        self.stage.plain = text
+
+    def training(self, title: str, jobs: list) -> None:
+        """Step counts of the jobs under `title`: one bar each; a new title replaces the bars."""
+        if title != self.title:
+            for task in self.jobs.values():
+                self.bars.remove_task(task)
+            self.jobs, self.title = {}, title
+        for name, done, total, *info in jobs:
+            if name not in self.jobs:
+                self.jobs[name] = self.bars.add_task(escape(str(name)), total=total or None, info="")
+            self.bars.update(self.jobs[name], completed=done, total=total or None,
+                             info=escape(" ".join(map(str, info))))
+
+    def rows(self) -> list[tuple[str, float, float | None]]:
+        """(name, done, total) of the bars shown: what a test reads."""
+        return [(t.description, t.completed, t.total) for t in self.bars.tasks]

@@ -1,0 +1,209 @@
+"""Everything the HTML report shows, read from a run directory into plain data.
+
+Read-only and tolerant of a run in progress: a trial still training has curves on disk but
+no lineage row yet, a run before its final comparison has no final.json, and a metrics line
+half-written by a worker is skipped. Nothing here trains, evaluates or runs harness code:
+diagnostics over time are the built-in library's (trusted code), computed on windows of the
+first seed's rollouts; a harness's own diagnostics appear as the findings it recorded.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evotrainer.diagnostics.evidence import Evidence
+from evotrainer.diagnostics.health import load_evidence
+from evotrainer.diagnostics.load import harness_diagnostics
+from evotrainer.evolve.progress import seed_metrics
+from evotrainer.evolve.report import open_run, status
+from evotrainer.lineage.store import TrialRecord
+
+CURVES = ("reward_mean", "score_mean", "dead_groups", "entropy", "length_mean")  # per-step metrics plotted
+WINDOWS = 10  # diagnostics over time: the steps of a run cut into this many windows
+
+
+@dataclass
+class Version:
+    """One trial as the report draws it (a trial refused before committing has no version)."""
+    trial: int
+    version: str | None
+    parents: list[str]
+    intervention: str
+    label: str
+    depth: int
+    hypothesis: str
+    val: dict[str, float]            # seed -> accuracy on validation (a fraction)
+    test: dict[str, float]
+    gain: float | None               # paired validation gain over its control
+    bar: float | None                # what the gain had to beat
+    backtest: dict
+    reflection: str
+    findings: list
+    patch: str
+
+    @property
+    def mean_val(self) -> float | None:
+        return sum(self.val.values()) / len(self.val) if self.val else None
+
+    @property
+    def mean_test(self) -> float | None:
+        return sum(self.test.values()) / len(self.test) if self.test else None
+
+
+@dataclass
+class Curve:
+    """One training directory group's per-step metrics, averaged over its seeds."""
+    name: str                          # "v1" or "final evolved"
+    seeds: int
+    steps: list[int]
+    metrics: dict[str, list[float | None]]
+
+
+@dataclass
+class DiagnosticSeries:
+    name: str
+    layer: str
+    summary: str
+    warn: float | None
+    critical: float | None
+    above: bool
+    points: dict[str, list[tuple[int, float]]]   # version -> (last step of the window, value)
+
+
+@dataclass
+class RunData:
+    run: Path
+    status: dict
+    versions: list[Version]
+    in_flight: list[Version]                     # trials started and not finished
+    best_path: list[str]                         # root .. winner (or the best kept)
+    curves: list[Curve]
+    diagnostics: list[DiagnosticSeries]
+    noise_sd: float | None
+    final: dict | None
+    final_table: str | None
+    config: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def mean_curve(name: str, seed_dirs: list[Path]) -> Curve | None:
+    runs = [m for m in (seed_metrics(d) for d in seed_dirs) if m]
+    if not runs:
+        return None
+    by_step: dict[int, list[dict]] = {}
+    for rows in runs:
+        for r in rows:
+            by_step.setdefault(r["step"], []).append(r)
+    steps = sorted(by_step)
+    metrics = {}
+    for key in CURVES:
+        col = []
+        for s in steps:
+            xs = [float(r[key]) for r in by_step[s] if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+            col.append(sum(xs) / len(xs) if xs else None)
+        metrics[key] = col
+    return Curve(name, len(runs), steps, metrics)
+
+
+def seed_dirs(parent: Path) -> list[Path]:
+    return sorted((d for d in parent.glob("seed-*") if d.is_dir()), key=lambda d: int(d.name.split("-")[1]))
+
+
+def diagnostics_over_time(runs: dict[str, Path], windows: int = WINDOWS) -> list[DiagnosticSeries]:
+    """The built-in diagnostics of the last-window kind on consecutive windows of each run's
+    steps: what the health report would have said had training stopped there."""
+    diags = {n: d for n, d in harness_diagnostics(None).items() if d.scope == "last" and (d.warn is not None or d.critical is not None)}
+    points: dict[str, dict[str, list[tuple[int, float]]]] = {n: {} for n in diags}
+    for name, d in runs.items():
+        if not (d / "evidence.jsonl").exists():
+            continue
+        ev: Evidence = load_evidence(d)
+        steps = ev.step_numbers
+        if not steps:
+            continue
+        size = max(1, math.ceil(len(steps) / windows))
+        for i in range(0, len(steps), size):
+            chunk = steps[i:i + size]
+            part = ev.between(chunk[0], chunk[-1])
+            for n, diag in diags.items():
+                v = diag.fn(part)
+                if v is not None and math.isfinite(v):
+                    points[n].setdefault(name, []).append((chunk[-1], float(v)))
+    return [DiagnosticSeries(n, d.layer, d.summary, d.warn, d.critical, d.above, points[n])
+            for n, d in diags.items() if points[n]]
+
+
+def version_of(t: TrialRecord, started: dict[int, dict]) -> Version:
+    f = t.fitness
+    return Version(t.id, t.version, list(t.parents), t.intervention, str(t.label), t.depth,
+                   t.hypothesis or started.get(t.id, {}).get("hypothesis", ""),
+                   {str(k): v for k, v in (f.get("val") or {}).items()},
+                   {str(k): v for k, v in (f.get("test") or {}).items()},
+                   f.get("gain"), f.get("threshold"), t.backtest or {}, t.reflection, t.findings or [], t.patch)
+
+
+def in_flight(pending: list[tuple[int, dict]]) -> list[Version]:
+    """Trials started and not finished, as the plan their start recorded (label "in flight")."""
+    out = []
+    for n, d in pending:
+        parent = (d.get("parent_state") or {}).get("version")
+        out.append(Version(n, d.get("version"), [parent] if parent else [], d.get("intervention", "?"), "in flight",
+                           0, d.get("hypothesis", ""), {}, {}, None, None, {}, "", [], ""))
+    return out
+
+
+def path_to(version: str | None, versions: list[Version]) -> list[str]:
+    """The versions from the root down to `version` (first parents only)."""
+    parent = {v.version: (v.parents[0] if v.parents else None) for v in versions if v.version}
+    out = []
+    while version is not None and version in parent and version not in out:
+        out.append(version)
+        version = parent[version]
+    return out[::-1]
+
+
+def best_version(versions: list[Version], final: dict | None) -> str | None:
+    """The final comparison's winner, else the kept version with the best validation mean."""
+    if final and final.get("winner"):
+        return str(final["winner"]).split("@")[0]
+    kept = [v for v in versions if v.label == "kept" and v.mean_val is not None]
+    return max(kept, key=lambda v: v.mean_val).version if kept else None
+
+
+def gather(run_dir: Path | str) -> RunData:
+    run = Path(run_dir)
+    store = open_run(run)
+    try:
+        trials, pending = store.trials(), store.pending()
+        started = {e["trial"]: e for e in store.events("trial_started")}
+    finally:
+        store.close()
+    versions = [version_of(t, started) for t in trials]
+    final_path = run / "final.json"
+    final = json.loads(final_path.read_text()) if final_path.exists() else None
+    table = None
+    if final:
+        from evotrainer.evolve.final import table as final_table
+        table = final_table(final["base"], final["comparison"], final["seeds"])
+    # curves: every version directory on disk (a trial in flight included), then the final replay
+    curves = []
+    vdirs = sorted((d for d in (run / "versions").glob("*") if d.is_dir()),
+                   key=lambda d: (len(d.name), d.name)) if (run / "versions").is_dir() else []
+    first_seed: dict[str, Path] = {}
+    for d in vdirs:
+        seeds = seed_dirs(d)
+        c = mean_curve(d.name, seeds)
+        if c:
+            curves.append(c)
+            first_seed[d.name] = seeds[0]
+    for arm in ("reference", "evolved"):
+        c = mean_curve(f"final {arm}", seed_dirs(run / "final" / arm))
+        if c:
+            curves.append(c)
+    noise = next((t.fitness.get("noise_sd") for t in trials if t.id == 0), None)
+    config = (run / "config.yaml").read_text() if (run / "config.yaml").exists() else ""
+    best = path_to(best_version(versions, final), versions)
+    return RunData(run, status(run), versions, in_flight(pending), best, curves, diagnostics_over_time(first_seed),
+                   noise, final, table, config)
