@@ -197,7 +197,8 @@ def test_unplanted_partial_credit_on_a_longer_target_is_invalid(tmp_path, sft_ba
     ctl.run()
     t1 = ctl.store.trials()[1]
     assert t1.intervention == "partial_credit" and t1.agent == "rules" and t1.backtest["label"] == "passed"
-    assert t1.label == "invalid" and "blocking finding: reward_score_divergence" in t1.reflection
+    assert t1.label == "invalid" and "blocking finding: reward_score_divergence" in t1.reflection, \
+        (t1.label, t1.reflection, [(f["diagnostic"], f["value"]) for f in t1.findings])
     metrics = [json.loads(line) for line in
                (tmp_path / "run" / "versions" / "v1" / "seed-0" / "metrics.jsonl").read_text().splitlines()]
     first, last = metrics[:6], metrics[-6:]

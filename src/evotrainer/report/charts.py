@@ -124,7 +124,7 @@ def svg(chart: Chart) -> str:
                 top, base = min(Y(y), Y(0)), max(Y(y), Y(0))
                 out.append(f'<rect x="{x0:.1f}" y="{top:.1f}" width="{bw:.1f}" height="{base - top:.1f}" '
                            f'fill="{color}"><title>{html.escape(f"{s.name} {c}: {y:.3g}")}</title></rect>')
-                if s.err:
+                if s.err and all(math.isfinite(v) for v in s.err[j]):
                     elo, ehi = s.err[j]
                     xm = x0 + bw / 2
                     out.append(f'<line x1="{xm:.1f}" x2="{xm:.1f}" y1="{Y(elo):.1f}" y2="{Y(ehi):.1f}" stroke="#333"/>')

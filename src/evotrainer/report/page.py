@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import importlib.util
 import json
+import math
 import time
 from pathlib import Path
 from typing import Callable
@@ -98,10 +99,13 @@ def diagnostic_charts(data: RunData) -> list[Chart]:
 
 def final_chart(final: dict) -> Chart:
     splits = [("val", "validation"), ("test", "test")]
-    arms = tuple(Series(arm, [n for _, n in splits], [final["comparison"][s][arm]["mean"] for s, _ in splits],
-                        err=[(final["comparison"][s][arm]["mean"] - (final["comparison"][s][arm]["sd"] or 0),
-                              final["comparison"][s][arm]["mean"] + (final["comparison"][s][arm]["sd"] or 0))
-                             for s, _ in splits]) for arm in ("reference", "evolved"))
+
+    def mean_sd(split: str, arm: str) -> tuple[float, float]:
+        x = final["comparison"][split][arm]
+        return x["mean"], x["sd"] if math.isfinite(x["sd"]) else 0.0   # sd is nan with one seed
+    arms = tuple(Series(arm, [n for _, n in splits], [mean_sd(s, arm)[0] for s, _ in splits],
+                        err=[(m - sd, m + sd) for m, sd in (mean_sd(s, arm) for s, _ in splits)])
+                 for arm in ("reference", "evolved"))
     diff = Series("evolved - reference (95% CI)", [n for _, n in splits],
                   [final["comparison"][s]["difference"]["mean"] for s, _ in splits],
                   err=[tuple(final["comparison"][s]["difference"]["ci"]) for s, _ in splits])
