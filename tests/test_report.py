@@ -21,11 +21,11 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "-
 
 @pytest.fixture(scope="module")
 def gated_run(tmp_path_factory, ckpt):
-    """A tiny run paused at trial 1's completion gate (reported there), then let finish."""
+    """A tiny run of one trial paused at its completion gate (reported there), then let finish."""
     d = readable(tmp_path_factory.mktemp("reported"))
     cfg, run = tiny_run_config(d, ckpt)
     events = []
-    run, th, errors = start((cfg, run), None, trials=2, on_event=lambda kind, data: events.append((kind, data)),
+    run, th, errors = start((cfg, run), None, trials=1, on_event=lambda kind, data: events.append((kind, data)),
                             gates=["completion"], final_seeds=[100], tracking={"report_to": ["tensorboard", "mlflow"]})
     gate = next_gate(run, th, errors)
     assert gate["trial"] == 1
@@ -69,6 +69,9 @@ def browse(html_file, shot, wait_for: str | None = None):
             final: (document.querySelector('#final-table') || {}).innerText || '',
             trials: document.querySelectorAll('#trials tr').length - 1,
             scripts_with_src: document.querySelectorAll('script[src]').length,
+            duplicate_ids: (ids => ids.filter((x, i) => ids.indexOf(x) !== i))(
+                [...document.querySelectorAll('[id]')].map(e => e.id)),
+            gate_drawn: document.querySelectorAll('div#gate .main-svg, svg#gate').length,
             meta: (m => m ? JSON.parse(m.textContent) : null)(document.querySelector('#report-meta'))})""")
         browser.close()
     return facts, requests, errors
@@ -108,8 +111,8 @@ def test_report_of_a_finished_run_renders_offline_with_tree_curves_and_final_tab
     facts, requests, errors = browse(html_file, shot, "document.querySelectorAll('.js-plotly-plot').length >= 5")
     print(f"screenshot: {shot}, report {out['bytes']} bytes")
     assert offline(requests) == [] and errors == []
-    assert facts["scripts_with_src"] == 0
-    assert facts["nodes"] == facts["trials"] == 3 and facts["pending"] == 0   # root and two trials
+    assert facts["scripts_with_src"] == 0 and facts["duplicate_ids"] == [] and facts["gate_drawn"] >= 1
+    assert facts["nodes"] == facts["trials"] == 2 and facts["pending"] == 0   # the root and trial 1
     assert facts["best"] >= 1                                              # the path to the winner
     assert {"curve-reward_mean", "curve-score_mean", "curve-entropy"} <= set(facts["curves"])
     assert facts["plotly"] >= 5 and facts["diagnostics"] >= 1
@@ -125,7 +128,8 @@ def test_report_without_plotly_draws_static_svg(gated_run, tmp_path, capsys):
     assert "<script type=\"text/javascript\">" not in html_file.read_text()   # no plotly, no script
     facts, requests, errors = browse(html_file, tmp_path / "plain.png")
     assert offline(requests) == [] and errors == []
-    assert facts["nodes"] == 3 and facts["svg_charts"] >= 5 and facts["plotly"] == 0
+    assert facts["nodes"] == 2 and facts["svg_charts"] >= 5 and facts["plotly"] == 0
+    assert facts["duplicate_ids"] == [] and facts["gate_drawn"] == 1
     assert "evolved - reference" in facts["final"]
     colours, ink = not_blank(tmp_path / "plain.png")
     assert colours > 20 and ink > 0.02, (colours, ink)
@@ -160,7 +164,7 @@ def test_the_runs_trackers_hold_its_steps_trials_and_final_table(gated_run):
     assert [s for s, _ in got] == [m["step"] for m in metrics]
     assert [v for _, v in got] == pytest.approx([m["entropy"] for m in metrics])
     assert len(set(v for _, v in got)) > 1
-    assert [s for s, _ in scalars("search", "trial/val")] == [0, 1, 2]
+    assert [s for s, _ in scalars("search", "trial/val")] == [0, 1]
     final = json.loads((run / "final.json").read_text())
     (step, value), = scalars("search", "final/evolved/test")
     assert value == pytest.approx(final["comparison"]["test"]["evolved"]["mean"])

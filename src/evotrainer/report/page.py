@@ -249,7 +249,7 @@ def render(data: RunData, engine: str = "auto") -> str:
         ("Diffs", diffs(data.versions)),
         ("Config", f"<pre>{esc(data.config)}</pre>" if data.config else '<p class="muted">no config.yaml</p>'),
     ]
-    body = "".join(f'<h2 id="{esc(t.lower().split(":")[0].replace(" ", "-"))}">{esc(t)}</h2>{s}' for t, s in sections)
+    body = "".join(f'<h2 id="sec-{esc(t.lower().split(":")[0].replace(" ", "-"))}">{esc(t)}</h2>{s}' for t, s in sections)
     meta = json.dumps({"run": str(data.run), "engine": engine, "state": data.status["state"]})
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>evotrainer: {esc(data.run.name)}'
             f'</title><style>{STYLE}</style>{script}<script type="application/json" id="report-meta">{meta}'
