@@ -1,5 +1,6 @@
 """The evolution loop end to end on a tiny budget: a run killed with SIGKILL mid-trial resumes
 with no lost and no duplicated trial; bad configs are refused before any work."""
+import contextlib
 import json
 import os
 import shutil
@@ -130,8 +131,22 @@ def sft_base(tmp_path_factory):
     from evotrainer.pretrain import PretrainConfig, pretrain
     from evotrainer.tasks import get_task
     cfg = PretrainConfig(max_steps=400, check_every=10, probe_size=20, batch_size=64, target_acc=0.3)
-    path, _ = pretrain(get_task("arith", 1), cfg, readable(tmp_path_factory.mktemp("sft")))
+    with fixed_keys():
+        path, _ = pretrain(get_task("arith", 1), cfg, readable(tmp_path_factory.mktemp("sft")))
     return path
+
+
+@contextlib.contextmanager
+def fixed_keys():
+    """Split keys made while this is on are one fixed value, not a fresh secret: the learning
+    tests below then draw the same problems in every session. (With a fresh key per session
+    the unplanted hack's 30 steps were a new draw each time, and 1 session in about 9 did not
+    show it.)"""
+    import types
+    from evotrainer.tasks import keys
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(keys, "secrets", types.SimpleNamespace(token_hex=lambda n: "5e" * n))
+        yield
 
 
 def test_planted_length_reward_is_stopped_by_the_backtest_and_without_it_by_the_gate(tiny_run, sft_base):
@@ -194,7 +209,8 @@ def test_unplanted_partial_credit_on_a_longer_target_is_invalid(tmp_path, sft_ba
                             "budget": {"trials": 1, "steps_per_segment": 30, "total_steps": 60,
                                        "trial_timeout_s": 300}}).validate()
     ctl = Controller(cfg, tmp_path / "run")
-    ctl.run()
+    with fixed_keys():
+        ctl.run()
     t1 = ctl.store.trials()[1]
     assert t1.intervention == "partial_credit" and t1.agent == "rules" and t1.backtest["label"] == "passed"
     assert t1.label == "invalid" and "blocking finding: reward_score_divergence" in t1.reflection, \
