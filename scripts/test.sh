@@ -3,10 +3,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # the report's test opens it in Debian's headless chromium (driven by playwright); where this
-# script may install packages (root with apt), it does; elsewhere that test skips, saying why
+# script may install packages (root with apt), it does, beside the Python install; elsewhere
+# that test skips, saying why
+apt_job=""
 if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-    || echo "warning: could not install chromium; the report's browser test will skip" >&2
+    || echo "warning: could not install chromium; the report's browser test will skip" >&2 &
+  apt_job=$!
 fi
 bash scripts/setup-venv.sh .venv-test dev
+if [ -n "$apt_job" ]; then wait "$apt_job"; fi
 .venv-test/bin/python -m pytest tests
