@@ -166,3 +166,11 @@ def test_the_limits_fallback_still_empties_the_environment_and_says_so(capsys, m
     r = run_in_worker("worker_targets:whoami", timeout_s=60, cwd=HERE)
     assert r.ok and "EVOTRAINER_TEST_SECRET" in r.value["env"]
     assert "WARNING: none" in capsys.readouterr().err
+
+
+def test_the_local_pool_is_an_executor_that_keeps_the_calls_order():
+    from evotrainer.executors import Call, Executor, LocalPool
+    pool = LocalPool(2, cwd=HERE)
+    assert isinstance(pool, Executor) and pool.run([], timeout_s=10) == []
+    results = pool.run([Call("worker_targets:add", {"a": i, "b": 1}) for i in range(3)], timeout_s=60)
+    assert [r.value for r in results] == [1, 2, 3] and all(r.ok for r in results)

@@ -172,7 +172,8 @@ class Controller:
         try:
             rep = replay(self.task, self.base, arms, self.cfg.final_seeds,
                          self.run_dir / "final", self.cfg.gate.last_k, self.cfg.budget.trial_timeout_s,
-                         self.cfg.workers, self.runtime, self.cfg.worker_memory_mb, self._progress)
+                         self.cfg.workers, self.runtime, self.cfg.worker_memory_mb, self._progress,
+                         self.training.jobs)  # the executor every training and evaluation job runs on
         except ReplayFailed as e:
             raise ControlFailed(f"the final comparison: {e}") from None
         result = {"winner": label, "schedule": harnesses, "seeds": list(self.cfg.final_seeds),

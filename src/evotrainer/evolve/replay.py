@@ -9,14 +9,13 @@ evaluations (the saved steps of the last segment, then its final checkpoint).
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from evotrainer.evolve.progress import Job, Progress, watcher
-from evotrainer.executors import Call, run_all, run_in_worker
+from evotrainer.executors import Call, Executor, LocalPool
 from evotrainer.runtime import Runtime
 from evotrainer.tasks import Task
 from evotrainer.train import handed_draws, saved_checkpoints, segment_seed
@@ -28,25 +27,16 @@ class ReplayFailed(RuntimeError):
     """A replay's training worker or the evaluator failed."""
 
 
-def pool(calls: list[Call], workers: int, timeout_s: float, memory_mb: int | None = 8192,
-         on_poll: Callable[[], None] | None = None) -> list:
-    """Training calls in one pool: `workers` at once (0: one per core, at most one per call),
-    each capped to its share of the cores' threads so they do not oversubscribe them.
-    `on_poll` runs in this process while it waits (progress.watcher)."""
-    workers = workers or min(os.cpu_count() or 1, len(calls))
-    return run_all(calls, workers, timeout_s=timeout_s, memory_mb=memory_mb, on_poll=on_poll,
-                   threads=max(1, (os.cpu_count() or 1) // workers))
-
-
 def evaluate(task: Task, jobs: dict[str, list[str]], timeout_s: float,
-             runtime: Runtime | None = None, memory_mb: int | None = 8192) -> dict[str, dict[str, float]]:
+             runtime: Runtime | None = None, memory_mb: int | None = 8192,
+             executor: Executor | None = None) -> dict[str, dict[str, float]]:
     """Accuracy per checkpoint and split, from the evaluator: a process of its own that loads
     checkpoints and the task's verifier, and no harness code; the one job given the split key."""
     policy = (runtime or Runtime()).policy.to_dict()
-    ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
-                       dict(task=task.spec, level=task.target_level, jobs=jobs, policy=policy,
-                            key=task.key.hex() if task.key else None),
-                       timeout_s=timeout_s, memory_mb=memory_mb, reveal=task.data_files())
+    (ev,) = (executor or LocalPool(1)).run([Call(
+        "evotrainer.evaluate.greedy:evaluate_checkpoints",
+        dict(task=task.spec, level=task.target_level, jobs=jobs, policy=policy,
+             key=task.key.hex() if task.key else None), reveal=task.data_files())], timeout_s, memory_mb)
     if not ev.ok:
         raise ReplayFailed(f"the evaluator failed: {ev.label}: {ev.error}")
     return ev.value
@@ -68,9 +58,11 @@ class Replay:
 
 def replay(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int], out_root: Path,
            last_k: int, timeout_s: float, workers: int = 0, runtime: Runtime | None = None,
-           memory_mb: int | None = 8192, on_progress: Callable[[Progress], None] | None = None) -> Replay:
-    """Train every arm on every seed from `base` under out_root/ARM/seed-S and score them;
-    `on_progress` hears the training steps as they go."""
+           memory_mb: int | None = 8192, on_progress: Callable[[Progress], None] | None = None,
+           executor: Executor | None = None) -> Replay:
+    """Train every arm on every seed from `base` under out_root/ARM/seed-S and score them, on
+    `executor` (default: a local pool of `workers`); `on_progress` hears the steps as they go."""
+    executor = executor or LocalPool(workers)
     runtime = runtime or Runtime()
     calls, where = [], []
     view = task.train_view(Path(out_root) / "train-data")
@@ -87,7 +79,7 @@ def replay(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int],
         Job(f"{name} seed {seed}", out.parent, arms[name].steps * len(arms[name].harnesses)) for name, seed, out in where],
         on_progress)
     t = time.time()
-    results = pool(calls, workers, timeout_s * max(len(a.harnesses) for a in arms.values()), memory_mb, watch)
+    results = executor.run(calls, timeout_s * max(len(a.harnesses) for a in arms.values()), memory_mb, watch)
     train_s = time.time() - t
     for (name, seed, _), res in zip(where, results):
         if not res.ok:
@@ -96,7 +88,7 @@ def replay(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int],
             for name, seed, d in where}
     jobs = {base: list(SPLITS)} | {c: list(SPLITS) for cs in last.values() for c in cs}
     t = time.time()
-    acc = evaluate(task, jobs, timeout_s, runtime, memory_mb)
+    acc = evaluate(task, jobs, timeout_s, runtime, memory_mb, executor)
     eval_s = time.time() - t
     scores: dict[str, dict[int, dict[str, float]]] = {name: {} for name in arms}
     for (name, seed), cs in last.items():

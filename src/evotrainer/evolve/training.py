@@ -16,10 +16,10 @@ from typing import Callable, Sequence
 from evotrainer.config import RunConfig
 from evotrainer.evidence import EvidenceStore
 from evotrainer.evolve.progress import Job, Progress, watcher
-from evotrainer.evolve.replay import ReplayFailed, evaluate, pool
+from evotrainer.evolve.replay import ReplayFailed, evaluate
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import average_last
-from evotrainer.executors import Call
+from evotrainer.executors import Call, Executor, LocalPool
 from evotrainer.lineage import TrialRecord
 from evotrainer.runtime import Runtime
 from evotrainer.tasks.base import Task
@@ -36,6 +36,11 @@ class Training:
     harness_dir: Callable[[str], Path]       # a version's harness checkout
     on_progress: Callable[[Progress], None] | None = None   # hears training steps as they go
     on_stage: Callable[[str], None] | None = None           # hears when scoring starts
+    executor: Executor | None = None                        # where jobs run (None: a local pool of cfg.workers)
+
+    @property
+    def jobs(self) -> Executor:
+        return self.executor or LocalPool(self.cfg.workers)
 
     @property
     def restart(self) -> bool:
@@ -169,15 +174,15 @@ class Training:
         t = time.time()
         try:
             return evaluate(self.task, jobs, self.cfg.budget.trial_timeout_s,
-                            self.runtime, self.cfg.worker_memory_mb)
+                            self.runtime, self.cfg.worker_memory_mb, self.jobs)
         except ReplayFailed as e:
             raise ControlFailed(str(e)) from None
         finally:
             clock.eval_s += time.time() - t
 
     def _pool(self, calls: list[Call], clock: Clock, on_poll: Callable[[], None] | None = None) -> list:
-        """Training calls in one pool (replay.pool: `workers` at once, threads shared)."""
+        """Training calls, all on the executor (a local pool: `workers` at once, threads shared)."""
         t = time.time()
-        results = pool(calls, self.cfg.workers, self.cfg.budget.trial_timeout_s, self.cfg.worker_memory_mb, on_poll)
+        results = self.jobs.run(calls, self.cfg.budget.trial_timeout_s, self.cfg.worker_memory_mb, on_poll)
         clock.train_s += time.time() - t
         return results

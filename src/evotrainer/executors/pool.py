@@ -1,0 +1,43 @@
+"""Where a run's training and evaluation jobs run: the executor interface.
+
+The controller hands every training segment and every evaluator call to an `Executor`, as
+a list of `Call`s (a target, JSON arguments, the directories it writes), and gets their
+`WorkerResult`s back in the calls' order, labelled ok / crash / timeout / oom. `LocalPool`
+(the default) runs them in sandboxed worker processes on this machine; an executor for a
+cluster (Ray: issue 21) implements the same method, each job still sandboxed on its node.
+Backtests and diagnostics stay in local workers: they are short and read the run's evidence.
+"""
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from evotrainer.executors.worker import Call, WorkerResult, run_all
+
+
+class Executor(ABC):
+    @abstractmethod
+    def run(self, calls: list[Call], timeout_s: float, memory_mb: int | None = 8192,
+            on_poll: Callable[[], None] | None = None) -> list[WorkerResult]:
+        """Every call, each past `timeout_s` from its own start killed and labelled `timeout`;
+        `on_poll` runs in the caller while it waits (the live progress)."""
+
+
+@dataclass(frozen=True)
+class LocalPool(Executor):
+    """`workers` sandboxed processes at once on this machine (0: one per core, at most one per
+    call), each capped to its share of the cores' threads so they do not oversubscribe them;
+    `cwd`: where the workers start (None: here)."""
+    workers: int = 0
+    cwd: Path | None = None
+
+    def run(self, calls: list[Call], timeout_s: float, memory_mb: int | None = 8192,
+            on_poll: Callable[[], None] | None = None) -> list[WorkerResult]:
+        if not calls:
+            return []
+        workers = self.workers or min(os.cpu_count() or 1, len(calls))
+        return run_all(calls, workers, timeout_s=timeout_s, memory_mb=memory_mb, cwd=self.cwd, on_poll=on_poll,
+                       threads=max(1, (os.cpu_count() or 1) // workers))
