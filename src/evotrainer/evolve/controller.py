@@ -105,11 +105,12 @@ class Controller:
         self.isolation = use_isolation(self.cfg.sandbox)
         # status adds up sessions (time between a kill and a resume is not ours) and reads the sandbox here
         self.store.event("session_started", sandbox=sandbox_record(self.isolation))
-        self.trackers = open_trackers(self.cfg.tracking, self.run_dir, self.run_dir.name, self._tracker_failed)
         self._setup()
         self._learn()  # what a kill cut off between a trial's row and its skill outcome
         self.training.ingest_missing(self.store.trials())  # a resume: what a kill cut off before it was stored
         t_end = time.time() + self.cfg.budget.wall_clock_s
+        # opened where the `finally` below closes them (a W&B run left open is a run never finished)
+        self.trackers = open_trackers(self.cfg.tracking, self.run_dir, self.run_dir.name, self._tracker_failed)
         try:
             for n, started in self.store.pending():  # resume: redo what a kill cut off, same number
                 self._event("trial_resumed", n, intervention=started.get("intervention"))

@@ -164,12 +164,11 @@ def path_to(version: str | None, versions: list[Version]) -> list[str]:
     return out[::-1]
 
 
-def best_version(versions: list[Version], final: dict | None) -> str | None:
-    """The final comparison's winner, else the kept version with the best validation mean."""
+def best_version(final: dict | None, st: dict) -> str | None:
+    """The final comparison's winner, else the best kept version `status` names."""
     if final and final.get("winner"):
         return str(final["winner"]).split("@")[0]
-    kept = [v for v in versions if v.label == "kept" and v.mean_val is not None]
-    return max(kept, key=lambda v: v.mean_val).version if kept else None
+    return (st.get("best") or {}).get("version")
 
 
 def gather(run_dir: Path | str) -> RunData:
@@ -204,6 +203,7 @@ def gather(run_dir: Path | str) -> RunData:
             curves.append(c)
     noise = next((t.fitness.get("noise_sd") for t in trials if t.id == 0), None)
     config = (run / "config.yaml").read_text() if (run / "config.yaml").exists() else ""
-    best = path_to(best_version(versions, final), versions)
-    return RunData(run, status(run), versions, in_flight(pending), best, curves, diagnostics_over_time(first_seed),
+    st = status(run)
+    best = path_to(best_version(final, st), versions)
+    return RunData(run, st, versions, in_flight(pending), best, curves, diagnostics_over_time(first_seed),
                    noise, final, table, config)
