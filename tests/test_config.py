@@ -45,12 +45,32 @@ def test_a_full_config_loads_with_types(tmp_path):
     ("task: arith\nagent: command\n", ["'command.run' must give the command line"]),
     ("task: arith\nagent: llm\nllm: {repair_turns: -1}\n", ["'llm.repair_turns' must be >= 0"]),
     ("task: arith\nllm: {modle: x}\n", ["unknown key 'llm.modle'", "model"]),
+    ("task: arith\nexecutor: slurm\n", ["'executor' must be one of local, ray, got 'slurm'"]),
+    ("task: arith\nexecutor: ray\nray: {address: 'head node'}\n", ["'ray.address' must be local, auto, HOST:PORT"]),
+    ("task: arith\nexecutor: ray\nray: {num_cpus: 0}\n", ["'ray.num_cpus' must be > 0, got 0"]),
+    ("task: arith\nexecutor: ray\nray: {num_gpus: -1}\n", ["'ray.num_gpus' must be >= 0 or null (auto)"]),
+    ("task: arith\nexecutor: ray\nray: {retries: -2}\n", ["'ray.retries' must be >= 0"]),
 ])
 def test_bad_config_is_one_line_naming_the_key(tmp_path, text, words):
     with pytest.raises(UsageError) as e:
         load(tmp_path, text)
     msg = str(e.value)
     assert "\n" not in msg and all(w in msg for w in words), msg
+
+
+def test_the_executor_from_the_config(tmp_path, monkeypatch):
+    from evotrainer.executors import LocalPool
+    assert load(tmp_path, "task: arith\nworkers: 3\n").job_executor() == LocalPool(3)
+    cfg = load(tmp_path, "task: arith\ndevice: cuda\nexecutor: ray\nray: {address: '10.0.0.5:6379', num_cpus: 4, "
+                         "num_gpus: 0.5, retries: 1}\n")
+    ex = cfg.job_executor()
+    assert (ex.address, ex.num_cpus, ex.num_gpus, ex.retries, ex.device) == ("10.0.0.5:6379", 4.0, 0.5, 1, "cuda")
+    assert load(tmp_path, "task: arith\nexecutor: ray\nray: {address: 'ray://head:10001'}\n").ray.num_gpus is None
+    import importlib.util
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find(name, *a))
+    with pytest.raises(UsageError, match=r"Ray is not installed: pip install 'evotrainer\[ray\]'"):
+        load(tmp_path, "task: arith\nexecutor: ray\n")
 
 
 def test_missing_file():

@@ -117,3 +117,13 @@ def read_tree(root):
     from pathlib import Path
     return {str(p.relative_to(root)): p.read_text() for p in sorted(Path(root).rglob("*")) if p.is_file()}
 
+
+def note_then_sleep(out, seconds, marker):
+    """Append a line to out/starts (one per attempt), leave a child under `marker`, then sleep:
+    a job a test can kill midway and then look for what it left running."""
+    with open(os.path.join(out, "starts"), "a") as f:
+        f.write(f"{time.time()}\n")
+    subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(600)  # {marker}"])
+    time.sleep(seconds)
+    with open(os.path.join(out, "starts")) as f:
+        return len(f.read().split())

@@ -9,6 +9,7 @@ there is one, still goes to stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -471,9 +472,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from evotrainer.pretrain import PretrainFailed
     transformers.utils.logging.disable_progress_bar()  # our own progress bars say enough
-    try:
+    out = sys.stdout  # our JSON only: what libraries print there while a command runs (Ray's
+    try:              # cluster messages, a tracker's chatter) goes to stderr with the rest
         args = build_parser().parse_args(argv)
-        result = args.fn(args)
+        with contextlib.redirect_stdout(sys.stderr):
+            result = args.fn(args)
     except UsageError as e:
         print(f"evotrainer: error: {e}", file=sys.stderr)
         return 2
@@ -481,11 +484,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"evotrainer: failed: {e}", file=sys.stderr)
         return 1
     except Rejected as e:
-        print(json.dumps(e.result))
+        print(json.dumps(e.result), file=out)
         print(f"evotrainer: rejected: {e}", file=sys.stderr)
         return 1
     if result is not None:  # commands a person reads (run, status, lineage) print JSON only when asked
-        print(json.dumps(result))
+        print(json.dumps(result), file=out)
     return 0
 
 

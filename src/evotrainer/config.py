@@ -24,6 +24,17 @@
     seeds: [0, 1]                # training seeds, paired across versions
     final_seeds: [100, 101, 102] # fresh seeds of the final comparison (never used by the search)
     workers: 0                   # training workers at once (0: one per core, at most one per job)
+    executor: local              # where training and evaluation jobs run: local (a pool of `workers`
+                                 # on this machine) | ray (each job a Ray task, sandboxed on its node)
+    ray:                         # executor: ray (pip install 'evotrainer[ray]'; docs/scaling.md)
+      address: local             # local (a one-machine cluster started here) | auto (the cluster this
+                                 # machine belongs to) | HOST:PORT (a head node) | ray://HOST:PORT (Ray Client)
+      num_cpus: 1                # CPUs a job asks for (also its torch threads)
+      num_gpus: null             # GPUs a job asks for; null: 1 where `device` is cuda, or auto on a
+                                 # cluster with GPUs, else 0 (0.5: two jobs share a GPU)
+      memory_mb: 0               # memory a job reserves in Ray's scheduler (0: none reserved;
+                                 # worker_memory_mb still kills a job past it)
+      retries: 2                 # a job lost with its worker or node runs again at most this often
     agent: rules                 # rules (offline, deterministic), random (the baseline), llm or command
     llm:                         # agent: llm, any OpenAI-compatible chat endpoint (hosted, vLLM, Ollama)
       base_url: null             # null: the SDK's OPENAI_BASE_URL, else api.openai.com
@@ -81,6 +92,8 @@ the key and what is allowed, raised before anything runs.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -98,6 +111,8 @@ AGENTS = ("rules", "random", "llm", "command")
 GATES = ("design", "backtest", "completion")
 TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
 SELECTIONS = ("population", "greedy")
+EXECUTORS = ("local", "ray")
+RAY_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+")
 DEFAULT_SKILLS = "~/.local/share/evotrainer/skills.sqlite"
 
 
@@ -147,6 +162,15 @@ class TrackingConfig:
     project: str = "evotrainer"
     wandb_mode: str = "offline"
     mlflow_uri: str | None = None
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    address: str = "local"
+    num_cpus: float = 1.0
+    num_gpus: float | None = None
+    memory_mb: int = 0
+    retries: int = 2
 
 
 @dataclass(frozen=True)
@@ -200,6 +224,8 @@ class RunConfig:
     seeds: tuple[int, ...] = (0, 1)
     final_seeds: tuple[int, ...] = (100, 101, 102)
     workers: int = 0
+    executor: str = "local"
+    ray: RayConfig = field(default_factory=RayConfig)
     agent: str = "rules"
     llm: LLMConfig = field(default_factory=LLMConfig)
     command: CommandConfig = field(default_factory=CommandConfig)
@@ -218,7 +244,7 @@ class RunConfig:
         need(bool(self.task), "task", "must name a task (arith, rg:<family>, jsonl:PATH, module:Factory, ...)")
         need(self.worker_memory_mb >= 0, "worker_memory_mb", f"must be >= 0 (0: no limit), got {self.worker_memory_mb}")
         try:
-            self.runtime().validate()
+            self.runtime().validate(here=self.executor == "local")
         except UsageError as e:
             raise UsageError(f"config: {e}") from None
         need(self.sandbox in SANDBOXES, "sandbox", f"must be one of {', '.join(SANDBOXES)}, got '{self.sandbox}'")
@@ -247,6 +273,17 @@ class RunConfig:
              f"must be one of {', '.join(SELECTIONS)}, got '{self.search.selection}'")
         need(self.search.population >= 1, "search.population", f"must be >= 1, got {self.search.population}")
         need(self.workers >= 0, "workers", f"must be >= 0 (0: one per core), got {self.workers}")
+        need(self.executor in EXECUTORS, "executor", f"must be one of {', '.join(EXECUTORS)}, got '{self.executor}'")
+        if self.executor == "ray":
+            r = self.ray
+            need(r.address in ("local", "auto") or bool(RAY_ADDRESS.fullmatch(r.address)), "ray.address",
+                 f"must be local, auto, HOST:PORT or ray://HOST:PORT, got '{r.address}'")
+            need(r.num_cpus > 0, "ray.num_cpus", f"must be > 0, got {r.num_cpus}")
+            need(r.num_gpus is None or r.num_gpus >= 0, "ray.num_gpus", f"must be >= 0 or null (auto), got {r.num_gpus}")
+            need(r.memory_mb >= 0, "ray.memory_mb", f"must be >= 0 (0: none reserved), got {r.memory_mb}")
+            need(r.retries >= 0, "ray.retries", f"must be >= 0, got {r.retries}")
+            need(importlib.util.find_spec("ray") is not None, "executor",
+                 "is ray, but Ray is not installed: pip install 'evotrainer[ray]'")
         need(self.base.warm_start >= 0, "base.warm_start", f"must be >= 0 (0: from scratch), got {self.base.warm_start}")
         need(0 <= self.base.target_acc <= 1, "base.target_acc",
              f"must be in [0, 1] (0: the task's own), got {self.base.target_acc}")
@@ -270,6 +307,14 @@ class RunConfig:
              f"must be one of {', '.join(WANDB_MODES)}, got '{self.tracking.wandb_mode}'")
         return self
 
+    def job_executor(self):
+        """The Executor every training and evaluation job of the run goes to."""
+        from evotrainer.executors import LocalPool
+        if self.executor == "ray":
+            from evotrainer.executors.ray_tasks import RayExecutor
+            r = self.ray
+            return RayExecutor(r.address, r.num_cpus, r.num_gpus, r.memory_mb, r.retries, self.device)
+        return LocalPool(self.workers)
 
     def runtime(self) -> Runtime:
         """Backend, device and precision: what every training and evaluation job of the run shares."""

@@ -33,7 +33,8 @@ class Runtime:
     vllm_mode: str = "colocate"
     report_to: tuple[str, ...] = ()
 
-    def validate(self) -> "Runtime":
+    def validate(self, here: bool = True) -> "Runtime":
+        """`here`: the jobs run on this machine (PolicyConfig.validate)."""
         if self.backend not in BACKEND_NAMES:
             raise UsageError(f"unknown backend '{self.backend}'; valid choices: {', '.join(BACKEND_NAMES)}")
         if self.micro_batch_size < 0:
@@ -42,7 +43,7 @@ class Runtime:
             raise UsageError(f"vllm_mode must be one of {', '.join(VLLM_MODES)}, got '{self.vllm_mode}'")
         if self.use_vllm and self.backend != "trl":
             raise UsageError("use_vllm needs backend: trl (the embedded trainer samples with its own KV-cached loop)")
-        self.policy.validate()
+        self.policy.validate(here)
         return self
 
     def to_dict(self) -> dict:

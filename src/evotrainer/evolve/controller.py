@@ -81,7 +81,7 @@ class Controller:
         self.gate_poll_s = gate_poll_s
         self.selection = SelectionConfig(capacity=cfg.search.population)
         self.task = get_task(cfg.task, cfg.level)
-        self.runtime = cfg.runtime().validate()
+        self.runtime = cfg.runtime().validate(here=cfg.executor == "local")
         # a user's model: a local directory every worker loads (checked now: bad input stops here)
         self.model = resolve_model(cfg.model) if cfg.model else None
         check_backend(self.runtime, inspect_harness(cfg.harness or REFERENCE), "the root harness", self.task)
@@ -223,10 +223,11 @@ class Controller:
             t = time.time()
             base = self._base_checkpoint()
             pol = self.runtime.policy
+            device = f"{pol.resolved_device()}, {str(pol.compute_dtype()).removeprefix('torch.')}" \
+                if self.cfg.executor == "local" else f"{pol.device}, {pol.dtype} on the Ray cluster's nodes"
             self._event("run_started", base=base, base_s=round(time.time() - t, 2), max_depth=self.max_depth,
                         task=self.task.spec, runtime=self.runtime.to_dict(), split_key=self._key_name(base),
-                        split_key_digest=key_digest(self.task.key),
-                        device=f"{pol.resolved_device()}, {str(pol.compute_dtype()).removeprefix('torch.')}")
+                        split_key_digest=key_digest(self.task.key), device=device, executor=self.cfg.executor)
             started = self.store.events("run_started")
         self.base = started[0]["base"]
         self._use_key(started[0])

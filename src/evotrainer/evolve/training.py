@@ -19,7 +19,7 @@ from evotrainer.evolve.progress import Job, Progress, watcher
 from evotrainer.evolve.replay import ReplayFailed, evaluate
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import average_last
-from evotrainer.executors import Call, Executor, LocalPool
+from evotrainer.executors import Call, Executor
 from evotrainer.lineage import TrialRecord
 from evotrainer.runtime import Runtime
 from evotrainer.tasks.base import Task
@@ -36,11 +36,11 @@ class Training:
     harness_dir: Callable[[str], Path]       # a version's harness checkout
     on_progress: Callable[[Progress], None] | None = None   # hears training steps as they go
     on_stage: Callable[[str], None] | None = None           # hears when scoring starts
-    executor: Executor | None = None                        # where jobs run (None: a local pool of cfg.workers)
+    executor: Executor | None = None                        # where jobs run (None: the config's executor)
 
     @property
     def jobs(self) -> Executor:
-        return self.executor or LocalPool(self.cfg.workers)
+        return self.executor or self.cfg.job_executor()
 
     @property
     def restart(self) -> bool:

@@ -3,8 +3,8 @@
 The controller hands every training segment and every evaluator call to an `Executor`, as
 a list of `Call`s (a target, JSON arguments, the directories it writes), and gets their
 `WorkerResult`s back in the calls' order, labelled ok / crash / timeout / oom. `LocalPool`
-(the default) runs them in sandboxed worker processes on this machine; an executor for a
-cluster (Ray: issue 21) implements the same method, each job still sandboxed on its node.
+(the default) runs them in sandboxed worker processes on this machine; `RayExecutor`
+(ray_tasks.py, `executor: ray`) runs each as a Ray task, still sandboxed, on a cluster's node.
 Backtests and diagnostics stay in local workers: they are short and read the run's evidence.
 """
 from __future__ import annotations

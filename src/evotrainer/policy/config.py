@@ -33,12 +33,16 @@ class PolicyConfig:
     device: str = "auto"
     chat_template: bool = True
 
-    def validate(self) -> "PolicyConfig":
+    def validate(self, here: bool = True) -> "PolicyConfig":
+        """`here`: the jobs run on this machine, so the device must exist here (with a Ray
+        executor they run on the cluster's nodes, which check it as they load the policy)."""
         if self.dtype not in DTYPES:
             raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
         kind = self.device.split(":")[0]
         if kind not in ("auto", "cpu", "cuda", "mps"):
             raise UsageError(f"device must be auto, cpu, cuda, cuda:N or mps, got '{self.device}'")
+        if not here:
+            return self
         if kind == "cuda" and not torch.cuda.is_available():
             raise UsageError(f"device '{self.device}' asked for, but torch sees no CUDA device "
                              f"(torch {torch.__version__}); use device: cpu or auto")

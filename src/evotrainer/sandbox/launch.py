@@ -96,6 +96,11 @@ def conceal(*paths: str | Path) -> None:
     _concealed.update(str(Path(p).resolve()) for p in paths)
 
 
+def concealed() -> frozenset[str]:
+    """The paths `conceal` hides from this process's jobs (an executor on another node hides them too)."""
+    return frozenset(_concealed)
+
+
 def resolve(choice: str) -> Isolation:
     """`sandbox:` from the config: auto takes the strongest this machine allows."""
     if choice == "auto":
