@@ -102,3 +102,19 @@ def load_config_default_steps(tmp_path):
     f = tmp_path / "d.yaml"
     f.write_text("task: vault\n")
     return load_config(f).base.pretrain_config().max_steps
+
+
+def test_a_ray_address_where_nothing_answers_stops_the_run_before_it_starts(tmp_path, capsys):
+    pytest.importorskip("ray")
+    import socket
+
+    from evotrainer.cli import main
+    with socket.socket() as s:  # a port nothing listens on once it is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"task: arith\nlevel: 1\nexecutor: ray\nray: {{address: '127.0.0.1:{port}'}}\n")
+    assert main(["run", str(cfg), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"nothing answers at '127.0.0.1:{port}'" in err and "ray start --head" in err and "\n" not in err
+    assert not (tmp_path / "run").exists()  # nothing started, nothing to resume

@@ -85,6 +85,8 @@ class Controller:
         # a user's model: a local directory every worker loads (checked now: bad input stops here)
         self.model = resolve_model(cfg.model) if cfg.model else None
         check_backend(self.runtime, inspect_harness(cfg.harness or REFERENCE), "the root harness", self.task)
+        self.jobs = cfg.job_executor()  # where every training and evaluation job runs: reached now (a
+        self.jobs.start()               # Ray cluster that cannot be reached stops the run before it starts)
         # continue mode: segments to the reference's total steps; restart mode: every state is whole
         self.max_depth = 1 if cfg.policy == "restart" else cfg.budget.total_steps // cfg.budget.steps_per_segment
         self.on_event = on_event or (lambda kind, data: None)
@@ -224,7 +226,7 @@ class Controller:
             base = self._base_checkpoint()
             pol = self.runtime.policy
             device = f"{pol.resolved_device()}, {str(pol.compute_dtype()).removeprefix('torch.')}" \
-                if self.cfg.executor == "local" else f"{pol.device}, {pol.dtype} on the Ray cluster's nodes"
+                if self.cfg.executor == "local" else f"device {pol.device}, dtype {pol.dtype}, on the Ray cluster's nodes"
             self._event("run_started", base=base, base_s=round(time.time() - t, 2), max_depth=self.max_depth,
                         task=self.task.spec, runtime=self.runtime.to_dict(), split_key=self._key_name(base),
                         split_key_digest=key_digest(self.task.key), device=device, executor=self.cfg.executor)
@@ -232,7 +234,7 @@ class Controller:
         self.base = started[0]["base"]
         self._use_key(started[0])
         self.training = Training(self.cfg, self.task, self.runtime, self.base, self.run_dir, self._harness_dir,
-                                 self._progress, self.stage)
+                                 self._progress, self.stage, self.jobs)
 
     def _key_name(self, base: str) -> str:
         """Whose split key this run uses: a built base's (pretrain keyed the task already), or

@@ -19,6 +19,10 @@ from evotrainer.executors.worker import Call, WorkerResult, run_all
 
 
 class Executor(ABC):
+    def start(self) -> None:
+        """Reach what runs the jobs and check it can run them, before any work (bad input
+        stops here, in one line); nothing to do for a pool on this machine."""
+
     @abstractmethod
     def run(self, calls: list[Call], timeout_s: float, memory_mb: int | None = 8192,
             on_poll: Callable[[], None] | None = None) -> list[WorkerResult]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,8 +69,20 @@ def connect(address: str, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     kw = dict(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False) if address == "local" else {}
-    # log_to_driver off: our stdout is one JSON line; a job's output is in its log tail
-    ray.init(address=address, namespace="evotrainer", log_to_driver=False, **kw)
+    if address not in ("local", "auto"):  # Ray waits minutes on an address where nothing listens
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+        except OSError as e:
+            raise UsageError(f"executor ray: nothing answers at '{address}' ({e.strerror or e}); start the head "
+                             "node with `ray start --head`, or set ray.address") from None
+    try:  # log_to_driver off: our stdout is one JSON line; a job's output is in its log tail
+        ray.init(address=address, namespace="evotrainer", log_to_driver=False, **kw)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        hint = "" if address in ("local", "auto") else (
+            "; a cluster with token authentication needs RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN or "
+            "~/.ray/auth_token) when it is named by address")
+        raise UsageError(f"executor ray: cannot reach the Ray cluster at '{address}': {_line(e)}{hint}") from None
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,10 @@ class RayExecutor(Executor):
     retries: int = 2
     device: str = "auto"
     cwd: Path | None = None
+
+    def start(self) -> None:
+        connect(self.address)
+        self.options()
 
     def run(self, calls: list[Call], timeout_s: float, memory_mb: int | None = 8192,
             on_poll: Callable[[], None] | None = None) -> list[WorkerResult]:
