@@ -57,7 +57,8 @@ def _job(call: dict, timeout_s: float, memory_mb: int | None, threads: int, leve
 
 @functools.cache
 def _remote():
-    """The task, registered with Ray once per process (its name is the workers' process title)."""
+    """The task, made a Ray remote function once per process (`run` names it evotrainer_job:
+    the title its Ray worker process carries while it runs)."""
     import ray
     return ray.remote(_job)
 
