@@ -13,4 +13,4 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
 fi
 bash scripts/setup-venv.sh .venv-test dev
 if [ -n "$apt_job" ]; then wait "$apt_job"; fi
-.venv-test/bin/python -m pytest tests
+.venv-test/bin/python -m pytest tests --durations=25

@@ -169,7 +169,7 @@ def test_a_run_on_ray_records_the_same_lineage_as_on_the_local_pool(tmp_path, ck
     cfg.write_text(yaml.safe_dump(raw | {"executor": "ray"}))
     assert main(["run", str(cfg), "--out", str(tmp_path / "ray"), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)  # stdout is our one JSON line, whatever Ray says
-    assert status["state"] == "finished" and status["final"]["seeds"] == [100]
+    assert status["state"] == "finished" and status["final"]["seeds"] == [100] and status["executor"] == "ray"
     th.join()
     assert not errors, errors
     on_ray, on_pool = lineage(tmp_path / "ray"), lineage(tmp_path / "local")

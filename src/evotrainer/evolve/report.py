@@ -35,6 +35,7 @@ def status(run_dir: Path | str) -> dict:
         "task": started[0].get("task") if started else None, "base": started[0].get("base") if started else None,
         "backend": runtime and runtime["backend"],
         "device": started[0].get("device") if started else None,   # as resolved: cuda, bfloat16
+        "executor": started[0].get("executor", "local") if started else None,  # local pool or Ray (runs before it: local)
         # the isolation of untrusted code in the latest session (a fallback is a WARNING line)
         "sandbox": next((e["sandbox"]["detail"] for e in reversed(events)
                          if e["kind"] == "session_started" and "sandbox" in e), None),
