@@ -151,11 +151,14 @@ def lineage(run: Path) -> dict:
     return {"trials": trials, "events": kinds, "files": files}
 
 
-def test_a_run_on_ray_records_the_same_lineage_as_on_the_local_pool(tmp_path, ckpt, capsys):
+def test_a_run_on_ray_records_the_same_lineage_as_on_the_local_pool(tmp_path, ckpt, capsys, monkeypatch):
     cfg_path, _ = tiny_run_config(readable(tmp_path), ckpt)
     raw = yaml.safe_load(cfg_path.read_text())
     raw["budget"]["trials"] = 1
-    raw |= {"workers": 2, "search": raw["search"] | {"selection": "greedy"}}  # 1 thread a job, as a Ray job's
+    raw |= {"workers": 2, "search": raw["search"] | {"selection": "greedy"}}
+    # the pool gives a job cores // workers threads, a Ray job num_cpus (1): the same on any machine,
+    # so that both compute the same numbers and so take the same decisions
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     errors = []
 
     def local():  # beside the Ray run: neither keeps both cores busy all the time
