@@ -24,6 +24,7 @@ import torch
 from evotrainer.errors import UsageError
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
+FP16_NEEDS_CUDA = "dtype fp16 needs a CUDA device (its gradient scaler is CUDA's); use bf16 or fp32"
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -42,6 +43,8 @@ class PolicyConfig:
         if kind not in ("auto", "cpu", "cuda", "mps"):
             raise UsageError(f"device must be auto, cpu, cuda, cuda:N or mps, got '{self.device}'")
         if not here:
+            if self.dtype == "fp16" and kind in ("cpu", "mps"):
+                raise UsageError(FP16_NEEDS_CUDA)
             return self
         if kind == "cuda" and not torch.cuda.is_available():
             raise UsageError(f"device '{self.device}' asked for, but torch sees no CUDA device "
@@ -49,7 +52,7 @@ class PolicyConfig:
         if kind == "mps" and not torch.backends.mps.is_available():
             raise UsageError("device 'mps' asked for, but torch sees no MPS device; use device: cpu or auto")
         if self.dtype == "fp16" and self.resolved_device().type != "cuda":
-            raise UsageError("dtype fp16 needs a CUDA device (its gradient scaler is CUDA's); use bf16 or fp32")
+            raise UsageError(FP16_NEEDS_CUDA)
         return self
 
     def resolved_device(self) -> torch.device:
