@@ -17,7 +17,8 @@ Isolation levels, probed once per process (`probe()`):
                 resource limits, an empty environment, no_new_privs where setpriv exists, its
                 own process group, death with the controller on Linux. No filesystem or network
                 isolation, and a process that calls setsid() escapes the kill: every report says so.
-    none        the explicit opt-out (`sandbox: none`): a plain worker process, as trusted code.
+    none        the explicit opt-out (`sandbox: none`): a plain worker process, as trusted code
+                (it dies with its caller where setpriv exists, nothing more).
 """
 from __future__ import annotations
 
@@ -221,8 +222,9 @@ def command(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: P
     """(argv, env) to start `argv` as a sandboxed job at `level`. `job_dir` (the job's own
     files: its spec, arguments and result) is writable; `kwargs` are scanned for the paths
     the job reads. With Isolation.NONE it is the plain command in the caller's environment."""
-    if level is Isolation.NONE:
-        return argv, None
+    if level is Isolation.NONE:  # trusted, but still dies with its caller (a Ray worker cancelled with force)
+        setpriv = shutil.which("setpriv") if sys.platform == "linux" else None
+        return ([setpriv, "--pdeathsig", "KILL", *argv] if setpriv else argv), None
     cwd = Path(cwd or os.getcwd()).resolve()
     env = job_env(jail.env)
     limits = jail.limits.rlimits()
