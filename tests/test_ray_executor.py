@@ -137,8 +137,8 @@ def test_a_job_no_node_can_hold_is_refused_before_it_is_submitted():
 
 
 def lineage(run: Path) -> dict:
-    """What a run recorded, less its timings and numbers' last digits: the trials and their
-    outcomes, the events in order, the files it wrote."""
+    """What a run recorded, without timings or scores: the trials and their outcomes, the
+    events in order, the files it wrote."""
     from evotrainer.lineage import LineageStore
     store = LineageStore(run / "lineage.sqlite")
     try:
