@@ -37,14 +37,7 @@ def cluster():
 
 def ray_workers_running_a_job() -> list[int]:
     """Pids of Ray worker processes executing one of our jobs (Ray titles them by the task)."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::evotrainer_job"):
-                out.append(int(pid))
-        except OSError:
-            pass
-    return out
+    return processes_with("ray::evotrainer_job")
 
 
 def eventually(ok, wait_s: float = 10.0) -> bool:
