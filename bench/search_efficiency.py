@@ -118,7 +118,7 @@ def replays(cfg, arms: dict[str, Arm], base: str, seeds: list[int], out: Path) -
         print(f"  replaying {len(todo)} schedules on seeds {seeds}", flush=True)
         task = get_task(cfg.task, cfg.level)
         task.use_key(split_key(Path(base).name))  # the runs' held-out pool: their base's key
-        rep = replay(task, base, todo, seeds, out / "replays", cfg.gate.last_k,
+        rep = replay(task, base, todo, seeds, out / "replays", cfg.evaluation,
                      cfg.budget.trial_timeout_s, cfg.workers)
         for key, s in rep.scores.items():
             (out / "replays" / key / "scores.json").write_text(json.dumps(s, indent=2))

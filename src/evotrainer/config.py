@@ -79,12 +79,18 @@
       project: evotrainer        # the W&B / MLflow / trackio project
       wandb_mode: offline        # offline (RUN/trackers/wandb; `wandb sync` later) | online
       mlflow_uri: null           # null: a SQLite store, RUN/trackers/mlflow/mlflow.db
-    gate:
-      z: 2.0                     # gain must exceed z standard errors of the paired differences
-      min_gain: 0.01             # and this absolute floor (about 2x the sampling error of 500 problems)
-      last_k: 2                  # average the last k evaluations of a segment, never one number
-      replicas: 1                # re-runs of the root segment on other data that measure the
-                                 # noise floor of a paired difference (0: the seeds' own spread)
+    evaluation:                  # what the evaluator measures and when: the run's, never a harness's
+      every: 25                  # a segment saves a checkpoint for greedy validation every this many
+                                 # steps (0: only at its end)
+      last_k: 2                  # a segment's fitness: the mean of its last k evaluations, never one number
+    gate:                        # the promotion gate (evolve/gate.py), a sequential test
+      alpha: 0.025               # the rate at which a child with no effect is kept, all looks together
+      min_gain: 0.01             # the gain's lower confidence bound must clear this (about 2x the
+                                 # sampling error of 500 problems)
+      replicas: 2                # re-runs of the root segment on the same problems with other sampling
+                                 # seeds: they measure the null (the spread of a difference when nothing changed)
+      extra_pairs: 2             # an inconclusive but promising child trains this many more paired
+                                 # seeds, one at a time, before it is decided (0: decide on `seeds` alone)
 
 Every key is checked: an unknown one, a wrong type or a negative budget is one line naming
 the key and what is allowed, raised before anything runs.
@@ -114,6 +120,11 @@ SELECTIONS = ("population", "greedy")
 EXECUTORS = ("local", "ray")
 RAY_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+")
 DEFAULT_SKILLS = "~/.local/share/evotrainer/skills.sqlite"
+RENAMED = {  # keys that moved: one line saying where
+    "base.checkpoint": "is now the top-level key 'model' (any causal LM directory)",
+    "gate.z": "is now 'gate.alpha', the false-keep rate (z 2.0 was about alpha 0.025)",
+    "gate.last_k": "is now 'evaluation.last_k' (what the evaluator averages is the run's, not the gate's)",
+}
 
 
 @dataclass(frozen=True)
@@ -150,10 +161,16 @@ class Budget:
 
 @dataclass(frozen=True)
 class GateConfig:
-    z: float = 2.0
+    alpha: float = 0.025
     min_gain: float = 0.01
+    replicas: int = 2
+    extra_pairs: int = 2
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 25
     last_k: int = 2
-    replicas: int = 1
 
 
 @dataclass(frozen=True)
@@ -234,6 +251,7 @@ class RunConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
     budget: Budget = field(default_factory=Budget)
+    evaluation: EvalConfig = field(default_factory=EvalConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
@@ -294,10 +312,13 @@ class RunConfig:
             need(getattr(b, key) > 0, f"budget.{key}", f"must be > 0, got {getattr(b, key)}")
         need(b.steps_per_segment <= b.total_steps, "budget.steps_per_segment",
              f"must be <= budget.total_steps ({b.total_steps}), got {b.steps_per_segment}")
-        need(self.gate.z >= 0, "gate.z", f"must be >= 0, got {self.gate.z}")
+        need(0 < self.gate.alpha < 0.5, "gate.alpha", f"must be in (0, 0.5), got {self.gate.alpha}")
         need(self.gate.min_gain >= 0, "gate.min_gain", f"must be >= 0, got {self.gate.min_gain}")
-        need(self.gate.last_k >= 1, "gate.last_k", f"must be >= 1, got {self.gate.last_k}")
-        need(self.gate.replicas >= 0, "gate.replicas", f"must be >= 0, got {self.gate.replicas}")
+        need(self.gate.replicas >= 1, "gate.replicas",
+             f"must be >= 1 (the gate's null is measured by them), got {self.gate.replicas}")
+        need(self.gate.extra_pairs >= 0, "gate.extra_pairs", f"must be >= 0, got {self.gate.extra_pairs}")
+        need(self.evaluation.every >= 0, "evaluation.every", f"must be >= 0 (0: only at the end), got {self.evaluation.every}")
+        need(self.evaluation.last_k >= 1, "evaluation.last_k", f"must be >= 1, got {self.evaluation.last_k}")
         from evotrainer.trackers import WANDB_MODES, check
         try:
             check(self.tracking.report_to)
@@ -345,8 +366,8 @@ def config_from_dict(raw, cls=RunConfig, prefix: str = ""):
     fields_ = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     for key in raw:
-        if f"{prefix}{key}" == "base.checkpoint":  # renamed when any Hugging Face model became a policy
-            raise UsageError("config: 'base.checkpoint' is now the top-level key 'model' (any causal LM directory)")
+        if f"{prefix}{key}" in RENAMED:
+            raise UsageError(f"config: '{prefix}{key}' {RENAMED[f'{prefix}{key}']}")
         if key not in fields_:
             raise UsageError(f"config: unknown key '{prefix}{key}'; valid keys: {', '.join(fields_)}")
     missing = [n for n, f in fields_.items() if n not in raw and f.default is dataclasses.MISSING

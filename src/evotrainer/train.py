@@ -14,6 +14,7 @@ checkpoints in a process of its own (it imports no harness code), and writes sum
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -53,11 +54,15 @@ def handed_draws(task: Task, harness: str | Path | None, seed: int, steps: int) 
 
 
 def train_segment(task: str, level: int | None, harness: str, base: str, out: str, seed: int,
-                  steps: int, runtime: dict | None = None, draws: dict | None = None) -> dict:
+                  steps: int, runtime: dict | None = None, draws: dict | None = None,
+                  eval_every: int = 25, replica: int = 0) -> dict:
     """Worker entry point: plain arguments in, a plain dict out. `task` is the spec of the
     task's train view; `draws` the handed-in training indices (None: the worker draws from
     the public, unkeyed pool: library use outside a run); `runtime`
-    (evotrainer.runtime.Runtime as a dict) names the backend, device and precision."""
+    (evotrainer.runtime.Runtime as a dict) names the backend, device and precision.
+    `seed` draws the data; the sampling seed is `sampling_seed(seed, harness, replica)`.
+    `eval_every` is the run's checkpoint schedule (never the harness's: it decides what the
+    evaluator scores)."""
     import torch
 
     from evotrainer.harness import load_harness
@@ -85,15 +90,27 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
         "task": task, "level": level, "seed": seed, "steps": steps, "group_size": h.knobs.group_size,
         "prompts_per_step": h.knobs.prompts_per_step, "max_new_tokens": completion_width(t, h.knobs),
         "harness_hash": h.content_hash, "backend": rt.backend}, indent=2))
-    log = SegmentLog(out_dir, steps, h.knobs.eval_every)
+    log = SegmentLog(out_dir, steps, eval_every)
     try:
         state = get_backend(rt.backend).run(model, tok, t, h, seed=seed, steps=steps, log=log,
-                                            optimizer_state=state, runtime=rt)
+                                            optimizer_state=state, runtime=rt,
+                                            sample_seed=sampling_seed(seed, h.content_hash, replica))
     finally:
         log.close()
     save_policy(model, tok, out_dir / "checkpoint")
     torch.save(state, out_dir / "checkpoint" / OPTIMIZER_FILE)
     return {"steps": steps, "harness_hash": h.content_hash[:12]}
+
+
+def sampling_seed(seed: int, harness_hash: str, replica: int = 0) -> int:
+    """The sampling seed of a segment: its data seed, the harness's content and the replica.
+
+    Versions at one depth see the same problems (paired by `seed`) but sample independently:
+    a child whose change has no effect then differs from its control exactly as much as two
+    runs of one harness with other sampling seeds (the noise replicas, `replica` > 0) do, which
+    is the null the gate tests against. A renamed copy (the same content) trains identically."""
+    digest = hashlib.sha256(f"{seed}/{harness_hash}/{replica}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
 
 
 def segment_seed(seed: int, depth: int) -> int:
@@ -103,7 +120,8 @@ def segment_seed(seed: int, depth: int) -> int:
 
 
 def train_schedule(task: str, level: int | None, harnesses: list[str], base: str, out: str, seed: int,
-                   steps: int, runtime: dict | None = None, draws: list[dict] | None = None) -> dict:
+                   steps: int, runtime: dict | None = None, draws: list[dict] | None = None,
+                   eval_every: int = 25) -> dict:
     """Worker entry point: one segment of `steps` per harness, each from the last one's
     checkpoint, in OUT/segment-1, segment-2, ... (segment d seeded by `segment_seed(seed, d)`,
     as in the search; `draws[d-1]` its handed-in problems). The last segment's directory holds the result."""
@@ -111,7 +129,7 @@ def train_schedule(task: str, level: int | None, harnesses: list[str], base: str
     for d, harness in enumerate(harnesses, 1):
         seg = Path(out) / f"segment-{d}"
         train_segment(task, level, harness, start, str(seg), segment_seed(seed, d), steps, runtime,
-                      None if draws is None else draws[d - 1])
+                      None if draws is None else draws[d - 1], eval_every)
         start = str(seg / "checkpoint")
     return {"last": str(Path(out) / f"segment-{len(harnesses)}")}
 

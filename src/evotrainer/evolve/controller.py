@@ -174,7 +174,7 @@ class Controller:
         arms = {"reference": Arm((str(self._harness_dir("v0")),), self.cfg.budget.total_steps), "evolved": arm}
         try:
             rep = replay(self.task, self.base, arms, self.cfg.final_seeds,
-                         self.run_dir / "final", self.cfg.gate.last_k, self.cfg.budget.trial_timeout_s,
+                         self.run_dir / "final", self.cfg.evaluation, self.cfg.budget.trial_timeout_s,
                          self.cfg.workers, self.runtime, self.cfg.worker_memory_mb, self._progress,
                          self.training.jobs)  # the executor every training and evaluation job runs on
         except ReplayFailed as e:
@@ -480,9 +480,10 @@ class Controller:
             self.store.begin_trial(0, intervention="root", version="v0")
         self.stage(f"trial 0: the root harness v0 trains, with {self.cfg.gate.replicas} noise replica(s)")
         t0, clock = time.time(), Clock()
-        # replicas: the root again on other data (segment seeds offset), to measure the noise floor
+        # replicas: the root again on the same problems with other sampling seeds: the spread of
+        # a paired difference when nothing changed, the null every gain is tested against
         segments = [Segment("v0", root, 1, self.run_dir / "versions" / "v0")] + [
-            Segment("v0", root, 1, self.run_dir / "noise" / f"replica-{i + 1}", seed_offset=500 + i)
+            Segment("v0", root, 1, self.run_dir / "noise" / f"replica-{i + 1}", replica=i + 1)
             for i in range(self.cfg.gate.replicas)]
         def read(sg: Segment, dirs: dict[int, str]) -> None:  # a replica's evidence is never read
             if sg is segments[0]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from evotrainer.config import EvalConfig
 from evotrainer.evolve.progress import Job, Progress, watcher
 from evotrainer.executors import Call, Executor, LocalPool
 from evotrainer.runtime import Runtime
@@ -57,11 +58,12 @@ class Replay:
 
 
 def replay(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int], out_root: Path,
-           last_k: int, timeout_s: float, workers: int = 0, runtime: Runtime | None = None,
+           evaluation: EvalConfig, timeout_s: float, workers: int = 0, runtime: Runtime | None = None,
            memory_mb: int | None = 8192, on_progress: Callable[[Progress], None] | None = None,
            executor: Executor | None = None) -> Replay:
     """Train every arm on every seed from `base` under out_root/ARM/seed-S and score them, on
-    `executor` (default: a local pool of `workers`); `on_progress` hears the steps as they go."""
+    `executor` (default: a local pool of `workers`); `on_progress` hears the steps as they go.
+    `evaluation` (the run's) says when checkpoints are saved and how many are averaged."""
     executor = executor or LocalPool(workers)
     runtime = runtime or Runtime()
     calls, where = [], []
@@ -72,7 +74,8 @@ def replay(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int],
             draws = [handed_draws(task, h, segment_seed(seed, d), arm.steps) for d, h in enumerate(arm.harnesses, 1)]
             calls.append(Call("evotrainer.train:train_schedule", dict(
                 task=view, level=task.target_level, base=base, out=str(out), harnesses=list(arm.harnesses),
-                seed=seed, steps=arm.steps, runtime=runtime.to_dict(), draws=draws),
+                seed=seed, steps=arm.steps, runtime=runtime.to_dict(), draws=draws,
+                eval_every=evaluation.every),
                 writes=(str(out),), clean=True))  # a replay cut off by a kill starts clean
             where.append((name, seed, out / f"segment-{len(arm.harnesses)}"))
     watch = on_progress and watcher(f"replay of {', '.join(arms)} on seeds {list(seeds)}", [
@@ -84,7 +87,7 @@ def replay(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int],
     for (name, seed, _), res in zip(where, results):
         if not res.ok:
             raise ReplayFailed(f"the replay of {name}, seed {seed}, failed: {res.label}: {res.error}")
-    last = {(name, seed): [str(c) for c in [*saved_checkpoints(d), d / "checkpoint"][-last_k:]]
+    last = {(name, seed): [str(c) for c in [*saved_checkpoints(d), d / "checkpoint"][-evaluation.last_k:]]
             for name, seed, d in where}
     jobs = {base: list(SPLITS)} | {c: list(SPLITS) for cs in last.values() for c in cs}
     t = time.time()

@@ -49,7 +49,9 @@ class Segment:
     start: State
     depth: int
     out_root: Path
-    seed_offset: int = 0     # other data for the same version: a replica that measures noise
+    replica: int = 0         # > 0: the same problems sampled with other seeds (the gate's null)
+    data_offset: int = 0     # > 0: other problems (an extra seed pair of the sequential gate)
+    seeds: tuple[int, ...] = ()  # the run seeds it trains on (empty: the run's `seeds`)
 
 
 class SegmentFailed(RuntimeError):

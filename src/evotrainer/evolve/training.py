@@ -2,8 +2,9 @@
 
 Every training job of a step (a child and its control, every seed; the root and its noise
 replicas) runs in one pool, so they share the cores, and one evaluator scores them all.
-Child and control use the same segment seed per run seed, so they see the same prompts and
-sampling noise: the gain is paired.
+Child and control use the same segment seed per run seed, so they see the same prompts: the
+gain is paired. Each samples with its own stream (train.sampling_seed), so a change with no
+effect differs from its control as two runs of one harness do: what the noise replicas measure.
 """
 from __future__ import annotations
 
@@ -62,21 +63,24 @@ class Training:
             self._view = self.task.train_view(self.run_dir / "train-data")
         view = self._view
         for i, sg in enumerate(segments):
-            for seed in self.cfg.seeds:
+            for seed in sg.seeds or self.cfg.seeds:
                 out = sg.out_root / f"seed-{seed}"
-                # paired: every version at a depth sees the same prompts per seed (restart: one depth)
-                seg_seed = segment_seed(seed, 1 if self.restart else sg.depth) + sg.seed_offset
+                # paired: every version at a depth sees the same prompts per seed (restart: one
+                # depth); a replica the same prompts, sampled with other seeds; an extra pair
+                # other prompts (data_offset), shared by its child and control
+                seg_seed = segment_seed(seed, 1 if self.restart else sg.depth) + sg.data_offset
                 harness = str(self.harness_dir(sg.version))
                 calls.append(Call("evotrainer.train:train_segment", dict(
                     task=view, level=self.task.target_level, runtime=self.runtime.to_dict(), harness=harness,
                     base=sg.start.checkpoint(seed) if sg.start.dirs else self.base, out=str(out),
                     seed=seg_seed, steps=self.segment_steps,
-                    draws=handed_draws(self.task, harness, seg_seed, self.segment_steps)),
+                    draws=handed_draws(self.task, harness, seg_seed, self.segment_steps),
+                    eval_every=self.cfg.evaluation.every, replica=sg.replica),
                     writes=(str(out),), clean=True))  # a resumed segment starts clean
                 where.append((i, seed, out))
         names = list(dict.fromkeys(sg.out_root.name for sg in segments))  # v1, v0-d2 (a control), replica-1
         watch = self.on_progress and watcher(
-            f"training {', '.join(names)}: {self.segment_steps} steps x {len(self.cfg.seeds)} seeds",
+            f"training {', '.join(names)}: {self.segment_steps} steps x {len(where) // len(segments)} seeds",
             [Job(f"{segments[i].out_root.name} s{seed}", out, self.segment_steps) for i, seed, out in where],
             self.on_progress)
         results = self._pool(calls, clock, watch)
@@ -156,7 +160,7 @@ class Training:
         jobs = {}
         for dirs in dir_sets:
             for d in dirs.values():
-                last = [*saved_checkpoints(Path(d)), Path(d, "checkpoint")][-self.cfg.gate.last_k:]
+                last = [*saved_checkpoints(Path(d)), Path(d, "checkpoint")][-self.cfg.evaluation.last_k:]
                 jobs |= {str(c): ["val"] for c in last[:-1]}
                 jobs[str(Path(d, "checkpoint"))] = ["val", "test"]
         acc = self._evaluator(jobs, clock)
@@ -165,7 +169,7 @@ class Training:
             val, test = {}, {}
             for seed, d in dirs.items():
                 seq = [acc[k]["val"] for k in jobs if k.startswith(d + "/")]  # saved steps, then the final
-                val[seed], test[seed] = average_last(seq, self.cfg.gate.last_k), acc[str(Path(d, "checkpoint"))]["test"]
+                val[seed], test[seed] = average_last(seq, self.cfg.evaluation.last_k), acc[str(Path(d, "checkpoint"))]["test"]
             out.append((val, test))
         return out
 

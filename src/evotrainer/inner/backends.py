@@ -1,7 +1,8 @@
 """Who trains a segment: a registry of backends, each a `run` function and the list of what
 it cannot express.
 
-    run(model, tok, task, harness, seed, steps, log, optimizer_state, runtime) -> optimizer_state
+    run(model, tok, task, harness, seed, steps, log, optimizer_state, runtime, sample_seed) -> optimizer_state
+    (`seed` draws the data: problems and curriculum levels; `sample_seed` the rollouts' sampling)
 
 trains `steps` steps on the model in place, records each through `log` (SegmentLog) and
 returns AdamW's state for the next segment. `refusals(knobs, runtime)` names, one line
@@ -31,10 +32,10 @@ class Backend:
 
 
 def run_embedded(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
-                 runtime) -> dict:
+                 runtime, sample_seed: int | None = None) -> dict:
     from evotrainer.inner.grpo import GRPOTrainer
     trainer = GRPOTrainer(model, tok, task, harness, seed=seed, policy=runtime.policy,
-                          micro_batch_size=runtime.micro_batch_size)
+                          micro_batch_size=runtime.micro_batch_size, sample_seed=sample_seed)
     if optimizer_state is not None:
         trainer.resume_optimizer(optimizer_state)
     for _ in range(steps):

@@ -68,7 +68,7 @@ def completion_width(task: Task, knobs) -> int:
 
 class GRPOTrainer:
     def __init__(self, model, tok, task: Task, harness: Harness, seed: int = 0,
-                 policy: PolicyConfig | None = None, micro_batch_size: int = 0):
+                 policy: PolicyConfig | None = None, micro_batch_size: int = 0, sample_seed: int | None = None):
         self.model, self.tok, self.task, self.harness = model, tok, task, harness
         self.policy = policy or PolicyConfig()
         self.micro_batch_size = micro_batch_size
@@ -78,9 +78,12 @@ class GRPOTrainer:
         self.T = completion_width(task, k)
         self.device = next(model.parameters()).device
         self.stop_ids = stop_token_ids(model, tok)
-        torch.manual_seed(seed)
+        # `seed` draws the data (problems, levels); `sample_seed` the sampling: two runs on the
+        # same problems with other sampling seeds are what the gate's noise replicas measure
+        sample_seed = seed if sample_seed is None else sample_seed
+        torch.manual_seed(sample_seed)
         self.levels = LevelPicker(harness, task, seed)
-        self.sampler = torch.Generator(device=self.device).manual_seed(seed)
+        self.sampler = torch.Generator(device=self.device).manual_seed(sample_seed)
         self.stream = task.train_stream(seed)
         self.judged: list[Judgement] = []  # the verifier's verdicts on the last sample
         self.played: list[Played] | None = None  # a multi-turn task's episodes of the last sample

@@ -218,13 +218,15 @@ def tracker_files(report_to, out: Path) -> None:
 
 
 def run_trl(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
-            runtime) -> dict:
+            runtime, sample_seed: int | None = None) -> dict:
     """Backend entry point (inner.backends): train `steps` sampled batches with TRL."""
     import transformers
     k = harness.knobs
     transformers.logging.set_verbosity_error()
     tracker_files(runtime.report_to, log.out_dir / "trl")
-    config = GRPOConfig(**grpo_config_kwargs(k, runtime, task.max_new_tokens, seed, steps,
+    # TRL's seed drives its sampling; our level picker and stream draw the data from `seed`
+    config = GRPOConfig(**grpo_config_kwargs(k, runtime, task.max_new_tokens,
+                                             seed if sample_seed is None else sample_seed, steps,
                                              str(log.out_dir / "trl")))
     opt = make_adamw(model, k, GatedAdamW)
     steps_before = resume_adamw(opt, optimizer_state, k) if optimizer_state is not None else 0
