@@ -5,7 +5,8 @@ import pytest
 
 from evotrainer.config import GateConfig
 from evotrainer.evolve.gate import gate
-from evotrainer.evolve.stats import average_last, bootstrap_ci, crossed_bootstrap_ci, mean_se, paired_differences
+from evotrainer.evolve.stats import (average_last, bootstrap_ci, crossed_bootstrap_ci, mean_se, paired_differences,
+                                     pooled_test, t_interval)
 
 
 def test_statistics():
@@ -23,34 +24,92 @@ def test_statistics():
     assert lo < 0 < hi  # a coin flip's interval straddles zero
 
 
-CFG = GateConfig(z=2.0, min_gain=0.01)
+CFG = GateConfig(alpha=0.025, min_gain=0.01, replicas=2, extra_pairs=2)
+NULL = [0.022, -0.022, 0.022, -0.022]  # 2 replicas x 2 seeds: a noise sd of 2.2 points
+
+
+def test_the_fresh_clone_gain_of_54_and_16_points_is_kept():
+    """Issue 32's case: partial credit +54.3 and +16.0 points over a control near 0, noise sd 2.2.
+    The old gate's bar came from the two seeds' own spread (one degree of freedom) and discarded
+    it; pooled with the measured null it is kept at the first look."""
+    d = gate({0: 0.549, 1: 0.162}, {0: 0.006, 1: 0.002}, cfg=CFG, null=NULL)
+    assert d.label == "kept" and d.rule == "keep" and d.gain == pytest.approx(0.3515)
+    assert "lower bound" in d.reasons[0] and "look 1 of 3" in d.reasons[0]
+    # with one replica (2 null differences) the same two seeds are promising but not yet decisive:
+    # one more pair in their range decides it
+    one = gate({0: 0.549, 1: 0.162}, {0: 0.006, 1: 0.002}, cfg=CFG, null=NULL[:2])
+    assert one.more and one.rule == "more" and "one more seed pair" in one.reasons[0]
+    assert gate({0: 0.549, 1: 0.162}, {0: 0.006, 1: 0.002}, cfg=CFG, null=NULL[:2],
+                extra=[(0.30, 0.004)]).label == "kept"
 
 
 def test_consistent_gain_beyond_the_noise_is_kept():
-    d = gate({0: 0.60, 1: 0.62, 2: 0.61}, {0: 0.50, 1: 0.51, 2: 0.52}, cfg=CFG, noise_sd=0.02)
+    d = gate({0: 0.60, 1: 0.62, 2: 0.61}, {0: 0.50, 1: 0.51, 2: 0.52}, cfg=CFG, null=[0.02, -0.01, 0.015])
     assert d.label == "kept" and d.gain == pytest.approx(0.1, abs=1e-9)
 
 
-def test_gain_inside_the_measured_noise_floor_is_discarded():
-    # the two seeds agree closely, but the measured floor says seeds spread 16 points
-    d = gate({0: 0.60, 1: 0.61}, {0: 0.55, 1: 0.56}, cfg=CFG, noise_sd=0.16)
-    assert d.label == "discarded" and d.threshold == pytest.approx(2 * 0.16 / math.sqrt(2))
-    assert "does not beat" in d.reasons[0]
+def test_gain_inside_the_measured_noise_is_discarded():
+    # the two seeds agree closely, but the measured null says pairs spread 16 points
+    d = gate({0: 0.60, 1: 0.61}, {0: 0.55, 1: 0.56}, cfg=CFG, null=[0.16, -0.15, 0.17, -0.16])
+    assert d.label == "discarded" and d.rule == "discard" and "not promising" in d.reasons[0]
+    assert d.threshold > 0.2
 
 
 def test_one_lucky_seed_is_not_a_gain():
-    d = gate({0: 0.90, 1: 0.50, 2: 0.49}, {0: 0.50, 1: 0.51, 2: 0.50}, cfg=CFG)
-    assert d.label == "discarded"
+    d = gate({0: 0.90, 1: 0.50, 2: 0.49}, {0: 0.50, 1: 0.51, 2: 0.50}, cfg=CFG, null=NULL)
+    assert d.label != "kept"
 
 
 def test_tiny_gain_below_the_absolute_floor_is_discarded():
-    d = gate({0: 0.505, 1: 0.505}, {0: 0.5, 1: 0.5}, cfg=CFG)
-    assert d.label == "discarded" and d.threshold == 0.01
+    d = gate({0: 0.505, 1: 0.505}, {0: 0.5, 1: 0.5}, cfg=CFG, null=[1e-4, -1e-4])
+    assert d.label == "discarded"
+
+
+def test_a_promising_child_gets_its_extra_pairs_and_then_a_decision():
+    args = ({0: 0.56, 1: 0.57}, {0: 0.50, 1: 0.50})
+    first = gate(*args, cfg=CFG, null=[0.03, -0.03])
+    assert first.more
+    assert gate(*args, cfg=CFG, null=[0.03, -0.03], extra=[(0.50, 0.50)]).more   # still promising
+    last = gate(*args, cfg=CFG, null=[0.03, -0.03], extra=[(0.50, 0.50), (0.50, 0.50)])
+    assert last.label == "discarded" and "no looks left" in last.reasons[0]
+    # no extra pairs configured: decided at once
+    assert gate(*args, cfg=GateConfig(extra_pairs=0), null=[0.03, -0.03]).label == "discarded"
 
 
 def test_blocking_finding_makes_it_invalid_however_well_it_scores():
-    d = gate({0: 0.9, 1: 0.9}, {0: 0.5, 1: 0.5}, ["reward_score_divergence = 0.18"], cfg=CFG)
+    d = gate({0: 0.9, 1: 0.9}, {0: 0.5, 1: 0.5}, ["reward_score_divergence = 0.18"], cfg=CFG, null=NULL)
     assert d.label == "invalid" and d.reasons == ("blocking finding: reward_score_divergence = 0.18",)
+
+
+def test_the_gate_keeps_a_null_child_no_more_often_than_alpha_and_keeps_real_gains():
+    """The simulated mode of bench/null_calibration.py: the real gate on normal noise."""
+    from evotrainer.evolve.calibration import simulate_gate
+    null = simulate_gate(0.0, trials=4000, seed=1)
+    assert null["new"].ci[0] <= CFG.alpha and null["new"].rate <= CFG.alpha
+    assert null["old"].rate > 0.03  # the old rule's rate, for the record: over its ~2.3%
+    strong = simulate_gate([0.547, 0.16], trials=300, seed=2)   # large, of varying size
+    assert strong["new"].rate > 0.99 and strong["old"].rate < 0.5
+    moderate = simulate_gate(0.066, trials=1000, seed=3)         # 3 noise sd
+    assert moderate["new"].rate > 0.85
+
+
+def test_the_t_interval_holds_its_level_where_the_bootstrap_did_not():
+    from evotrainer.evolve.calibration import simulate_interval
+    r = simulate_interval(3, trials=1500, seed=4, n_boot=400)
+    lo, hi = r["t_miss"].ci
+    assert lo <= 0.05 <= hi
+    assert r["boot_miss"].rate > 0.15   # [min, max] of three values
+    assert t_interval([0.1]) == (-math.inf, math.inf)
+    lo, hi = t_interval([0.05, 0.06, 0.04])
+    assert lo == pytest.approx(0.05 - 4.302653 * 0.01 / math.sqrt(3), abs=1e-6) and hi > 0.06
+
+
+def test_pooled_test_counts_the_null_as_degrees_of_freedom():
+    t = pooled_test([0.3, 0.5], [0.01, -0.01, 0.02, -0.02])
+    assert t.df == 5 and t.mean == pytest.approx(0.4)
+    assert t.se == pytest.approx(math.sqrt((0.0001 * 2 + 0.0004 * 2 + 0.02) / 5 / 2))
+    with pytest.raises(ValueError):
+        pooled_test([0.3], [])
 
 
 def test_controller_time_adds_up_sessions_not_the_gap_between_a_kill_and_a_resume():
@@ -67,10 +126,6 @@ def test_noise_floor_is_the_rms_of_paired_differences_between_runs_of_one_harnes
     run = {0: 0.50, 1: 0.40}
     assert noise_floor(run, []) == 0.0
     assert noise_floor(run, [{0: 0.53, 1: 0.36}]) == pytest.approx(((0.03 ** 2 + 0.04 ** 2) / 2) ** 0.5)
-    # a measured floor raises the bar that two agreeing seeds alone would set
-    quiet = gate({0: 0.52, 1: 0.52}, {0: 0.50, 1: 0.50}, cfg=CFG)
-    noisy = gate({0: 0.52, 1: 0.52}, {0: 0.50, 1: 0.50}, cfg=CFG, noise_sd=0.05)
-    assert quiet.label == "kept" and noisy.label == "discarded" and noisy.threshold > 0.07
 
 
 def test_crossed_bootstrap_carries_the_spread_between_search_replicates():

@@ -1,44 +1,80 @@
-"""The promotion gate: a pure decision over paired per-seed fitness and the findings.
+"""The promotion gate: a sequential test of a child's paired gain against the run's null.
 
-A version is promoted (`kept`) only when its validation gain over the control, paired by
-seed, beats both an absolute floor and z standard errors, where the standard error is
-the larger of what its own seeds show and the noise floor measured beforehand (re-runs
-of the parent with paired seeds): two seeds alone cannot show how noisy they are. A
-blocking finding (reward rising while the verifier score is not, reward coupled to
-length) labels it `invalid`, however well it scores.
+Per trial the child and its control train on the run's seeds, paired (the same problems per
+seed, each sampling with its own stream). The gains (child - control, one per seed pair) are
+tested against the null the run measured: the differences between the root harness and its
+noise replicas (the same problems, other sampling seeds), pooled with the gains' own spread
+(stats.pooled_test). Three outcomes at each look:
+
+- keep: the one-sided lower confidence bound of the mean gain clears `min_gain`;
+- more: not yet, but promising (the mean clears `min_gain` by at least one standard error)
+  and looks are left: the trial trains one more seed pair and looks again;
+- discard: otherwise.
+
+The error rate: each of the 1 + `extra_pairs` looks tests at alpha / (1 + extra_pairs)
+(Bonferroni), so a child with no effect is kept at most `alpha` of the time over all its
+looks together, whatever the looks' correlation; bench/null_calibration.py measures it.
+A blocking finding (reward rising while the verifier score is not, reward coupled to length)
+labels the child `invalid` at once, however well it scores.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from evotrainer.config import GateConfig
-from evotrainer.evolve.stats import mean_se, paired_differences
+from evotrainer.evolve.stats import paired_differences, pooled_test
 from evotrainer.labels import Label
+
+PROMISING_SE = 1.0  # "more" needs the mean gain above min_gain by this many standard errors
 
 
 @dataclass(frozen=True)
 class GateDecision:
-    label: Label               # kept | discarded | invalid
+    label: str | None          # kept | discarded | invalid; None: inconclusive, train another seed pair
     gain: float                # mean paired difference, child - control
-    se: float                  # the standard error the gain was judged against
-    threshold: float           # what the gain had to beat
+    se: float                  # its standard error (pooled with the null)
+    threshold: float           # what the gain had to beat: min_gain + t x se (the lower bound's margin)
+    rule: str                  # which rule decided: keep (lower bound), more (promising), discard, blocking
     reasons: tuple[str, ...]
+
+    @property
+    def more(self) -> bool:
+        return self.label is None
+
+
+def looks(cfg: GateConfig) -> int:
+    """How many times a trial may be judged: on the run's seeds, then after each extra pair."""
+    return 1 + cfg.extra_pairs
 
 
 def gate(child: Mapping[int, float], control: Mapping[int, float], blocking: Sequence[str] = (),
-         cfg: GateConfig = GateConfig(), noise_sd: float = 0.0) -> GateDecision:
-    """child, control: validation fitness per seed (each already an average of the last evaluations)."""
-    diffs = paired_differences(child, control)
-    gain, se_seen = mean_se(diffs)
-    se = max(0.0 if math.isnan(se_seen) else se_seen, noise_sd / math.sqrt(len(diffs)))
-    threshold = max(cfg.min_gain, cfg.z * se)
+         cfg: GateConfig = GateConfig(), null: Sequence[float] = (),
+         extra: Sequence[tuple[float, float]] = ()) -> GateDecision:
+    """child, control: validation fitness per run seed (each an average of the last evaluations);
+    null: the run's null differences (stats.null_differences); extra: (child, control) fitness
+    of the extra seed pairs trained so far. Pure: the caller trains a pair where it says `more`."""
+    diffs = paired_differences(child, control) + [c - k for c, k in extra]
     if blocking:
-        return GateDecision(Label.INVALID, gain, se, threshold, tuple(f"blocking finding: {b}" for b in blocking))
-    if gain > threshold:
-        return GateDecision(Label.KEPT, gain, se, threshold,
-                            (f"gain {gain:+.3f} over {len(diffs)} paired seeds beats {threshold:.3f}",))
-    return GateDecision(Label.DISCARDED, gain, se, threshold,
-                        (f"gain {gain:+.3f} over {len(diffs)} paired seeds does not beat {threshold:.3f} "
-                         f"(max of min_gain {cfg.min_gain:g} and {cfg.z:g} x se {se:.3f})",))
+        return GateDecision(Label.INVALID, sum(diffs) / len(diffs), float("nan"), float("nan"), "blocking",
+                            tuple(f"blocking finding: {b}" for b in blocking))
+    test = pooled_test(diffs, null)
+    look = 1 + len(extra)
+    alpha = cfg.alpha / looks(cfg)
+    lower = test.lower(alpha)
+    threshold = test.mean - lower + cfg.min_gain
+    said = (f"gain {test.mean:+.3f} over {test.n} paired seeds, se {test.se:.3f} (pooled with "
+            f"{len(null)} null differences, {test.df} df); one-sided {100 * (1 - alpha):.2f}% lower bound "
+            f"{lower:+.3f}")
+    if lower > cfg.min_gain:
+        return GateDecision(Label.KEPT, test.mean, test.se, threshold, "keep",
+                            (f"{said} clears min_gain {cfg.min_gain:g} (look {look} of {looks(cfg)}, "
+                             f"alpha {cfg.alpha:g} split over the looks)",))
+    if look < looks(cfg) and test.t(cfg.min_gain) >= PROMISING_SE:
+        return GateDecision(None, test.mean, test.se, threshold, "more",
+                            (f"{said} does not clear min_gain {cfg.min_gain:g} yet, but the gain is "
+                             f"{test.t(cfg.min_gain):.1f} se above it: one more seed pair (look {look + 1} "
+                             f"of {looks(cfg)})",))
+    why = "no looks left" if look >= looks(cfg) else f"under {PROMISING_SE:g} se above min_gain: not promising"
+    return GateDecision(Label.DISCARDED, test.mean, test.se, threshold, "discard",
+                        (f"{said} does not clear min_gain {cfg.min_gain:g} (look {look} of {looks(cfg)}; {why})",))

@@ -56,7 +56,8 @@ def status(run_dir: Path | str) -> dict:
         "state": "finished" if last in ("final_finished", "run_finished", "stopped") else "running or interrupted",
         "final": None if not final else {
             "winner": final[-1]["winner"], "seeds": final[-1]["seeds"],
-            **{f"{split}_difference": {k: final[-1]["comparison"][split]["difference"][k] for k in ("mean", "ci")}
+            **{f"{split}_difference": {k: final[-1]["comparison"][split]["difference"].get(k, "bootstrap")
+                                       for k in ("mean", "ci", "level", "interval")}
                for split in ("val", "test")}},
         "wall_s": round(wall, 1), "train_s": round(train, 1), "eval_s": round(evaluate, 1),
         # everything that is neither training nor evaluation: agents, backtests, git, bookkeeping

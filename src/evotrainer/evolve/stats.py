@@ -1,14 +1,21 @@
 """Statistics for comparisons that have to survive RL noise: paired seeds, averaged
-evaluations, and a bootstrap confidence interval. Pure functions over plain numbers.
+evaluations, t intervals and the gate's pooled test. Pure functions over plain numbers.
 
-One greedy evaluation at one checkpoint spread up to 16 points across seeds
-(shared/MEASUREMENTS.md), so nothing here compares single numbers.
+One greedy evaluation at one checkpoint spread up to 16 points across seeds, so nothing here
+compares single numbers. Intervals are Student t intervals on paired differences (n - 1
+degrees of freedom): with the 2-3 seeds a run affords, a percentile bootstrap is just
+[min, max] (three values: the all-minimum resample has probability 1/27) and covered a null
+difference 75% of the time where it claimed 95%; the t interval holds its level for normal
+noise at any n >= 2 (bench/null_calibration.py measures both).
 """
 from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 from typing import Mapping, Sequence
+
+from scipy import stats as _scipy_stats
 
 
 def average_last(evals: Sequence[float], k: int) -> float:
@@ -31,7 +38,7 @@ def noise_floor(run: Mapping[int, float], replicas: Sequence[Mapping[int, float]
     """Standard deviation of a paired difference between two runs of the *same* harness,
     seed by seed (their true difference is 0, so the root mean square of the observed ones
     estimates it); 0.0 with no replica."""
-    diffs = [d for r in replicas for d in paired_differences(r, run)]
+    diffs = null_differences(run, replicas)
     return math.sqrt(sum(d * d for d in diffs) / len(diffs)) if diffs else 0.0
 
 
@@ -43,6 +50,64 @@ def mean_se(xs: Sequence[float]) -> tuple[float, float]:
         return m, math.nan
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
     return m, sd / math.sqrt(n)
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p quantile of Student's t with df degrees of freedom."""
+    return float(_scipy_stats.t.ppf(p, df))
+
+
+def t_interval(xs: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """The two-sided Student t interval of the mean of xs (paired differences, one per seed),
+    n - 1 degrees of freedom; (-inf, inf) with one value (one seed says nothing of spread)."""
+    if not xs:
+        raise ValueError("no values")
+    m, se = mean_se(xs)
+    if math.isnan(se):
+        return -math.inf, math.inf
+    h = t_quantile((1 + level) / 2, len(xs) - 1) * se
+    return m - h, m + h
+
+
+def null_differences(run: Mapping[int, float], replicas: Sequence[Mapping[int, float]]) -> list[float]:
+    """Paired differences between runs of one harness on the same problems (replica - run, seed
+    by seed): draws of what a gain looks like when nothing changed."""
+    return [d for r in replicas for d in paired_differences(r, run)]
+
+
+@dataclass(frozen=True)
+class PooledTest:
+    """A one-sided pooled t test of a mean gain against the run's measured null.
+
+    The gain's spread is estimated from the null differences (known mean 0: each is a degree
+    of freedom) pooled with the gains' own deviations from their mean (n - 1 more): under the
+    null of no effect both come from one distribution, so the test is exact for normal noise,
+    and a child whose seeds disagree widely (a real effect of varying size, or an unstable
+    harness) widens its own interval instead of borrowing the null's narrow one."""
+    mean: float
+    se: float
+    df: int
+    n: int
+
+    def lower(self, alpha: float) -> float:
+        """The one-sided (1 - alpha) lower confidence bound of the mean gain."""
+        return self.mean - t_quantile(1 - alpha, self.df) * self.se
+
+    def t(self, floor: float = 0.0) -> float:
+        """How many standard errors the mean clears `floor` by."""
+        return (self.mean - floor) / self.se if self.se > 0 else math.copysign(math.inf, self.mean - floor)
+
+
+def pooled_test(diffs: Sequence[float], null: Sequence[float]) -> PooledTest:
+    """The pooled test of `diffs` (child - control per seed pair) against `null` (differences
+    between runs of one harness); needs len(null) + len(diffs) >= 2."""
+    n, m = len(diffs), len(null)
+    if n < 1 or n + m < 2:
+        raise ValueError(f"a pooled test needs a gain and two values in all, got {n} gains and {m} null differences")
+    mean = sum(diffs) / n
+    ss = sum(r * r for r in null) + sum((d - mean) ** 2 for d in diffs)
+    df = m + n - 1
+    return PooledTest(mean, math.sqrt(ss / df) / math.sqrt(n), df, n)
 
 
 def bootstrap_ci(xs: Sequence[float], level: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> tuple[float, float]:

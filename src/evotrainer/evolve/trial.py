@@ -3,7 +3,8 @@
     plan (the agent failed?) -> candidate: commit, legality, this run's backend -> design gate
     -> diagnostic replay (a change to diagnostics.py alone is kept here, untrained)
     -> backtest on the parent's rollouts, and the equivalent-twin check -> backtest gate
-    -> train against the control -> promotion gate (gate.gate) -> completion gate -> record
+    -> train against the control -> promotion gate (gate.gate; an inconclusive but promising
+    child trains more seed pairs, one at a time) -> completion gate -> record
 
 A stage returns what the next one needs, or an Outcome that ends the trial; `record` turns
 whichever outcome came into the trial's lineage row, so every exit is written one way. At
@@ -28,12 +29,15 @@ from evotrainer.evolve.diagnosis import Replayed, replay_revised
 from evotrainer.evolve.gate import gate
 from evotrainer.evolve.plan import TrialPlan
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
+from evotrainer.evolve.stats import null_differences
 from evotrainer.harness.versions import PatchError
 from evotrainer.labels import Label
 from evotrainer.lineage import TrialRecord
 
 if TYPE_CHECKING:
     from evotrainer.evolve.controller import Controller
+
+EXTRA_PAIR_DATA = 700  # an extra pair's data offset from its seed's (replicas share the run's data)
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,35 @@ class Trial:
         ctl._event("control_finished", state=dataclasses.asdict(control))
         return control, child
 
+    def extra_pair(self, k: int) -> tuple[float, float] | Outcome:
+        """The k-th extra seed pair of a sequential gate: the child and its control (the parent's
+        harness, as for the run's seeds) on problems no other pair saw, started where the run's
+        seed (k-1) mod n started. The control's pair is shared by every child of the parent at
+        this depth. Returns (child, control) validation fitness, or how the child failed."""
+        ctl, parent, depth = self.ctl, self.parent, self.parent.depth + 1
+        seed = ctl.cfg.seeds[(k - 1) % len(ctl.cfg.seeds)]
+        start = State(parent.version, 0, {}, {}, {}) if ctl.restart else parent
+        pairs, offset = ctl.run_dir / "pairs", EXTRA_PAIR_DATA + k
+
+        def segment(version: str, name: str) -> Segment:
+            return Segment(version, start, depth, pairs / name, data_offset=offset, seeds=(seed,))
+        child_seg = segment(self.version, f"{self.version}-p{k}")
+        done = [e for e in ctl.store.events("pair_control_finished")
+                if (e["version"], e["depth"], e["pair"]) == (parent.version, depth, k)]
+        if done:
+            (child,) = ctl.training.train([child_seg], self.clock)
+            control_val = done[-1]["val"]
+        else:
+            child, control = ctl.training.train([child_seg, segment(parent.version, f"{parent.version}-d{depth}-p{k}")],
+                                                self.clock)
+            if isinstance(control, SegmentFailed):
+                raise ControlFailed(f"the control of {parent.version}, extra pair {k}, failed: {control}") from None
+            control_val = control.val[seed]
+            ctl._event("pair_control_finished", version=parent.version, depth=depth, pair=k, val=control_val)
+        if isinstance(child, SegmentFailed):
+            return Outcome(child.label, f"extra seed pair {k}: {child.detail}", budgets=self.clock.budgets())
+        return child.val[seed], control_val
+
     def read(self, segment: Segment, dirs: dict[int, str]) -> None:
         """A trained segment's findings, read while it is scored (the gate and the next proposal
         read them); and the next trial's backtest worker starts up beside the scoring too."""
@@ -223,8 +256,16 @@ class Trial:
         self.ctl.prewarm()  # where no segment was read (it is started once: a no-op after `read`)
         findings = self.ctl._findings(child)
         blocking = [f"{f['diagnostic']} = {f['value']:g}" for f in findings if f["blocking"]]
-        decision = gate(child.val, control.val, blocking, self.ctl.cfg.gate, noise_sd=self._noise_sd())
-        fitness = child.fitness() | {"control_val": control.val, "gain": decision.gain, "threshold": decision.threshold}
+        null, extra = self._null(), []
+        while (decision := gate(child.val, control.val, blocking, self.ctl.cfg.gate, null, extra)).more:
+            self.stage(f"gate: {decision.reasons[0]}")
+            pair = self.extra_pair(len(extra) + 1)
+            if isinstance(pair, Outcome):
+                return dataclasses.replace(pair, patch=patch, screened=screened)
+            extra.append(pair)
+        fitness = child.fitness() | {"control_val": control.val, "gain": decision.gain, "se": decision.se,
+                                     "threshold": decision.threshold, "rule": decision.rule,
+                                     "extra_pairs": [list(p) for p in extra]}
         judged = Outcome(decision.label, "; ".join(decision.reasons), patch, screened, fitness, findings,
                          self.clock.budgets(), state=child)
         if self.ask("completion", label=decision.label, gain=decision.gain, val=child.val,
@@ -263,7 +304,7 @@ class Trial:
             raise approval.Revise(d["feedback"])
         return d["decision"]
 
-    def _noise_sd(self) -> float:
-        """The noise floor the root trial measured (sd of a paired difference between runs of one harness)."""
+    def _null(self) -> list[float]:
+        """The null the root trial measured: its noise replicas minus itself, seed by seed."""
         root = next(t for t in self.ctl.store.trials() if t.id == 0)
-        return root.fitness.get("noise_sd", 0.0)
+        return null_differences(root.fitness["val"], root.fitness.get("replicas", []))

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from evotrainer.evolve.final import ci_name
 from evotrainer.report.charts import Chart, HLine, Series, plotly_div, svg
 from evotrainer.report.gather import CURVES, RunData, Version, gather
 from evotrainer.report.tree import color, tree_svg
@@ -67,8 +68,9 @@ def fitness_chart(versions: list[Version]) -> Chart:
 def gate_chart(versions: list[Version], noise_sd: float | None) -> Chart:
     gated = [v for v in versions if v.gain is not None]
     names = [f"#{v.trial} {v.intervention}" for v in gated]
-    lines = (HLine(200 * noise_sd, "2 x noise sd", "#d62728"),) if noise_sd else ()
-    return Chart("gate", "paired validation gain over the control, and the bar it had to beat", "trial", "points",
+    lines = (HLine(100 * noise_sd, "noise sd (one pair)", "#d62728"),) if noise_sd else ()
+    return Chart("gate", "paired validation gain over the control, and the bar it had to beat (min_gain plus "
+                 "the one-sided t margin of the pooled test)", "trial", "points",
                  (Series("gain", names, [100 * v.gain for v in gated]),
                   Series("bar", names, [100 * v.bar if v.bar is not None else None for v in gated])),
                  kind="bar", hlines=lines)
@@ -106,7 +108,7 @@ def final_chart(final: dict) -> Chart:
     arms = tuple(Series(arm, [n for _, n in splits], [mean_sd(s, arm)[0] for s, _ in splits],
                         err=[(m - sd, m + sd) for m, sd in (mean_sd(s, arm) for s, _ in splits)])
                  for arm in ("reference", "evolved"))
-    diff = Series("evolved - reference (95% CI)", [n for _, n in splits],
+    diff = Series(f"evolved - reference ({ci_name(final['comparison']['test']['difference'])})", [n for _, n in splits],
                   [final["comparison"][s]["difference"]["mean"] for s, _ in splits],
                   err=[tuple(final["comparison"][s]["difference"]["ci"]) for s, _ in splits])
     return Chart("final-chart", "final comparison on fresh seeds (bars: mean; whiskers: sd, or the CI)", "split",
@@ -122,7 +124,8 @@ def glance(data: RunData) -> str:
             ("device", st.get("device")), ("sandbox", st.get("sandbox")),
             ("trials", f"{st['trials']} finished, {len(data.in_flight)} in flight: "
                        + ", ".join(f"{k} {v}" for k, v in st["labels"].items())),
-            ("noise floor", f"sd of a paired re-run of the root: {100 * data.noise_sd:.2f} points"
+            ("noise floor", f"sd of a paired re-run of the root (same problems, other sampling seeds), the "
+                            f"gate's null: {100 * data.noise_sd:.2f} points"
              if data.noise_sd is not None else "not measured yet"),
             ("time", f"{st['wall_s']:.0f} s controller wall, {st['train_s']:.0f} s training, {st['eval_s']:.0f} s "
                      f"evaluation, framework overhead {st['framework_overhead']}")]
@@ -188,7 +191,7 @@ def final_section(data: RunData) -> str:
         tds = []
         for split in ("val", "test"):
             x = f["comparison"][split][arm]
-            ci = f" [{x['ci'][0]:+.1f}, {x['ci'][1]:+.1f}]" if "ci" in x else ""
+            ci = f" {ci_name(x)} [{x['ci'][0]:+.1f}, {x['ci'][1]:+.1f}]" if "ci" in x else ""
             sd = "" if x["sd"] != x["sd"] else f" ± {x['sd']:.1f}"   # nan with one seed
             tds.append(f"<td>{x['mean']:.1f}{sd}{ci}</td><td>{esc(x['per_seed'])}</td>")
         cells.append(f"<tr><th>{'evolved - reference' if arm == 'difference' else arm}</th>{''.join(tds)}</tr>")
