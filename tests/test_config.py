@@ -14,9 +14,10 @@ def load(tmp_path, text):
 def test_a_full_config_loads_with_types(tmp_path):
     cfg = load(tmp_path, "task: arith\nlevel: 3\npolicy: restart\nseeds: [0, 1, 2]\n"
                          "base: {target_acc: 0.1}\nbudget: {trials: 4, wall_clock_s: 600}\n"
-                         "gate: {z: 1}\n")
+                         "gate: {alpha: 0.05}\nevaluation: {every: 10}\n")
     assert cfg.policy == "restart" and cfg.seeds == (0, 1, 2) and cfg.base.target_acc == 0.1
-    assert cfg.budget.trials == 4 and cfg.budget.wall_clock_s == 600.0 and cfg.gate.z == 1.0
+    assert cfg.budget.trials == 4 and cfg.budget.wall_clock_s == 600.0 and cfg.gate.alpha == 0.05
+    assert cfg.evaluation.every == 10 and cfg.evaluation.last_k == 2 and cfg.gate.replicas == 2
     assert cfg.budget.steps_per_segment == 50  # untouched defaults stay
     assert load(tmp_path, "task: rg:chain_sum\n") == RunConfig(task="rg:chain_sum")
     cfg = load(tmp_path, "task: arith\nagent: llm\nllm: {base_url: 'http://localhost:8000/v1', model: m}\n"
@@ -36,7 +37,13 @@ def test_a_full_config_loads_with_types(tmp_path):
     ("task: arith\npolicy: greedy\n", ["'policy' must be one of continue, restart"]),
     ("task: arith\nbudget: {trials: many}\n", ["'budget.trials' must be int, got 'many'"]),
     ("task: arith\nbudget: 3\n", ["'budget' must be a mapping"]),
-    ("task: arith\ngate: {last_k: 0}\n", ["'gate.last_k' must be >= 1"]),
+    ("task: arith\nevaluation: {last_k: 0}\n", ["'evaluation.last_k' must be >= 1"]),
+    ("task: arith\nevaluation: {every: -1}\n", ["'evaluation.every' must be >= 0"]),
+    ("task: arith\ngate: {last_k: 2}\n", ["'gate.last_k' is now 'evaluation.last_k'"]),
+    ("task: arith\ngate: {z: 2.0}\n", ["'gate.z' is now 'gate.alpha'"]),
+    ("task: arith\ngate: {alpha: 0.7}\n", ["'gate.alpha' must be in (0, 0.5)"]),
+    ("task: arith\nseeds: [0]\ngate: {replicas: 0}\n", ["'gate.replicas' must be >= 1"]),
+    ("task: arith\ngate: {extra_pairs: -1}\n", ["'gate.extra_pairs' must be >= 0"]),
     ("task: [arith\n", ["malformed YAML"]),
     ("task: arith\ngates: [design, review]\n", ["'gates' must name points among design, backtest, completion",
                                                 "'review'"]),

@@ -29,7 +29,7 @@ def cli(*args, cwd=None, timeout=900):
 
 
 def harness(tmp_path, name="h", files=None, **knobs):
-    return write_harness(tmp_path / name, files, **{"eval_every": 1, **knobs})
+    return write_harness(tmp_path / name, files, **knobs)
 
 
 def metrics(out):
@@ -39,11 +39,11 @@ def metrics(out):
 @pytest.mark.parametrize("backend", ["embedded", "trl"])
 def test_a_hugging_face_model_trains_with_each_backend_its_reward_rises_and_the_evaluator_scores_it(
         tmp_path, tiny_qwen, backend):
-    h = harness(tmp_path, reward="digit_share", lr=3e-3, prompts_per_step=8, group_size=8, eval_every=15,
+    h = harness(tmp_path, reward="digit_share", lr=3e-3, prompts_per_step=8, group_size=8,
                 files={"reward.py": DIGITS})
     out = tmp_path / "out"
     summary = cli("train", "--task", "arith", "--level", "2", "--model", tiny_qwen, "--harness", h,
-                  "--backend", backend, "--steps", 30, "--out", out)
+                  "--backend", backend, "--steps", 30, "--eval-every", 15, "--out", out)
     rewards = [m["reward_mean"] for m in metrics(out)]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.15, (first, last)
@@ -59,7 +59,8 @@ def run_config(tmp_path, task, model, level=None, backend="embedded", final_seed
     cfg = {"task": task, "model": str(model), "backend": backend, "device": "cpu", "harness": str(root),
            "seeds": [0], "final_seeds": list(final_seeds), "search": {"skills": str(tmp_path / "skills.sqlite")},
            "budget": {"trials": 1, "steps_per_segment": 2, "total_steps": 4, "trial_timeout_s": 300},
-           "gate": {"replicas": 0}}  # no noise-floor replica: these runs test plumbing, not gains
+           "gate": {"replicas": 1},  # one replica, the least the gate needs with one seed: plumbing, not gains
+           "evaluation": {"every": 1}}
     if level is not None:
         cfg["level"] = level
     path = tmp_path / "run.yaml"
@@ -114,7 +115,7 @@ def test_a_task_defined_outside_the_package_goes_through_train_and_run(tmp_path,
     h = harness(tmp_path)
     out = tmp_path / "train"
     summary = cli("train", "--task", "my_tasks:AnyDigit", "--model", ckpt, "--harness", h, "--steps", 2,
-                  "--out", out, cwd=here)
+                  "--eval-every", 1, "--out", out, cwd=here)
     # the user's verifier ran in the training worker and in the evaluator: a random policy writes a digit often
     assert summary["task"] == "my_tasks:AnyDigit"
     assert 0 < sum(m["score_mean"] for m in metrics(out)) and 0 < summary["val"] < 1
@@ -154,7 +155,7 @@ def test_a_jsonl_math_task_scored_by_math_verify_goes_through_train_and_run(tmp_
     model = constant_answer_model(tmp_path / "half", "1/2")
     h = harness(tmp_path)
     summary = cli("train", "--task", f"jsonl:{data}?verifier=math", "--model", model, "--harness", h,
-                  "--steps", 2, "--out", tmp_path / "train")
+                  "--steps", 2, "--eval-every", 1, "--out", tmp_path / "train")
     assert 0.3 < summary["base_val"] < 0.7 and 0.3 < summary["val"] < 0.7   # the evaluator: math-verify
     assert sum(m["score_mean"] for m in metrics(tmp_path / "train")) > 0   # the training worker: math-verify too
     from evotrainer.tasks import get_task  # the same rows under exact match: "1/2" is never right

@@ -88,7 +88,8 @@
       min_gain: 0.01             # the gain's lower confidence bound must clear this (about 2x the
                                  # sampling error of 500 problems)
       replicas: 2                # re-runs of the root segment on the same problems with other sampling
-                                 # seeds: they measure the null (the spread of a difference when nothing changed)
+                                 # seeds: they measure the null (the spread of a difference when nothing
+                                 # changed); 0: the seeds' own spread alone (2+ seeds; little power)
       extra_pairs: 2             # an inconclusive but promising child trains this many more paired
                                  # seeds, one at a time, before it is decided (0: decide on `seeds` alone)
 
@@ -314,8 +315,9 @@ class RunConfig:
              f"must be <= budget.total_steps ({b.total_steps}), got {b.steps_per_segment}")
         need(0 < self.gate.alpha < 0.5, "gate.alpha", f"must be in (0, 0.5), got {self.gate.alpha}")
         need(self.gate.min_gain >= 0, "gate.min_gain", f"must be >= 0, got {self.gate.min_gain}")
-        need(self.gate.replicas >= 1, "gate.replicas",
-             f"must be >= 1 (the gate's null is measured by them), got {self.gate.replicas}")
+        need(self.gate.replicas >= 1 or (self.gate.replicas == 0 and len(self.seeds) >= 2), "gate.replicas",
+             f"must be >= 1 (the gate's null is measured by them), or 0 with 2 or more seeds (the seeds' "
+             f"own spread alone, which has little power), got {self.gate.replicas} with {len(self.seeds)} seed(s)")
         need(self.gate.extra_pairs >= 0, "gate.extra_pairs", f"must be >= 0, got {self.gate.extra_pairs}")
         need(self.evaluation.every >= 0, "evaluation.every", f"must be >= 0 (0: only at the end), got {self.evaluation.every}")
         need(self.evaluation.last_k >= 1, "evaluation.last_k", f"must be >= 1, got {self.evaluation.last_k}")
