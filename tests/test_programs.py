@@ -211,12 +211,23 @@ def test_a_setsid_daemon_does_not_survive(level):
     assert processes_with(marker) == []
 
 
+@pytest.mark.parametrize("level", [LEVEL, Isolation.NONE])
+def test_a_program_works_in_its_batchs_scratch_directory_not_the_callers(level):
+    o = one("import os\ndef add(a, b):\n    return os.getcwd()\n", cases=((0, 0),), expected=("",), level=level)
+    cwd = Path(o.error.split("returned '")[1].split("'")[0])
+    assert cwd.name.startswith("evotrainer-programs-") and cwd != Path.cwd() and not cwd.exists()
+
+
 @namespaces_only
 def test_the_expected_values_are_not_in_the_programs_process():
     """The program looks for them everywhere it can: its own memory and files, the driver's
-    memory, environment and stdin, and every process's command line."""
+    memory, environment and stdin, and every process's command line. Of the files it sees it
+    reads those written since the values were drawn, the only ones that could hold them: the
+    rest, the Python environment included (visible under /tmp for a clone there), is older and
+    can be GBs, more than a program reads in its time."""
+    since = time.time() - 1  # (a file's mtime may lag the clock by a tick)
     want = secrets.randbelow(10**15) + 10**15
-    thief = r'''
+    thief = f"SINCE = {since!r}\n" + r'''
 import gc, json, os, re, sys
 def grab(blob):
     m = re.search(rb'"expected": \[(\d+)', blob)
@@ -251,8 +262,11 @@ def add(a, b):
     for root in (".", "/tmp"):
         for dirpath, _, files in os.walk(root):
             for f in files:
+                path = os.path.join(dirpath, f)
                 try:
-                    found = grab(open(os.path.join(dirpath, f), "rb").read())
+                    if os.stat(path).st_mtime < SINCE:
+                        continue
+                    found = grab(open(path, "rb").read())
                 except OSError:
                     continue
                 if found:

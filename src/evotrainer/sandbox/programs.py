@@ -18,6 +18,8 @@ beside another: a program cannot stop, kill or read a neighbour. One program at 
 purpose: all run as one user, and a program beside another could kill it to raise its own
 share of a GRPO group's reward. The driver's report comes back as one JSON object on stdout,
 checked here; anything malformed makes every outcome a runtime_error, never a crash.
+The driver, and every program, works in the batch's own scratch directory (removed
+afterwards), never in the caller's.
 
 Outputs are compared with strict equality after a JSON round trip of both (same JSON type
 at every level: True is not 1, 2.0 is not 2; an object with its own __eq__ is not JSON and
