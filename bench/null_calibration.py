@@ -1,0 +1,193 @@
+"""Does the gate keep a child with no effect at most `gate.alpha` of the time, and does the
+final comparison's interval say 'beat' no more often than its level allows?
+
+Two modes:
+
+    .venv/bin/python bench/null_calibration.py --simulate     # seconds: the real gate and
+        # interval code on simulated normal noise, new rules beside the old ones
+    .venv/bin/python bench/null_calibration.py                # real runs (~1 hour on 2 cores)
+
+Real mode, on the quickstart's task and base (configs/quickstart.yaml) with shorter training:
+
+- Null trials through the real loop: `--runs` independent runs (each its own search seeds,
+  so its own noise replicas) of `--trials` trials each, where the agent proposes a change
+  with no effect: `top_k` above the vocabulary size (sampling is unchanged; only the
+  harness's content, and so its sampling stream, differs). The backtest's twin check would
+  call such a child equivalent and never train it, so backtests are off here: every null
+  child trains against its control and meets the real gate, extra seed pairs included.
+  Prints the false-keep rate with its exact binomial 95% CI beside alpha, and what the
+  previous gate (z = 2 against max(the seeds' se, the noise sd / sqrt(n))) would have said
+  on the same numbers. The trials of one run share its measured null, so they are not
+  independent: the interval is optimistic by that much, which is why the runs are several.
+- Null final comparisons: the reference and a no-op copy trained from the base on fresh
+  seeds by the final comparison's own replay, grouped into disjoint triples (the default
+  `final_seeds` count): how often the 95% t interval says 'beat' (nominal 2.5%) and misses
+  zero (nominal 5%), beside the old percentile bootstrap on the same triples; and over
+  every triple of the seeds (not independent; a steadier estimate of the same rates).
+
+Trained work is kept under bench-runs/null-calibration (delete it to measure again).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+    os.environ.setdefault(var, "1")  # nothing here downloads
+
+from evotrainer.agents.catalog import Proposal  # noqa: E402
+from evotrainer.config import GateConfig, config_from_dict  # noqa: E402
+from evotrainer.evolve.calibration import Rate, old_gate_keeps, simulate_gate, simulate_interval  # noqa: E402
+from evotrainer.evolve.controller import Controller  # noqa: E402
+from evotrainer.evolve.replay import Arm, replay  # noqa: E402
+from evotrainer.evolve.stats import bootstrap_ci, null_differences, paired_differences, t_interval  # noqa: E402
+from evotrainer.harness import REFERENCE  # noqa: E402
+from evotrainer.labels import Label  # noqa: E402
+from evotrainer.lineage import LineageStore  # noqa: E402
+
+NO_OP_TOP_K = 100_000  # above any vocabulary here: filter_logits keeps every token
+
+
+def null_agent(ctx) -> Proposal:
+    """A change with no effect on what is learned: top_k above the vocabulary (a new value each
+    trial, so each child is a new harness with its own sampling stream)."""
+    return Proposal(intervention=f"null-{ctx.trial}", family="exploration",
+                    hypothesis="top_k above the vocabulary changes nothing but the sampling stream",
+                    frozen="everything else", success_criterion="none: a null child", rollback="-",
+                    knobs={"top_k": NO_OP_TOP_K + ctx.trial}, agent="null")
+
+
+def bench_config(config: Path, seeds: list[int], trials: int, steps: int) -> dict:
+    raw = yaml.safe_load(config.read_text())
+    raw |= {"seeds": seeds, "final_seeds": [], "agent": "rules",
+            "search": {"selection": "greedy", "crossover": False, "escalation": False, "skills": None}}
+    raw["budget"] = raw.get("budget", {}) | {"trials": trials, "total_steps": steps, "steps_per_segment": steps,
+                                             "wall_clock_s": 10 ** 6}
+    return raw
+
+
+def null_trials(config: Path, runs: int, trials: int, steps: int, out: Path) -> tuple[list[dict], Controller]:
+    rows, ctl = [], None
+    for r in range(runs):
+        raw = bench_config(config, [2 * r + 10, 2 * r + 11], trials, steps)
+        cfg = config_from_dict(raw).validate()
+        run = out / f"gate-run-{r}"
+        t = time.time()
+        ctl = Controller(cfg, run, agent=null_agent, run_backtests=False,
+                         on_event=lambda kind, data: kind == "trial_finished" and print(
+                             f"  run {r}: trial {data.get('trial')} {data.get('label')}", flush=True))
+        ctl.run()
+        store = LineageStore(run / "lineage.sqlite")
+        try:
+            ts = store.trials()
+        finally:
+            store.close()
+        root = next(t_ for t_ in ts if t_.id == 0)
+        null = null_differences(root.fitness["val"], root.fitness["replicas"])
+        for tr in ts:
+            if not tr.parents or tr.label not in (Label.KEPT, Label.DISCARDED, Label.INVALID):
+                continue
+            f = tr.fitness
+            first = paired_differences(f["val"], f["control_val"])
+            rows.append({"run": r, "trial": tr.id, "label": tr.label, "gain": f["gain"], "rule": f.get("rule"),
+                         "pairs": len(first) + len(f.get("extra_pairs", [])), "first": first, "null": null,
+                         "old_keep": old_gate_keeps(first, null, min_gain=cfg.gate.min_gain)})
+        print(f"  run {r}: {len(rows)} null trials so far, {time.time() - t:.0f} s; noise sd "
+              f"{100 * root.fitness.get('noise_sd', 0):.2f} points", flush=True)
+    return rows, ctl
+
+
+def null_finals(ctl: Controller, finals: int, steps: int, out: Path) -> dict:
+    """The reference against a no-op copy on 3 x `finals` fresh seeds, through the final's replay."""
+    copy = out / "no-op-copy"
+    if not copy.exists():
+        shutil.copytree(REFERENCE, copy)
+        with open(copy / "knobs.yaml", "a") as f:
+            f.write(f"top_k: {NO_OP_TOP_K}\n")
+    seeds = list(range(300, 300 + 3 * finals))
+    arms = {"reference": Arm((str(REFERENCE),), steps), "copy": Arm((str(copy),), steps)}
+    rep = replay(ctl.task, ctl.base, arms, seeds, out / "finals", ctl.cfg.evaluation, 3600, 0, ctl.runtime,
+                 ctl.cfg.worker_memory_mb)
+    diffs = {s: rep.scores["copy"][s]["test"] - rep.scores["reference"][s]["test"] for s in seeds}
+    (out / "finals.json").write_text(json.dumps({str(s): d for s, d in diffs.items()}))
+    return diffs
+
+
+def interval_rates(triples: list[list[float]]) -> dict:
+    out = {}
+    for name, ci in (("t", t_interval), ("bootstrap", bootstrap_ci)):
+        cis = [ci(xs) for xs in triples]
+        out[name] = {"beat": Rate(sum(lo > 0 for lo, _ in cis), len(cis)),
+                     "miss": Rate(sum(not lo <= 0 <= hi for lo, hi in cis), len(cis))}
+    return out
+
+
+def simulated() -> None:
+    cfg = GateConfig()
+    print(f"simulated: the real gate on normal noise (sd 2.2 points), alpha {cfg.alpha}, "
+          f"{cfg.replicas} replicas, {cfg.extra_pairs} extra pairs at most; 20,000 null trials a row")
+    print(f"{'seeds':>5} {'replicas':>8}  {'new gate keeps':>34}  {'old gate keeps':>34}  {'pairs':>5}")
+    for seeds, reps in ((2, 1), (2, 2), (3, 2)):
+        r = simulate_gate(0.0, seeds=seeds, replicas=reps)
+        print(f"{seeds:>5} {reps:>8}  {str(r['new']):>34}  {str(r['old']):>34}  {r['mean_pairs']:5.2f}")
+    print("\npower (2 seeds, 2 replicas): how often a real gain is kept; 4,000 trials a row")
+    for effect, name in ((0.022, "+2.2 points (1 sd)"), (0.044, "+4.4 (2 sd)"), (0.066, "+6.6 (3 sd)"),
+                         ([0.547, 0.16], "+54.7 and +16.0 (issue 32's run)")):
+        r = simulate_gate(effect, trials=4000)
+        print(f"  {name:34} new {str(r['new']):34} old {str(r['old']):34} pairs {r['mean_pairs']:.2f}")
+    print("\nnull final comparisons: how often a 95% interval misses 0 (nominal 5%) and says 'beat' (2.5%)")
+    for n in (2, 3, 5):
+        r = simulate_interval(n)
+        print(f"  {n} seeds: t interval misses {r['t_miss']}, beats {r['t_beat']}; "
+              f"percentile bootstrap misses {r['boot_miss']}, beats {r['boot_beat']}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--simulate", action="store_true", help="only the simulated mode (seconds)")
+    p.add_argument("--config", type=Path, default=ROOT / "configs" / "quickstart.yaml")
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--trials", type=int, default=8, help="null trials per run")
+    p.add_argument("--finals", type=int, default=14, help="null final comparisons (3 seeds each)")
+    p.add_argument("--steps", type=int, default=50, help="training steps per segment")
+    p.add_argument("--out", type=Path, default=ROOT / "bench-runs" / "null-calibration")
+    args = p.parse_args()
+    if args.simulate:
+        return simulated()
+    import transformers
+    transformers.logging.disable_progress_bar()
+    t0 = time.time()
+    rows, ctl = null_trials(args.config, args.runs, args.trials, args.steps, args.out)
+    (args.out / "null_trials.json").write_text(json.dumps(rows, indent=2))
+    alpha = ctl.cfg.gate.alpha
+    keeps = Rate(sum(r["label"] == Label.KEPT for r in rows), len(rows))
+    old = Rate(sum(r["old_keep"] for r in rows), len(rows))
+    print(f"\nnull trials through the real gate ({args.runs} runs x {args.trials}, {args.steps} steps a segment): "
+          f"kept {keeps} (alpha {100 * alpha:.1f}%); the old gate on the same first-look numbers: kept {old} "
+          f"(nominal ~2.3%); mean seed pairs {sum(r['pairs'] for r in rows) / max(len(rows), 1):.2f}; "
+          f"rules {dict((k, sum(r['rule'] == k for r in rows)) for k in ('keep', 'discard'))}")
+    diffs = null_finals(ctl, args.finals, args.steps, args.out)
+    seeds = sorted(diffs)
+    disjoint = [[diffs[s] for s in seeds[i:i + 3]] for i in range(0, len(seeds) - 2, 3)]
+    every = [[diffs[s] for s in c] for c in itertools.combinations(seeds, 3)]
+    for name, triples in ((f"{len(disjoint)} disjoint triples", disjoint), (f"all {len(every)} triples", every)):
+        r = interval_rates(triples)
+        print(f"null finals, {name}: t interval says 'beat' {r['t']['beat']}, misses 0 {r['t']['miss']}; "
+              f"percentile bootstrap says 'beat' {r['bootstrap']['beat']}, misses 0 {r['bootstrap']['miss']}")
+    sd = (sum(d * d for d in diffs.values()) / len(diffs)) ** 0.5
+    print(f"null final differences: sd {100 * sd:.2f} test points over {len(diffs)} seeds; "
+          f"wall {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
