@@ -1,11 +1,20 @@
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
 # the tests never download: every model they use is built on the fly (set before transformers loads)
 for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ[_var] = "1"
+
+# nothing lands in the user's cache or data: the tests' split keys, cached bases and skill
+# libraries stay in the clone (.gitignore'd), reused by its next test run. Set before
+# evotrainer is imported (evotrainer/paths.py reads them once) and inherited by every
+# command the tests start.
+TEST_HOME = Path(__file__).resolve().parents[1] / ".test-home"
+os.environ["XDG_CACHE_HOME"] = str(TEST_HOME / "cache")
+os.environ["XDG_DATA_HOME"] = str(TEST_HOME / "data")
 
 
 from evotrainer.harness import REFERENCE
@@ -26,13 +35,6 @@ def readable(path):
 def _readable_tmp_path(request):
     if "tmp_path" in request.fixturenames:
         readable(request.getfixturevalue("tmp_path"))
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _split_keys(tmp_path_factory):
-    """Runs keep their split keys (tasks/keys.py) in the user's cache; the tests' keys stay here."""
-    from evotrainer.tasks import keys
-    keys.DEFAULT_CACHE = tmp_path_factory.mktemp("cache")
 
 
 @pytest.fixture(scope="session")

@@ -3,11 +3,14 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from conftest import TEST_HOME
 from evotrainer.cli import main
 from evotrainer.harness import REFERENCE
+from evotrainer.tasks.keys import key_path
 
 
 def harness_with(tmp_path, knobs_text: str):
@@ -108,6 +111,10 @@ def test_train_command_end_to_end_prints_summary_json_last(tmp_path, ckpt):
     assert len((out_dir / "metrics.jsonl").read_text().splitlines()) == 3
     assert len((out_dir / "evidence.jsonl").read_text().splitlines()) == 3 * 64 * 8  # reference: 64 prompts x 8
     assert (out_dir / "harness" / "knobs.yaml").exists()
+    # the model's split key was made in the tests' cache (conftest.py), not the user's
+    key = key_path(f"model:{ckpt}|arith/3")
+    assert key.is_relative_to(TEST_HOME) and key.exists()
+    assert not (Path.home() / ".cache" / "evotrainer" / "keys" / key.name).exists()
 
 
 def test_missing_checkpoint_via_subprocess_has_no_traceback(tmp_path):

@@ -8,9 +8,10 @@ trial, task, label, gain): those rows are the validation evidence, and the effec
 rate and the domains where it held are computed from them, never stored twice. A skill
 is *general* once it held (was kept with a positive mean gain) on two or more tasks.
 
-The library is one SQLite file (default ~/.local/share/evotrainer/skills.sqlite, set by
-`search.skills` in the run config), shared by runs and tasks. An outcome is keyed by
-(run, trial), so a resumed run that records it again changes nothing.
+The library is one SQLite file (default ~/.local/share/evotrainer/skills.sqlite, under
+$XDG_DATA_HOME where that is set; `search.skills` in the run config), shared by runs and
+tasks. An outcome is keyed by (run, trial), so a resumed run that records it again changes
+nothing.
 
 `rank` is pure: it orders the rules agent's applicable proposals by what the matching
 skills measured, so a library learned on one task steers the first choices on another.
@@ -28,8 +29,9 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from evotrainer.labels import HELD_UP, Label
+from evotrainer.paths import DATA
 
-DEFAULT_LIBRARY = Path.home() / ".local" / "share" / "evotrainer" / "skills.sqlite"
+DEFAULT_LIBRARY = DATA / "skills.sqlite"  # $XDG_DATA_HOME/evotrainer
 GENERAL_AFTER = 2   # tasks where a skill must have held before it counts as general
 
 SCHEMA = """

@@ -13,7 +13,7 @@ import os
 import secrets
 from pathlib import Path
 
-DEFAULT_CACHE = Path.home() / ".cache" / "evotrainer"
+from evotrainer.paths import CACHE as DEFAULT_CACHE  # $XDG_CACHE_HOME/evotrainer
 
 
 def key_dir(cache_dir: Path | None = None) -> Path:
