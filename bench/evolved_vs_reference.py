@@ -1,11 +1,11 @@
-"""Evolved harness vs the reference recipe, on fresh seeds, with a bootstrap CI of the difference.
+"""Evolved harness vs the reference recipe, on fresh seeds, with a t interval of the difference.
 
 For each config (default: the quickstart task and 3-digit addition) this runs the whole
 product: the evolution loop on the config's search seeds, then the final comparison, which
 replays the winner's harness schedule from the base on N fresh seeds (never used by the
 search) beside the reference recipe trained the same total steps on the same seeds. Each
 seed's accuracy is the mean of its last evaluations; the difference is paired by seed and
-its 95% CI is a percentile bootstrap over seeds.
+its 95% CI is a Student t interval over seeds (n - 1 degrees of freedom).
 
     .venv/bin/python bench/evolved_vs_reference.py                     # both configs, 5 fresh seeds
     .venv/bin/python bench/evolved_vs_reference.py --configs configs/quickstart.yaml --seeds 8

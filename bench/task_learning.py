@@ -10,8 +10,8 @@ under --out (a control such as `vault?tool=off` shares the open task's bases). E
 seed) trains the reference harness `--steps` steps in a sandboxed worker, and the evaluator
 scores the base and the result on the test split (greedy; codegen: solved only when every
 hidden test passes; vault: the episode played to its answer). The gain is trained minus base, paired
-by construction; per base the mean over seeds with a t interval, over all a crossed
-bootstrap (bases and seeds resampled), so the claim does not hinge on one base or one seed.
+by construction; per base the mean over seeds with a t interval, over all a t interval over
+the bases' means (bases are the independent draws), so the claim does not hinge on one base or one seed.
 
 `--sampled N` adds pass@1 at temperature 1 from N samples per test problem (what RL sees),
 base and trained, scored by the evaluator in its own process. A multi-turn base can be far
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -29,19 +28,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from evotrainer.evolve.stats import crossed_bootstrap_ci, mean_se  # noqa: E402
+from evotrainer.evolve import stats  # noqa: E402
+from evotrainer.evolve.stats import clustered_t_interval  # noqa: E402
 from evotrainer.executors.worker import run_in_worker  # noqa: E402
 from evotrainer.pretrain import PretrainConfig, pretrain  # noqa: E402
 from evotrainer.tasks import get_task  # noqa: E402
 from evotrainer.train import train_run  # noqa: E402
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
 def t_interval(xs: list[float]) -> tuple[float, float, float]:
-    m, se = mean_se(xs)
-    half = T975.get(len(xs) - 1, 1.96) * se if len(xs) > 1 else math.nan
-    return m, m - half, m + half
+    """Mean and the 95% t interval (stats.t_interval; n - 1 degrees of freedom)."""
+    return (sum(xs) / len(xs), *stats.t_interval(xs))
 
 
 def sampled_pass1(task, checkpoint: Path, n: int) -> float:
@@ -104,7 +100,7 @@ def main() -> None:
 
 def table(rows: dict[int, dict[int, dict]], key: str) -> None:
     """Per base: its accuracy, the trained seeds', their mean gain with a t interval; then all
-    pairs with a crossed bootstrap. key: "test" (greedy) or "sampled"; the base's is base_<key>."""
+    pairs with a t interval over the bases' means. key: "test" (greedy) or "sampled"; the base's is base_<key>."""
     gains_by_base = []
     for b, by_seed in rows.items():
         gains = [100 * (r[key] - r[f"base_{key}"]) for r in by_seed.values()]
@@ -114,9 +110,9 @@ def table(rows: dict[int, dict[int, dict]], key: str) -> None:
         print(f"{b:>4} {100 * next(iter(by_seed.values()))[f'base_{key}']:>9.1f} {trained:>24} {m:>+6.1f} "
               f"[{lo:+6.1f}, {hi:+6.1f}]")
     flat = [g for row in gains_by_base for g in row]
-    lo, hi = crossed_bootstrap_ci(gains_by_base)
+    lo, hi = clustered_t_interval(gains_by_base)
     print(f"\nall {len(flat)} (base, seed) pairs: mean gain {sum(flat) / len(flat):+.1f} points, "
-          f"95% crossed bootstrap CI [{lo:+.1f}, {hi:+.1f}], smallest {min(flat):+.1f}")
+          f"95% t interval over the {len(gains_by_base)} bases' means [{lo:+.1f}, {hi:+.1f}], smallest {min(flat):+.1f}")
 
 
 if __name__ == "__main__":

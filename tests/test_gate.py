@@ -5,7 +5,7 @@ import pytest
 
 from evotrainer.config import GateConfig
 from evotrainer.evolve.gate import gate
-from evotrainer.evolve.stats import (average_last, bootstrap_ci, crossed_bootstrap_ci, mean_se, paired_differences,
+from evotrainer.evolve.stats import (average_last, bootstrap_ci, clustered_t_interval, mean_se, paired_differences,
                                      pooled_test, t_interval)
 
 
@@ -128,14 +128,13 @@ def test_noise_floor_is_the_rms_of_paired_differences_between_runs_of_one_harnes
     assert noise_floor(run, [{0: 0.53, 1: 0.36}]) == pytest.approx(((0.03 ** 2 + 0.04 ** 2) / 2) ** 0.5)
 
 
-def test_crossed_bootstrap_carries_the_spread_between_search_replicates():
-    # every replicate's seeds agree closely, but the replicates disagree: resampling seeds
-    # alone would give a narrow interval; resampling replicates too must widen it
+def test_clustered_t_interval_carries_the_spread_between_search_replicates():
+    # every replicate's seeds agree closely, but the replicates disagree: the replicates are
+    # the independent draws, so the interval must be wide
     rows = [[0.05, 0.06, 0.05], [-0.04, -0.03, -0.05], [0.02, 0.01, 0.02]]
-    lo, hi = crossed_bootstrap_ci(rows)
+    lo, hi = clustered_t_interval(rows)
     grand = sum(map(sum, rows)) / 9
     assert lo < grand < hi and lo < 0 < hi
-    seeds_only = bootstrap_ci([sum(col) / 3 for col in zip(*rows)])
+    seeds_only = t_interval([sum(col) / 3 for col in zip(*rows)])
     assert hi - lo > 3 * (seeds_only[1] - seeds_only[0])
-    lo1, hi1 = crossed_bootstrap_ci([[0.05, 0.06, 0.04, 0.05, 0.07]])  # one replicate: the seeds' bootstrap
-    assert 0.04 <= lo1 < 0.054 < hi1 <= 0.07
+    assert clustered_t_interval([[0.05, 0.06, 0.04]]) == t_interval([0.05, 0.06, 0.04])

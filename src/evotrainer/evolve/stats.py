@@ -119,22 +119,15 @@ def bootstrap_ci(xs: Sequence[float], level: float = 0.95, n_boot: int = 10_000,
     return _percentiles([sum(rng.choice(xs) for _ in range(n)) / n for _ in range(n_boot)], level)
 
 
-def crossed_bootstrap_ci(rows: Sequence[Sequence[float]], level: float = 0.95, n_boot: int = 10_000,
-                         seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the grand mean of a replicate x seed table (a paired
-    difference per search replicate and fresh seed): each draw resamples the rows and the
-    columns, both with replacement, so the interval carries the search's noise as well as
-    the training seeds'. With one row it is the plain bootstrap over columns."""
+def clustered_t_interval(rows: Sequence[Sequence[float]], level: float = 0.95) -> tuple[float, float]:
+    """The t interval of the grand mean of a unit x seed table (a paired difference per search
+    replicate or base, and fresh seed), with the units as the independent draws: each row's
+    mean is one value, R - 1 degrees of freedom. Seeds within a unit share its noise (its
+    search, its base), so resampling them as if independent would claim too much; with one
+    row it is the t interval over that row's seeds."""
     if not rows or not rows[0]:
         raise ValueError("no values")
-    rng = random.Random(seed)
-    R, S = len(rows), len(rows[0])
-    means = []
-    for _ in range(n_boot):
-        rs = [rng.randrange(R) for _ in range(R)]
-        cs = [rng.randrange(S) for _ in range(S)]
-        means.append(sum(rows[r][c] for r in rs for c in cs) / (R * S))
-    return _percentiles(means, level)
+    return t_interval(list(rows[0]) if len(rows) == 1 else [sum(r) / len(r) for r in rows], level)
 
 
 def _percentiles(means: list[float], level: float) -> tuple[float, float]:
