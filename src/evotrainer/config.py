@@ -59,7 +59,8 @@
       population: 4              # elites kept
       crossover: true            # merge two elites' harness changes when none happened lately
       escalation: true           # after 3 failures in a row: subtract, switch layer, roll back
-      skills: ~/.local/share/evotrainer/skills.sqlite   # the skill library (null: none)
+      skills: ~/.local/share/evotrainer/skills.sqlite   # the skill library (null: none; the
+                                 # default follows $XDG_DATA_HOME where it is set)
     base:                        # the built-in tiny model's SFT base (when no `model` is given)
       target_acc: 0              # the cached base's SFT stops here (0: the task's own, 0.25; vault 0.1)
       seed: 0
@@ -109,6 +110,7 @@ from pathlib import Path
 import yaml
 
 from evotrainer.errors import UsageError
+from evotrainer.paths import DATA
 from evotrainer.policy.config import PolicyConfig
 from evotrainer.runtime import Runtime
 from evotrainer.sandbox import CHOICES as SANDBOXES
@@ -120,7 +122,7 @@ TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
 SELECTIONS = ("population", "greedy")
 EXECUTORS = ("local", "ray")
 RAY_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+")
-DEFAULT_SKILLS = "~/.local/share/evotrainer/skills.sqlite"
+DEFAULT_SKILLS = str(DATA / "skills.sqlite")  # $XDG_DATA_HOME/evotrainer, default ~/.local/share/evotrainer
 RENAMED = {  # keys that moved: one line saying where
     "base.checkpoint": "is now the top-level key 'model' (any causal LM directory)",
     "gate.z": "is now 'gate.alpha', the false-keep rate (z 2.0 was about alpha 0.025)",
