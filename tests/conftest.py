@@ -55,14 +55,15 @@ def tiny_run(tmp_path, ckpt):
 def tiny_run_config(tmp_path, ckpt):
     root = shutil.copytree(REFERENCE, tmp_path / "root")
     text = (root / "knobs.yaml").read_text()
-    for old, new in [("prompts_per_step: 64", "prompts_per_step: 4"), ("group_size: 8", "group_size: 4"),
-                     ("eval_every: 25", "eval_every: 1")]:
+    for old, new in [("prompts_per_step: 64", "prompts_per_step: 4"), ("group_size: 8", "group_size: 4")]:
         text = text.replace(old, new)
     (root / "knobs.yaml").write_text(text)
     cfg = tmp_path / "run.yaml"
     cfg.write_text(f"task: arith\nlevel: 1\nharness: {root}\nseeds: [0]\nfinal_seeds: [100]\n"
                    f"model: {ckpt}\nsearch: {{skills: {tmp_path / 'skills.sqlite'}}}\n"
-                   "budget: {trials: 2, steps_per_segment: 2, total_steps: 6, trial_timeout_s: 120}\n")
+                   "budget: {trials: 2, steps_per_segment: 2, total_steps: 6, trial_timeout_s: 120}\n"
+                   "evaluation: {every: 1}\n"   # 2-step segments: a checkpoint after step 1 too
+                   "gate: {replicas: 1}\n")     # the least the gate needs with one seed: plumbing, not gains
     return cfg, tmp_path / "run"
 
 
