@@ -141,17 +141,17 @@ def test_arith_splits_and_streams_are_pinned():
     assert task.train_stream(0).draw(3).id == "988+700"
 
 
-def test_a_split_key_moves_the_held_out_pool_and_a_worker_trains_on_handed_indices(monkeypatch):
+def test_a_split_key_picks_val_and_test_from_the_public_pool_and_a_worker_trains_on_handed_indices(monkeypatch):
     from evotrainer.tasks.base import train_draws
     public, a, b = get_task("arith", 2), get_task("arith", 2), get_task("arith", 2)
     a.use_key(b"\x01" * 32)
     b.use_key(b"\x02" * 32)
     held = {t: {p.id for s in ("val", "test") for p in t.split(s)} for t in (public, a, b)}
-    # with its own key each pool is another quarter of the problems: the public hash (the
-    # code anyone holds) no longer says which problems are held out
+    # the pool is public (about 2060 problems here); each key scores another 1000 of them, so
+    # two keys share about half (1000 x 1000 / 2060), not all
     assert all(len(h) == 1000 for h in held.values())
-    assert len(held[a] & held[b]) < 250 and len(held[a] & held[public]) < 250
-    assert sum(public.held_out(p) for p in a.split("val")) < 250
+    assert 350 < len(held[a] & held[b]) < 650 and 350 < len(held[a] & held[public]) < 650
+    assert all(public.held_out(p) for p in a.split("val") + b.split("test"))
     # the controller (with the key) draws indices; the worker (no key) rebuilds the same problems
     draws = train_draws(a, seed=5, per_level=300)
     worker = get_task("arith", 2)

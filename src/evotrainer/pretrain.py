@@ -100,7 +100,7 @@ def cache_key(task: Task, cfg: PretrainConfig) -> str:
     cfg = resolved(task, cfg)
     fields = {k: v for k, v in asdict(cfg).items() if k != "warm_start" or v}  # older bases keep their keys
     blob = json.dumps({"task": task.name, "target": task.target_level, "v": __version__,
-                       "train_stream": f"indexed, outside a keyed held-out pool (1/{HELD_OUT_SHARE})",
+                       "train_stream": f"indexed, outside a public held-out pool (1/{HELD_OUT_SHARE})",
                        "tokenizer": "adds its own <bos>",  # older bases' tokenizers did not
                        "stop": "the model at the middle of the smoothing window", **fields,
                        **({"probe_temperature": task.sft_probe_temperature} if task.sft_probe_temperature else {})},

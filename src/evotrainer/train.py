@@ -43,7 +43,9 @@ def handed_draws(task: Task, harness: str | Path | None, seed: int, steps: int) 
     indices per level (base.train_draws): steps x prompts_per_step for every level its
     curriculum may pick, and a few steps' more (TRL's loader draws ahead). A built-in
     curriculum picks from `train_levels` (the target level when unset); one the harness
-    writes itself may pick any level of the task."""
+    writes itself may pick any level of the task. They are the same under any split key or
+    none (the held-out pool they skip is public, tasks/base.py), so a worker learns nothing
+    from them about which problems validation and test hold."""
     knobs = inspect_harness(harness)
     own = Path(harness or REFERENCE, "curriculum.py").is_file()
     picks = task.levels if own else (knobs.train_levels or (task.target_level,))

@@ -3,14 +3,16 @@
 The verifier's output is the *score* (correct or not). It is fixed per task and never
 depends on the harness; the harness turns scores into *rewards* on its own.
 
-Which problems may ever be held out is decided by a keyed hash of the problem id: one in
-`HELD_OUT_SHARE` belongs to the held-out pool, and validation and test are drawn from it
-only, while training streams skip it. The key (`Task.key`) is a secret of the run's base
-(tasks/keys.py): whoever lacks it cannot tell a held-out problem from a training one, even
-with this code and the task's generator in hand. A training worker never gets it: the
-controller draws the worker's training problems (`train_draws`) and hands in their
-indices, and the worker rebuilds them (`HandedStream`) without knowing which indices were
-skipped. Without a key (tests, library use) the hash is a public one.
+Which problems may ever be held out is public: a plain SHA-256 of the problem's name, level
+and id puts one problem in `HELD_OUT_SHARE` into the held-out pool, and training streams
+skip that pool. Which pool problems are validation and which are test is the secret: both
+are drawn from the pool in an order seeded with the run's key (`Task.key`, a secret of the
+base, tasks/keys.py). The training data is therefore the same under every key, and so is
+everything a training worker receives: the controller hands it its training problems as
+indices (`train_draws`), which it rebuilds (`HandedStream`). Why the pool itself cannot be
+the secret: whatever excludes a secret pool from training reveals that pool by its
+complement (the gaps in a handed index list were exactly the held-out problems). What the
+public pool leaves open, with numbers, is in docs/tasks.md.
 
 Training problem `i` of level `L` in stream `seed` is `generate(Random("name/train/seed/L/i"))`:
 a problem depends on its index alone, so a list of indices is all a worker needs.
@@ -68,7 +70,7 @@ class Task(ABC):
     # (bench/task_learning.py). Single-turn tasks keep greedy (and their cached bases).
     sft_probe_temperature: float = 0.0
     sft_target_acc: float = 0.25  # the SFT stop's probe accuracy, unless a config names its own
-    key: bytes | None = None  # the split secret (tasks/keys.py); None: a public split (tests, library use)
+    key: bytes | None = None  # orders the val/test draws (tasks/keys.py); None: a public order (tests, library use)
     _draws: dict[int, list[int]] | None = None  # a worker's handed-in training indices (use_draws)
 
     @abstractmethod
@@ -97,7 +99,8 @@ class Task(ABC):
         return score
 
     def split(self, which: str, level: int | None = None, n: int | None = None) -> list[Problem]:
-        """Validation or test problems: fixed seeds, no duplicates, disjoint from each other."""
+        """Validation or test problems: drawn from the public held-out pool in an order the key
+        seeds (which pool problems are scored is the secret), no duplicates, disjoint."""
         if which not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {which!r}")
         level = self.target_level if level is None else level
@@ -106,16 +109,18 @@ class Task(ABC):
         n = full if n is None else min(n, full)
         # test excludes the *whole* validation split, so a test subset never meets validation
         exclude = set() if which == "val" else {p.id for p in self.split("val", level)}
-        secret = f"/{self.key.hex()}" if self.key else ""  # the draw order is secret too
+        secret = f"/{self.key.hex()}" if self.key else ""  # the draw order: which pool problems are scored
         rng = random.Random(f"{self.name}/{which}/{level}/{SPLIT_SEEDS[which]}{secret}")
         return self._draw_unique(rng, level, full, exclude)[:n]
 
     def held_out(self, problem: Problem) -> bool:
-        """Whether the problem is in the held-out pool (validation and test come from it only)."""
-        return pool_digest(self.name, problem, self.key)[0] % HELD_OUT_SHARE == 0
+        """Whether the problem is in the held-out pool (validation and test come from it only).
+        Public, never keyed: training skips the pool, so a keyed pool would show in what
+        training is handed (an override must not read `self.key` either)."""
+        return pool_digest(self.name, problem)[0] % HELD_OUT_SHARE == 0
 
     def use_key(self, key: bytes) -> None:
-        """Key the held-out pool with the run's secret (the controller and the evaluator do)."""
+        """Seed the val/test draws with the run's secret (the controller and the evaluator do)."""
         self.key = key
 
     def train_problem(self, seed: int, level: int, index: int) -> Problem:
@@ -153,8 +158,8 @@ class Task(ABC):
 
 
 def pool_digest(task_name: str, problem: Problem, key: bytes | None = None) -> bytes:
-    """The hash behind the held-out rule (HMAC-SHA256 under `key`, plain SHA-256 without);
-    its later bytes are free for other fixed choices."""
+    """Plain SHA-256 of the problem (without `key`: the public held-out rule), or HMAC-SHA256
+    under `key` (a secret order, as a JSONL task's val/test assignment uses)."""
     msg = f"{task_name}/{problem.level}/{problem.id}".encode()
     return hmac.new(key, msg, hashlib.sha256).digest() if key else hashlib.sha256(msg).digest()
 
@@ -172,7 +177,7 @@ def budget_from_answers(answers) -> int:
 
 
 class TrainStream:
-    """Endless training problems for any level, never one from the held-out pool (needs the key)."""
+    """Endless training problems for any level, never one from the held-out pool."""
 
     def __init__(self, task: Task, seed: int):
         self.task, self.seed = task, seed
@@ -216,12 +221,13 @@ class HandedStream(TrainStream):
 
 def train_draws(task: Task, seed: int, per_level: int, levels: tuple[int, ...] | None = None) -> dict[int, list[int]]:
     """The controller's side of HandedStream: `per_level` training indices for each of
-    `levels` (None: every level of the task). Kept: every version at one depth trains on the
-    same seeds (the lists are shared, never to be changed)."""
-    return {lv: _draws(task, task.key, seed, per_level, lv) for lv in (task.levels if levels is None else levels)}
+    `levels` (None: every level of the task). The same under any key or none: the pool they
+    skip is public. Kept: every version at one depth trains on the same seeds (the lists are
+    shared, never to be changed)."""
+    return {lv: _draws(task, seed, per_level, lv) for lv in (task.levels if levels is None else levels)}
 
 
 @functools.lru_cache(maxsize=64)
-def _draws(task: Task, key: bytes | None, seed: int, per_level: int, level: int) -> list[int]:
+def _draws(task: Task, seed: int, per_level: int, level: int) -> list[int]:
     stream = TrainStream(task, seed)
     return [stream.index(level) for _ in range(per_level)]

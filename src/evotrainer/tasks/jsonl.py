@@ -4,14 +4,16 @@ One JSON object per line: `prompt` and `answer` (strings; a numeric answer becom
 string), optional `id` (default: a short hash of the prompt), optional integer `level`
 (default 0) and optional `split` (train, val or test) that pins the row.
 
-Splits. Unpinned rows go to validation/test only where the shared held-out hash
-(`Task.held_out` in base.py) puts them; another byte of that hash halves them into val and
-test, each capped at `split_size` (taken in hash order; the surplus trains, so no row is
-wasted and none is on both sides). The assignment is computed once per file and `held_out`
-answers from it, so a `TrainStream` keeps its usual guarantee. The task's `name` is the
-file's stem, not its path: moving the file keeps its splits; editing a row's prompt or id
-moves only that row. In a run the hash is keyed by the run's split secret (base.py), so
-the assignment is recomputed when the key arrives (`use_key`).
+Splits. Unpinned rows are held out where the public held-out hash (`Task.held_out` in
+base.py) puts them, at most as many per level as validation and test have room for (each is
+capped at `split_size`, less its pinned rows; the first candidates in hash order are held
+out and the surplus trains, so no row is wasted). Which held-out rows are validation and
+which are test follows an order keyed by the run's split secret (`use_key`), so the key
+moves rows between validation and test but never between training and the held-out rows:
+the train rows, and a worker's file of them, are the same under every key. The assignment
+is computed once per file and `held_out` answers from it, so a `TrainStream` keeps its usual
+guarantee. The task's `name` is the file's stem, not its path: moving the file keeps its
+splits; editing a row's prompt or id moves only that row.
 
 A training worker never reads the user's file (the sandbox hides it): the controller writes
 the train rows to a file of their own (`train_view`) and the worker's spec names that file
@@ -200,26 +202,33 @@ def _row(where: str, obj: dict, verifier: str) -> tuple[Problem, str | None]:
 
 
 def assign_splits(name: str, rows, split_size: int, key: bytes | None = None):
-    """Each row's split, and the rows of each split by level (train in file order)."""
+    """Each row's split, and the rows of each split by level (train in file order). Which rows
+    train depends on the public hash alone; the key only orders the held-out ones into val
+    and test."""
     split_of: dict[str, str] = {}
     by_split: dict[str, dict[int, list[Problem]]] = {s: {} for s in ROW_SPLITS}
-    hashed: dict[tuple[str, int], list[tuple[bytes, Problem]]] = {}
-    for problem, pinned in rows:
-        digest = pool_digest(name, problem, key)
-        if pinned is not None:
-            split_of[problem.id] = pinned
-        elif digest[0] % HELD_OUT_SHARE == 0:   # the held-out rule of base.py, byte for byte
-            hashed.setdefault((SPLITS[digest[1] % 2], problem.level), []).append((digest, problem))
-        else:
-            split_of[problem.id] = "train"
+    hashed: dict[int, list[tuple[bytes, Problem]]] = {}
     pinned_count: dict[tuple[str, int], int] = {}
     for problem, pinned in rows:
-        if pinned in SPLITS:
+        digest = pool_digest(name, problem)   # public: no key
+        if pinned is not None:
+            split_of[problem.id] = pinned
             pinned_count[(pinned, problem.level)] = pinned_count.get((pinned, problem.level), 0) + 1
-    for (which, level), cands in hashed.items():
-        room = max(split_size - pinned_count.get((which, level), 0), 0)
-        for i, (_, problem) in enumerate(sorted(cands, key=lambda c: c[0])):
-            split_of[problem.id] = which if i < room else "train"   # surplus trains
+        elif digest[0] % HELD_OUT_SHARE == 0:   # the held-out rule of base.py, byte for byte
+            hashed.setdefault(problem.level, []).append((digest, problem))
+        else:
+            split_of[problem.id] = "train"
+    for level, cands in hashed.items():
+        room = {w: max(split_size - pinned_count.get((w, level), 0), 0) for w in SPLITS}
+        cands = [p for _, p in sorted(cands, key=lambda c: c[0])]
+        pool, surplus = cands[:room["val"] + room["test"]], cands[room["val"] + room["test"]:]
+        for problem in surplus:   # the cap is public too: the surplus trains under every key
+            split_of[problem.id] = "train"
+        # the secret: which pool rows are val and which test (halves, within each one's room)
+        pool.sort(key=lambda p: pool_digest(name, p, key))
+        n_val = min(room["val"], len(pool) - min(room["test"], len(pool) // 2))
+        for i, problem in enumerate(pool):
+            split_of[problem.id] = "val" if i < n_val else "test"
     for problem, _ in rows:
         by_split[split_of[problem.id]].setdefault(problem.level, []).append(problem)
     return split_of, by_split

@@ -1,10 +1,10 @@
-"""The split secret: which problems are held out depends on a key no harness code sees.
+"""The split secret: which held-out problems are validation and test depends on a key no
+harness code sees (the held-out pool itself is public, tasks/base.py says why).
 
-One key per *base*, not per run: a cached base was SFT'd on the training problems its key
-left in the train pool, so a new key for a later run on that base could put those very
-problems into its test set. A key is 32 random bytes in `<cache>/keys/<name>.key`, mode
-0600 in a 0700 directory; the sandbox hides that directory from every job (launch.py,
-`conceal`), and only the evaluator receives a key, as an argument.
+One key per *base*, not per run: every run on a base scores the same validation and test
+problems, so their results compare and a resume finds its own. A key is 32 random bytes in
+`<cache>/keys/<name>.key`, mode 0600 in a 0700 directory; the sandbox hides that directory
+from every job (launch.py, `conceal`), and only the evaluator receives a key, as an argument.
 """
 from __future__ import annotations
 
