@@ -4,7 +4,8 @@ RL needs a base that is right sometimes: a policy that never solves a problem gi
 group the same reward and GRPO no gradient. So SFT stops as soon as greedy accuracy on
 *probes* (drawn from the train stream, never from validation or test) reaches
 `target_acc`, which leaves room for RL. The result is cached by its config hash, beside
-its split key (tasks/keys.py): the held-out pool of every run on this base.
+its split key (tasks/keys.py): which problems of the public held-out pool every run on this
+base scores for validation and which for test.
 
 Each check draws a fresh probe and the stop reads the mean of the last `smooth` checks:
 a single 200-problem probe at a 5% target has a standard error of 1.5 points, and stopping
