@@ -7,7 +7,9 @@ Two modes:
         # interval code on simulated normal noise, new rules beside the old ones
     .venv/bin/python bench/null_calibration.py                # real runs (~1 hour on 2 cores)
 
-Real mode, on the quickstart's task and base (configs/quickstart.yaml) with shorter training:
+Real mode, on the quickstart's task and base (configs/quickstart.yaml) with shorter training,
+from a root harness that learns there (`--harness`, default per-digit partial credit: the
+reference recipe decays to ~0% on this base, where every null difference would be ~0):
 
 - Null trials through the real loop: `--runs` independent runs (each its own search seeds,
   so its own noise replicas) of `--trials` trials each, where the agent proposes a change
@@ -51,7 +53,6 @@ from evotrainer.evolve.calibration import Rate, old_gate_keeps, simulate_gate, s
 from evotrainer.evolve.controller import Controller  # noqa: E402
 from evotrainer.evolve.replay import Arm, replay  # noqa: E402
 from evotrainer.evolve.stats import bootstrap_ci, null_differences, paired_differences, t_interval  # noqa: E402
-from evotrainer.harness import REFERENCE  # noqa: E402
 from evotrainer.labels import Label  # noqa: E402
 from evotrainer.lineage import LineageStore  # noqa: E402
 
@@ -67,19 +68,20 @@ def null_agent(ctx) -> Proposal:
                     knobs={"top_k": NO_OP_TOP_K + ctx.trial}, agent="null")
 
 
-def bench_config(config: Path, seeds: list[int], trials: int, steps: int) -> dict:
+def bench_config(config: Path, harness: Path, seeds: list[int], trials: int, steps: int) -> dict:
     raw = yaml.safe_load(config.read_text())
-    raw |= {"seeds": seeds, "final_seeds": [], "agent": "rules",
+    raw |= {"seeds": seeds, "final_seeds": [], "agent": "rules", "harness": str(harness),
             "search": {"selection": "greedy", "crossover": False, "escalation": False, "skills": None}}
     raw["budget"] = raw.get("budget", {}) | {"trials": trials, "total_steps": steps, "steps_per_segment": steps,
                                              "wall_clock_s": 10 ** 6}
     return raw
 
 
-def null_trials(config: Path, runs: int, trials: int, steps: int, out: Path) -> tuple[list[dict], Controller]:
+def null_trials(config: Path, harness: Path, runs: int, trials: int, steps: int,
+                out: Path) -> tuple[list[dict], Controller]:
     rows, ctl = [], None
     for r in range(runs):
-        raw = bench_config(config, [2 * r + 10, 2 * r + 11], trials, steps)
+        raw = bench_config(config, harness, [2 * r + 10, 2 * r + 11], trials, steps)
         cfg = config_from_dict(raw).validate()
         run = out / f"gate-run-{r}"
         t = time.time()
@@ -107,15 +109,16 @@ def null_trials(config: Path, runs: int, trials: int, steps: int, out: Path) -> 
     return rows, ctl
 
 
-def null_finals(ctl: Controller, finals: int, steps: int, out: Path) -> dict:
-    """The reference against a no-op copy on 3 x `finals` fresh seeds, through the final's replay."""
+def null_finals(ctl: Controller, harness: Path, finals: int, steps: int, out: Path) -> dict:
+    """The root harness against a no-op copy of itself on 3 x `finals` fresh seeds, through the
+    final comparison's own replay."""
     copy = out / "no-op-copy"
     if not copy.exists():
-        shutil.copytree(REFERENCE, copy)
+        shutil.copytree(harness, copy)
         with open(copy / "knobs.yaml", "a") as f:
             f.write(f"top_k: {NO_OP_TOP_K}\n")
     seeds = list(range(300, 300 + 3 * finals))
-    arms = {"reference": Arm((str(REFERENCE),), steps), "copy": Arm((str(copy),), steps)}
+    arms = {"reference": Arm((str(harness),), steps), "copy": Arm((str(copy),), steps)}
     rep = replay(ctl.task, ctl.base, arms, seeds, out / "finals", ctl.cfg.evaluation, 3600, 0, ctl.runtime,
                  ctl.cfg.worker_memory_mb)
     diffs = {s: rep.scores["copy"][s]["test"] - rep.scores["reference"][s]["test"] for s in seeds}
@@ -156,6 +159,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--simulate", action="store_true", help="only the simulated mode (seconds)")
     p.add_argument("--config", type=Path, default=ROOT / "configs" / "quickstart.yaml")
+    p.add_argument("--harness", type=Path, default=ROOT / "examples" / "harnesses" / "partial_credit",
+                   help="the root harness of the null runs")
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--trials", type=int, default=8, help="null trials per run")
     p.add_argument("--finals", type=int, default=14, help="null final comparisons (3 seeds each)")
@@ -167,7 +172,7 @@ def main() -> None:
     import transformers
     transformers.logging.disable_progress_bar()
     t0 = time.time()
-    rows, ctl = null_trials(args.config, args.runs, args.trials, args.steps, args.out)
+    rows, ctl = null_trials(args.config, args.harness.resolve(), args.runs, args.trials, args.steps, args.out)
     (args.out / "null_trials.json").write_text(json.dumps(rows, indent=2))
     alpha = ctl.cfg.gate.alpha
     keeps = Rate(sum(r["label"] == Label.KEPT for r in rows), len(rows))
@@ -176,7 +181,7 @@ def main() -> None:
           f"kept {keeps} (alpha {100 * alpha:.1f}%); the old gate on the same first-look numbers: kept {old} "
           f"(nominal ~2.3%); mean seed pairs {sum(r['pairs'] for r in rows) / max(len(rows), 1):.2f}; "
           f"rules {dict((k, sum(r['rule'] == k for r in rows)) for k in ('keep', 'discard'))}")
-    diffs = null_finals(ctl, args.finals, args.steps, args.out)
+    diffs = null_finals(ctl, args.harness.resolve(), args.finals, args.steps, args.out)
     seeds = sorted(diffs)
     disjoint = [[diffs[s] for s in seeds[i:i + 3]] for i in range(0, len(seeds) - 2, 3)]
     every = [[diffs[s] for s in c] for c in itertools.combinations(seeds, 3)]
