@@ -80,7 +80,7 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        harness = reference_harness(tmp / "harness", args.prompts, args.group, eval_every=0)
+        harness = reference_harness(tmp / "harness", args.prompts, args.group)
         for r in range(args.rounds):
             res = {}
             for who in (("backend", "plain") if r % 2 == 0 else ("plain", "backend")):

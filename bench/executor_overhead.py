@@ -58,15 +58,15 @@ def setup(work: Path, steps: int, trials: int) -> dict:
     save_policy(build_model(len(tok)), tok, ckpt)
     shutil.copytree(REFERENCE, root)
     knobs = (root / "knobs.yaml").read_text()
-    for old, new in [("prompts_per_step: 64", "prompts_per_step: 16"), ("group_size: 8", "group_size: 4"),
-                     ("eval_every: 25", f"eval_every: {steps}")]:
+    for old, new in [("prompts_per_step: 64", "prompts_per_step: 16"), ("group_size: 8", "group_size: 4")]:
         knobs = knobs.replace(old, new)
     (root / "knobs.yaml").write_text(knobs)
     for p in work.rglob("*"):
         p.chmod(p.stat().st_mode | (0o055 if p.is_dir() else 0o044))
     return {"task": "arith", "level": 1, "model": str(ckpt), "harness": str(root), "seeds": [0], "final_seeds": [100],
             "search": {"skills": None, "selection": "greedy"},
-            "budget": {"trials": trials, "steps_per_segment": steps, "total_steps": steps * 3, "trial_timeout_s": 600}}
+            "budget": {"trials": trials, "steps_per_segment": steps, "total_steps": steps * 3, "trial_timeout_s": 600},
+            "evaluation": {"every": steps}}  # the final checkpoint only, as before
 
 
 def search(raw: dict, executor: str, out: Path) -> tuple[float, int]:

@@ -82,7 +82,7 @@ def speed_trl(policy_dir, task, args, out):
 
 
 def speed(args, base, task, tmp: Path) -> None:
-    harness = reference_harness(tmp / "harness", args.prompts, args.group, eval_every=0)
+    harness = reference_harness(tmp / "harness", args.prompts, args.group)
     rows = []
     for r in range(args.rounds):
         res = {}
@@ -118,7 +118,8 @@ def train_arm(arm: str, base: Path, task, harness: Path, seed: int, steps: int, 
         scores = clock.scores
     else:
         runtime = Runtime("embedded" if arm == "ours" else "trl")
-        train_segment(task.spec, task.target_level, str(harness), str(base), str(out), seed, steps, runtime.to_dict())
+        train_segment(task.spec, task.target_level, str(harness), str(base), str(out), seed, steps, runtime.to_dict(),
+                      eval_every=every)
         scores = [json.loads(line)["score_mean"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [out / "checkpoints" / f"step-{s}" for s in last] + [out / "checkpoint"], scores
 
@@ -143,7 +144,7 @@ def learning(args, base, task, tmp: Path) -> None:
     out_file = args.out / "learning.json"
     args.out.mkdir(parents=True, exist_ok=True)
     done = json.loads(out_file.read_text()) if out_file.exists() else {}
-    harness = reference_harness(tmp / "harness-learn", args.prompts, args.group, eval_every=args.learn_steps // 10)
+    harness = reference_harness(tmp / "harness-learn", args.prompts, args.group)
     seeds = list(range(args.first_seed, args.first_seed + args.learn_seeds))
     for seed in seeds:
         for arm in ARMS:

@@ -201,13 +201,12 @@ def test_unplanted_partial_credit_on_a_longer_target_is_invalid(tmp_path, sft_ba
     from evotrainer.evolve.controller import Controller
     root = shutil.copytree(REFERENCE, tmp_path / "root")
     text = (root / "knobs.yaml").read_text()
-    (root / "knobs.yaml").write_text(text.replace("prompts_per_step: 64", "prompts_per_step: 16")
-                                     .replace("eval_every: 25", "eval_every: 15"))
+    (root / "knobs.yaml").write_text(text.replace("prompts_per_step: 64", "prompts_per_step: 16"))
     cfg = config_from_dict({"task": "arith", "level": 3, "harness": str(root), "seeds": [0], "final_seeds": [],
                             "search": {"skills": None},
                             "model": str(sft_base),  # trained on 1-digit sums only
                             "budget": {"trials": 1, "steps_per_segment": 30, "total_steps": 60,
-                                       "trial_timeout_s": 300}}).validate()
+                                       "trial_timeout_s": 300}, "evaluation": {"every": 15}}).validate()
     ctl = Controller(cfg, tmp_path / "run")
     with fixed_keys():
         ctl.run()

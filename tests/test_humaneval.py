@@ -7,8 +7,11 @@ import time
 import pytest
 
 from evotrainer.errors import UsageError
-from evotrainer.evaluate.passk import mean_pass_at_k, pass_at_k
+from evotrainer.evaluate.passk import mean_pass_at_k, pass_at_k, solved
+from evotrainer.evaluate.sampled import correct_counts, pass_at
+from evotrainer.policy import build_model, build_tokenizer
 from evotrainer.sandbox import Isolation, probe
+from evotrainer.tasks.arith import ArithConfig, ArithTask
 from evotrainer.tasks.humaneval import make, truncate
 
 
@@ -90,3 +93,34 @@ def test_pass_at_k_hand_computed_values():
             pass_at_k(*bad)
     with pytest.raises(ValueError):
         mean_pass_at_k([], 1)
+
+
+def test_a_sample_solves_a_problem_only_at_full_credit():
+    assert solved([0.5, 0.5, 0.5, 0.5]) == 0          # summed and rounded, this was two solves
+    assert solved([1.0, 0.5, 0.0, 1.0, 0.5]) == 2
+    assert solved([sum([0.1] * 10)]) == 1              # 0.9999999999999999: float rounding, full credit
+    assert solved([0.999999]) == 0
+
+
+class Graded(ArithTask):
+    """Sums whose verifier gives partial credit, as some reasoning-gym families do: full credit
+    to a completion of even length, half to any other (`full_credit=False`: half to all)."""
+
+    def __init__(self, full_credit=True):
+        super().__init__(ArithConfig(target_level=1))
+        self.full_credit, self.given = full_credit, []
+
+    def score(self, problem, completion):
+        self.given.append(1.0 if self.full_credit and len(completion) % 2 == 0 else 0.5)
+        return self.given[-1]
+
+
+def test_sampled_pass_at_k_counts_only_the_full_credit_samples():
+    tok = build_tokenizer()
+    model = build_model(len(tok), seed=0)
+    task = Graded()
+    counts = correct_counts(model, tok, task, task.split("val", n=4), n=4, batch_size=4)
+    full = [sum(s == 1.0 for s in task.given[4 * j:4 * j + 4]) for j in range(4)]
+    assert counts == full and 0 < sum(full) < 16     # both kinds were sampled; only the 1.0s count
+    half = Graded(full_credit=False)
+    assert pass_at(model, tok, half, half.split("val", n=4), 4, [1, 4]) == {"pass@1": 0.0, "pass@4": 0.0}

@@ -4,15 +4,20 @@ Candidates are written as real harness directories next to a parent (a copy of t
 reference harness); nothing here imports or runs the candidate code.
 """
 import os
+import re
 import shutil
 import textwrap
+from pathlib import Path
 
 import pytest
 
+from evotrainer.cli import main
+from evotrainer.errors import UsageError
+from evotrainer.harness.knobs import FIELDS, MEASUREMENT_KEYS
 from evotrainer.harness.legality import (
     HARNESS_FILES, Verdict, check_harness, check_patch, check_patch_paths, patch_paths,
 )
-from evotrainer.harness.load import REFERENCE, SLOTS, load_harness
+from evotrainer.harness.load import REFERENCE, SLOTS, inspect_harness, load_harness
 
 LEGAL_REWARD = '''\
 from __future__ import annotations
@@ -238,6 +243,47 @@ def test_budget_is_compared_with_the_parents_values_not_the_defaults(tmp_path):
     assert check_harness(d, parent).reasons == [
         "knobs.yaml: knob 'steps' changes the compute budget (40 -> 300), which the run fixes"]
     assert check_harness(d).legal  # without a parent there is nothing to compare with
+
+
+@pytest.mark.parametrize("key, value, owner", [
+    ("eval_every", "1000", "the checkpoint schedule is the run's (evaluation.every in the run config)"),
+    ("last_k", "1", "how many evaluations fitness averages is the run's (evaluation.last_k in the run config)"),
+    ("evaluation", "{every: 0}", "what the evaluator measures is the run's (evaluation in the run config)"),
+])
+def test_a_harness_may_not_set_what_the_evaluator_measures(tmp_path, parent, capsys, ckpt, key, value, owner):
+    """A harness that saved checkpoints only at its end would be read there while its control is
+    an average of earlier ones: the schedule is the run's, and setting it is refused everywhere
+    a harness is read, in one line."""
+    d = candidate(tmp_path, knobs_extra=f"{key}: {value}\n")
+    why = f"sets '{key}': {owner}, a harness may not change what the evaluator measures"
+    assert check_harness(d, parent).reasons == [f"knobs.yaml {why}"]   # the controller's check
+    for load in (load_harness, inspect_harness):                       # a worker's and the train command's
+        with pytest.raises(UsageError, match="^" + re.escape(f"{d / 'knobs.yaml'} {why}") + "$"):
+            load(d)
+    code = main(["train", "--harness", str(d), "--model", str(ckpt), "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err == f"evotrainer: error: {d / 'knobs.yaml'} {why}\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_knob_is_in_the_audit_of_what_a_harness_may_change():
+    """docs/harness.md classifies every knob (training-only or measurement): a new knob needs a row."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "harness.md").read_text()
+    audit = text.split("## What a harness may not change", 1)[1].split("\n## ", 1)[0]
+    rows = {name for row in re.findall(r"^\| ([^|]+) \|", audit, re.M) for name in re.findall(r"`(\w+)`", row)}
+    assert set(FIELDS) <= rows, set(FIELDS) - rows
+    assert set(MEASUREMENT_KEYS) <= rows and not set(MEASUREMENT_KEYS) & set(FIELDS)
+
+
+def test_k1_is_refused_as_a_kl_penalty_and_harmless_without_one(tmp_path):
+    d = candidate(tmp_path, knobs_extra="kl_coef: 0.1\nkl_estimator: k1\n")
+    assert check_harness(d).reasons == [
+        "knobs.yaml: knob kl_estimator 'k1' with kl_coef > 0: k1's expected gradient on-policy is zero, so the "
+        "penalty would be noise; use kl_estimator: k2 (the KL's own gradient) or k3"]
+    with pytest.raises(UsageError, match="kl_estimator 'k1' with kl_coef > 0"):
+        load_harness(d)
+    for knobs in ("kl_coef: 0.1\nkl_estimator: k2\n", "kl_estimator: k1\n"):   # k2; k1 with no penalty
+        assert check_harness(candidate(tmp_path / knobs[:4], knobs_extra=knobs)).legal
 
 
 def test_bad_knob_value_is_a_reason(tmp_path):

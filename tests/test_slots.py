@@ -15,7 +15,7 @@ from evotrainer.harness.advantages import ADVANTAGES, dr_grpo, grpo, rloo
 from evotrainer.harness.filters import GROUP_FILTERS, drop_dead, keep_all, score_spread
 from evotrainer.harness.knobs import Knobs, knobs_from_dict, load_knobs
 from evotrainer.harness.losses import (
-    KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES, clipped, k1, k3, seq_mean_token_mean,
+    KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES, clipped, k1, k2, k3, seq_mean_token_mean,
     seq_mean_token_sum, seq_mean_token_sum_norm, token_mean,
 )
 from evotrainer.harness.rewards import REWARDS, binary, partial_credit
@@ -178,6 +178,42 @@ def test_kl_estimators():
     # d = ref - logp = [0, 1, -1]; k3 = e^d - d - 1:
     #   d=0 -> 1 - 0 - 1 = 0; d=1 -> 2.7182818 - 2 = 0.7182818; d=-1 -> 0.3678794 + 1 - 1 = 0.3678794
     close(k3(logp, ref), [0.0, 0.7182818, 0.3678794], atol=1e-6)
+    # k2 = 0.5 (logp - ref)^2 = 0.5 * [0, 1, 1]
+    close(k2(logp, ref), [0.0, 0.5, 0.5])
+
+
+def on_policy_gradient(estimator, theta, ref_logp):
+    """E_{x ~ pi}[grad estimator(log pi(x), log ref(x))] over a categorical pi = softmax(theta),
+    computed exactly: the sample's probability weighs it but is not differentiated, as when
+    a sampled token's KL term is added to the loss."""
+    theta = theta.clone().requires_grad_(True)
+    logp = torch.log_softmax(theta, -1)
+    (grad,) = torch.autograd.grad((logp.exp().detach() * estimator(logp, ref_logp)).sum(), theta)
+    return grad
+
+
+def kl_gradient(theta, ref_logp, reverse: bool):
+    """The analytic gradient of KL(pi || ref) (reverse=False) or KL(ref || pi), by autograd."""
+    theta = theta.clone().requires_grad_(True)
+    logp = torch.log_softmax(theta, -1)
+    kl = (logp.exp() * (logp - ref_logp)).sum() if not reverse else (ref_logp.exp() * (ref_logp - logp)).sum()
+    (grad,) = torch.autograd.grad(kl, theta)
+    return grad
+
+
+def test_k2_as_a_loss_term_has_the_kl_gradient_and_k1_has_none():
+    """On a 5-way categorical far from its reference: k2's expected gradient on-policy is the
+    gradient of KL(pi || ref) itself, k1's is zero (so as a penalty it is noise: Knobs refuse it
+    with kl_coef > 0), and k3's is the gradient of the other direction, KL(ref || pi)."""
+    theta = torch.tensor([1.5, -0.3, 0.2, -2.0, 0.9], dtype=torch.float64)
+    ref = torch.log_softmax(torch.tensor([-1.0, 0.4, 1.1, 0.3, -0.6], dtype=torch.float64), -1)
+    target = kl_gradient(theta, ref, reverse=False)
+    assert target.norm() > 0.5                        # a real pull towards the reference, not ~0
+    close(on_policy_gradient(k2, theta, ref), target, atol=1e-12)
+    close(on_policy_gradient(k1, theta, ref), torch.zeros(5), atol=1e-12)
+    k3_grad = on_policy_gradient(k3, theta, ref)
+    close(k3_grad, kl_gradient(theta, ref, reverse=True), atol=1e-12)
+    assert (k3_grad - target).norm() > 0.1           # not the same gradient as k2's
 
 
 def test_k3_zero_when_equal_and_never_negative():
@@ -298,7 +334,7 @@ def test_partial_credit_on_generated_problems():
     (GROUP_FILTERS, "nope", ["drop_dead", "keep_all", "score_spread"]),
     (LOSS_AGGS, "nope", ["seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "token_mean"]),
     (POLICY_LOSSES, "nope", ["clipped"]),
-    (KL_ESTIMATORS, "k2", ["k1", "k3"]),
+    (KL_ESTIMATORS, "k4", ["k1", "k2", "k3"]),
 ])
 def test_unknown_slot_name_lists_valid_choices(reg, name, valid):
     with pytest.raises(UsageError) as e:

@@ -201,7 +201,7 @@ def test_the_trl_backend_reports_to_the_runs_trackers(tmp_path, tiny_qwen):
     from evotrainer.policy import load_policy
     from evotrainer.runtime import Runtime
     from evotrainer.tasks import get_task
-    h = load_harness(write_harness(tmp_path / "h", None, eval_every=0))
+    h = load_harness(write_harness(tmp_path / "h", None))
     model, tok = load_policy(tiny_qwen)
     log = SegmentLog(tmp_path, 3, 0)
     get_backend("trl").run(model, tok, get_task("arith", 1), h, seed=0, steps=3, log=log, optimizer_state=None,

@@ -20,11 +20,11 @@ trl = pytest.importorskip("trl")
 
 
 def harness(tmp_path, name="h", files=None, **knobs):
-    return write_harness(tmp_path / name, files, **{"eval_every": 0, **knobs})
+    return write_harness(tmp_path / name, files, **knobs)
 
 
 @pytest.mark.parametrize("knobs, slot", [
-    ({"kl_coef": 0.1, "kl_estimator": "k1"}, "kl_estimator 'k1'"),
+    ({"kl_coef": 0.1, "kl_estimator": "k2"}, "kl_estimator 'k2'"),
     ({"loss_agg": "seq_mean_token_sum"}, "loss_agg 'seq_mean_token_sum' has no TRL loss_type"),
     ({"policy_loss": "mine"}, "policy_loss 'mine'"),
     ({"entropy_coef": 0.01, "loss_agg": "seq_mean_token_mean"}, "entropy_coef"),
@@ -37,6 +37,22 @@ def test_what_trl_cannot_express_is_refused_in_one_line_naming_the_slot(tmp_path
         check_backend(Runtime("trl"), h.knobs)
     msg = str(e.value)
     assert slot in msg and "\n" not in msg and ("backend: embedded" in msg or "kl_coef: 0" in msg)
+
+
+def test_an_entropy_bonus_under_micro_batches_is_refused_naming_both(tmp_path):
+    """TRL's entropy bonus is a token mean per micro-batch, ours one over the batch: they agree
+    only when the batch is one micro-batch (4 x 4 = 16 rollouts here)."""
+    knobs = load_harness(harness(tmp_path, entropy_coef=0.01)).knobs
+    for micro in (0, 16):
+        check_backend(Runtime("trl", micro_batch_size=micro), knobs)
+    check_backend(Runtime("embedded", micro_batch_size=4), knobs)          # ours accumulates exactly
+    check_backend(Runtime("trl", micro_batch_size=4), load_harness(harness(tmp_path, "plain")).knobs)
+    with pytest.raises(UsageError) as e:
+        check_backend(Runtime("trl", micro_batch_size=4), knobs)
+    assert str(e.value) == (
+        "backend trl cannot train the harness: entropy_coef > 0 with micro_batch_size 4 (of a batch of 16 "
+        "rollouts): TRL averages its entropy bonus per micro-batch, ours over the whole batch; use "
+        "micro_batch_size: 0, entropy_coef: 0, or backend: embedded")
 
 
 def replay_generation(trainer, completions):
@@ -127,8 +143,8 @@ def test_a_proposal_the_runs_backend_cannot_train_is_illegal_and_never_runs(tmp_
     assert ok.legal
     # and a root harness it cannot train stops the run before any work, in one line
     (tmp_path / "root" / "knobs.yaml").write_text((tmp_path / "root" / "knobs.yaml").read_text()
-                                                   + "kl_coef: 0.1\nkl_estimator: k1\n")
-    with pytest.raises(UsageError, match="backend trl cannot train the root harness: kl_estimator 'k1'"):
+                                                   + "kl_coef: 0.1\nkl_estimator: k2\n")
+    with pytest.raises(UsageError, match="backend trl cannot train the root harness: kl_estimator 'k2'"):
         Controller(config_from_dict(raw).validate(), tmp_path / "run2")
 
 

@@ -89,6 +89,8 @@ def cmd_train(args) -> dict:
     steps = knobs.steps if args.steps is None else args.steps
     if steps < 0:
         raise UsageError(f"--steps must be >= 0, got {steps}")
+    if args.eval_every < 0:
+        raise UsageError(f"--eval-every must be >= 0 (0: only at the end), got {args.eval_every}")
     base, _ = _base(args, task)  # keys the task's held-out pool (tasks/keys.py)
     from evotrainer.sandbox import conceal
     from evotrainer.tasks.keys import key_dir
@@ -102,7 +104,7 @@ def cmd_train(args) -> dict:
         try:
             summary = train_run(task, args.harness, base, Path(args.out), seed=args.seed, steps=steps,
                                 timeout_s=args.timeout, on_step=on_step, runtime=runtime,
-                                memory_mb=args.memory_mb)
+                                memory_mb=args.memory_mb, eval_every=args.eval_every)
         except TrainingFailed as e:
             raise RunFailed(str(e)) from None
     keys = ("task", "level", "seed", "steps", "backend", "base_val", "val", "base_test", "test", "reward_first",
@@ -364,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--memory-mb", type=int, default=8192, help="resident memory past which a worker is killed")
     sp.add_argument("--harness", type=Path, default=None, help="harness directory (default: the reference)")
     sp.add_argument("--steps", type=int, default=None, help="training steps (default: the harness's knob)")
+    sp.add_argument("--eval-every", type=int, default=25, metavar="N",
+                    help="save a checkpoint for the evaluator every N steps (0: only at the end); the "
+                         "checkpoint schedule is the caller's, never the harness's")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--out", type=Path, required=True)
     sp.add_argument("--timeout", type=float, default=3600.0, help="seconds before the training worker is killed")

@@ -159,7 +159,10 @@ def _metrics_follower(path: Path, on_step: Callable[[dict], None]) -> Callable[[
 def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed: int = 0,
               steps: int | None = None, timeout_s: float = 3600.0,
               on_step: Callable[[dict], None] | None = None, runtime: Runtime | None = None,
-              memory_mb: int | None = 8192) -> dict:
+              memory_mb: int | None = 8192, eval_every: int = 25) -> dict:
+    """Train one segment in a worker, then have the evaluator score the base, the checkpoints
+    saved every `eval_every` steps (the caller's schedule: `evotrainer train --eval-every`)
+    and the final one; writes and returns summary.json."""
     t0 = time.time()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -173,7 +176,7 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     result = run_in_worker("evotrainer.train:train_segment", dict(
         task=task.train_view(out.with_name(out.name + ".train-data")), level=level, harness=harness,
         base=str(base), out=str(out), seed=seed, steps=steps, runtime=runtime.to_dict(),
-        draws=handed_draws(task, harness, seed, steps)),
+        draws=handed_draws(task, harness, seed, steps), eval_every=eval_every),
         timeout_s=timeout_s, memory_mb=memory_mb, on_poll=follow, writes=(str(out),))
     (out / "worker.log").write_text(result.log_tail)
     if not result.ok:

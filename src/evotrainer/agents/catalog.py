@@ -242,7 +242,7 @@ def _yaml(value) -> str:
 
 # knobs that travel together: a group size change keeps rollouts per step equal
 _COUPLED = {"group_size": ("prompts_per_step",)}
-_NOT_INTERVENTIONS = ("steps", "eval_every", "prompts_per_step")
+_NOT_INTERVENTIONS = ("steps", "prompts_per_step")  # the run's budget, never an intervention
 
 
 def revert(k: Knobs, root: Knobs) -> list[Proposal]:

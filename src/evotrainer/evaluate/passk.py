@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+FULL_CREDIT_TOL = 1e-9  # credit this close to 1 is full credit (float rounding, not a partial score)
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k of one problem with n samples, c of them correct."""
@@ -20,6 +22,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0  # every draw of k samples holds a correct one
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def solved(credits: list[float]) -> int:
+    """How many samples solve a problem: those with full credit. pass@k asks whether some
+    sample is right, so partial credit counts for nothing (summing credits would make four
+    half-right samples two solves, and pass@4 1.0 with none right)."""
+    return sum(c >= 1.0 - FULL_CREDIT_TOL for c in credits)
 
 
 def mean_pass_at_k(counts: list[tuple[int, int]], k: int) -> float:

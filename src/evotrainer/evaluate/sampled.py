@@ -2,9 +2,9 @@
 
 Greedy accuracy (greedy.py) is what a run's gates read; pass@k is what code benchmarks
 report (HumanEval's pass@1, pass@10). Sampling uses the training prompt format and the
-task's completion budget; a sample counts as correct when the task credits its score
-(codegen: every hidden test passed). Every problem's n programs are judged in one batch,
-so a code task starts its sandbox once per batch of prompts.
+task's completion budget; a sample counts as correct only at full credit (passk.solved;
+codegen: every hidden test passed), never partly. Every problem's n programs are judged in
+one batch, so a code task starts its sandbox once per batch of prompts.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from evotrainer.envs import EnvTask
 from evotrainer.evaluate.greedy import play_task
-from evotrainer.evaluate.passk import mean_pass_at_k
+from evotrainer.evaluate.passk import mean_pass_at_k, solved
 from evotrainer.policy.config import PolicyConfig
 from evotrainer.policy.generate import decode, generate
 from evotrainer.policy.prompts import encode_prompts, stop_token_ids
@@ -21,7 +21,7 @@ from evotrainer.tasks import Problem, Task
 
 def correct_counts(model, tok, task: Task, problems: list[Problem], n: int, temperature: float = 0.8,
                    seed: int = 0, batch_size: int = 16, policy: PolicyConfig | None = None) -> list[int]:
-    """How many of n samples solve each problem."""
+    """How many of n samples solve each problem (at full credit)."""
     policy = policy or PolicyConfig()
     was_training = model.training
     model.eval()
@@ -35,7 +35,7 @@ def correct_counts(model, tok, task: Task, problems: list[Problem], n: int, temp
             with torch.inference_mode(), policy.autocast():
                 played = play_task(model, tok, task, rows, stops, policy, temperature=temperature, generator=gen_rng)
             credits = [task.credit(e.reward) for e in played]
-            counts += [round(sum(credits[j * n:(j + 1) * n])) for j in range(len(chunk))]
+            counts += [solved(credits[j * n:(j + 1) * n]) for j in range(len(chunk))]
             continue
         ids, mask = encode_prompts(tok, [p.prompt for p in chunk], policy.chat_template, device)
         with torch.inference_mode(), policy.autocast():
@@ -43,7 +43,7 @@ def correct_counts(model, tok, task: Task, problems: list[Problem], n: int, temp
                            generator=gen_rng, repeats=n)
         rows = [p for p in chunk for _ in range(n)]
         credits = [task.credit(s) for s in task.score_many(rows, decode(tok, gen))]
-        counts += [round(sum(credits[j * n:(j + 1) * n])) for j in range(len(chunk))]
+        counts += [solved(credits[j * n:(j + 1) * n]) for j in range(len(chunk))]
     model.train(was_training)
     return counts
 

@@ -30,11 +30,20 @@ Parameters (the defaults are the reference recipe):
         clip_high > clip_low is DAPO's clip-higher).
     num_iterations: gradient updates per sampled batch (GRPO's mu); with 1 the ratio is 1.
     kl_coef: weight of the KL penalty to the frozen starting policy (0 disables it and
-        skips the reference forward pass). kl_estimator: `k3` (default), `k1`.
+        skips the reference forward pass).
+    kl_estimator: the per-token KL term added to the loss (Schulman, "Approximating KL
+        divergence", 2020; verl's kl_penalty): `k3` (default, GRPO's and TRL's; its gradient
+        on-policy is that of KL(ref || pi)), `k2` (0.5 (log pi - log pi_ref)^2; its gradient
+        on-policy is exactly that of KL(pi || ref)). `k1` (log pi - log pi_ref) is refused
+        with kl_coef > 0: its expected gradient on-policy is E[grad log pi] = 0, so as a loss
+        term it is noise, not a penalty (Tang & Munos 2506.09477).
     entropy_coef: weight of an entropy bonus (subtracted from the loss).
     max_grad_norm: gradient clipping norm (0 disables).
     weight_decay, adam_beta1, adam_beta2: AdamW settings.
-    eval_every: greedy validation every this many steps (0: only at the end).
+
+Every knob changes training only. What the evaluator measures, and when (the checkpoint
+schedule, how many evaluations fitness averages), is the run's (`evaluation` in the run
+config): a harness that sets it is refused (MEASUREMENT_KEYS; docs/harness.md has the audit).
 """
 from __future__ import annotations
 
@@ -76,7 +85,6 @@ class Knobs:
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
-    eval_every: int = 25
 
     def validate(self) -> "Knobs":
         def need(ok: bool, msg: str):
@@ -96,7 +104,9 @@ class Knobs:
         need(self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}")
         need(self.kl_coef >= 0, f"kl_coef must be >= 0, got {self.kl_coef}")
         need(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
-        need(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
+        need(not (self.kl_coef and self.kl_estimator == "k1"),
+             "kl_estimator 'k1' with kl_coef > 0: k1's expected gradient on-policy is zero, so the penalty "
+             "would be noise; use kl_estimator: k2 (the KL's own gradient) or k3")
         need(all(isinstance(lv, int) for lv in self.train_levels), f"train_levels must be integers, got {list(self.train_levels)}")
         return self
 
@@ -112,11 +122,28 @@ class Knobs:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Knobs)}
+# keys a harness may not set, because each would change what the evaluator measures or when:
+# a harness that saved checkpoints only at the end would be read at its last one while its
+# control is an average of earlier ones, i.e. it would steer its own fitness
+MEASUREMENT_KEYS = {
+    "eval_every": "the checkpoint schedule is the run's (evaluation.every in the run config)",
+    "last_k": "how many evaluations fitness averages is the run's (evaluation.last_k in the run config)",
+    "evaluation": "what the evaluator measures is the run's (evaluation in the run config)",
+}
+
+
+def measurement_refusal(key: str, source: str = "knobs.yaml") -> str | None:
+    """The one-line reason a harness may not set `key`, or None if it may."""
+    why = MEASUREMENT_KEYS.get(key)
+    return why and f"{source} sets '{key}': {why}, a harness may not change what the evaluator measures"
 
 
 def knobs_from_dict(raw: dict, source: str = "knobs") -> Knobs:
     if not isinstance(raw, dict):
         raise UsageError(f"{source}: expected a mapping of knob names to values, got {type(raw).__name__}")
+    for key in raw:
+        if measurement_refusal(key):
+            raise UsageError(measurement_refusal(key, source))
     bad = sorted(set(raw) - set(FIELDS))
     if bad:
         raise UsageError(f"{source}: unknown knob '{bad[0]}'; valid knobs: {', '.join(FIELDS)}")

@@ -1,8 +1,9 @@
 """Static legality of a candidate harness: may it run at all?
 
-A version may change only harness files; it may not touch the evaluator, the data
-splits, the model size or the compute budget. These checks never run the candidate's
-code: files are listed, `knobs.yaml` is parsed as YAML, slot files are parsed into ASTs.
+A version may change only harness files; it may not touch the evaluator (nor what it
+measures or when: the checkpoint schedule is the run's), the data splits, the model size
+or the compute budget. These checks never run the candidate's code: files are listed,
+`knobs.yaml` is parsed as YAML, slot files are parsed into ASTs.
 
 Static checks cannot prove Python harmless (an object can be aliased, a module reached
 through another), so harness code also runs only in a worker process that holds no
@@ -24,7 +25,7 @@ from typing import Callable, Iterable, Iterator
 import yaml
 
 from evotrainer.errors import UsageError
-from evotrainer.harness.knobs import FIELDS, Knobs, knobs_from_dict, load_knobs
+from evotrainer.harness.knobs import FIELDS, Knobs, knobs_from_dict, load_knobs, measurement_refusal
 from evotrainer.harness.load import SLOTS
 
 SLOT_NAMES = tuple(dict.fromkeys([*SLOTS, "diagnostics"]))
@@ -303,6 +304,8 @@ def _knobs_keep_the_run_fixed(cand: Path, parent: Path | None) -> Iterator[str]:
     for key in raw:
         if key in MODEL_SIZE_KNOBS:
             yield f"knobs.yaml: knob '{key}' changes the model size, which the run fixes"
+        elif measurement_refusal(key):
+            yield measurement_refusal(key)
         elif key not in FIELDS:
             yield f"knobs.yaml: unknown knob '{key}' (a harness may set only the known knobs)"
     try:

@@ -68,14 +68,31 @@ def seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor) -> torch.Ten
     return (loss * mask).sum() / (_live_rows(mask) * mask.shape[1])
 
 
+# KL estimators (Schulman, "Approximating KL divergence", 2020; verl's kl_penalty). Each is a
+# per-token term added to the loss and differentiated, so what matters is its gradient on
+# samples from pi, not its value (Tang & Munos 2506.09477): per position, given the prefix,
+#   k1: E[grad] = E[grad log pi] = 0, noise only (refused as a loss term: Knobs.validate);
+#   k2: E[grad] = E[(log pi - log pi_ref) grad log pi] = grad KL(pi || ref), the penalty itself;
+#   k3: E[grad] = E[(1 - pi_ref / pi) grad log pi] = grad KL(ref || pi), the reverse direction.
+
 @KL_ESTIMATORS.register()
 def k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """log pi - log pi_ref (unbiased, high variance)."""
+    """log pi - log pi_ref: an unbiased estimate of KL(pi || ref), but its expected gradient
+    on-policy is zero, so a harness may not use it as a loss term (kl_coef > 0)."""
     return logp - ref_logp
 
 
 @KL_ESTIMATORS.register()
+def k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """0.5 (log pi - log pi_ref)^2 (verl's "mse"): its value is biased, but its gradient
+    on-policy is exactly that of KL(pi || ref). Off-policy (num_iterations > 1) it is not
+    importance-weighted, so it drifts from that gradient as the ratio moves from 1."""
+    return 0.5 * (logp - ref_logp) ** 2
+
+
+@KL_ESTIMATORS.register()
 def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """exp(ref - logp) - (ref - logp) - 1: unbiased, non-negative (Schulman; used by GRPO)."""
+    """exp(ref - logp) - (ref - logp) - 1: unbiased for KL(pi || ref) and non-negative (GRPO's,
+    TRL's); as a loss term its gradient on-policy is that of KL(ref || pi)."""
     d = ref_logp - logp
     return torch.exp(d) - d - 1

@@ -11,8 +11,11 @@ must be one TRL has:
 | clipped, seq_mean_token_mean        | grpo          | mean per sequence, then over them   |
 | clipped, seq_mean_token_sum_norm    | dr_grpo       | sum / (rows x completion budget)    |
 
-KL is TRL's `beta` with its k3 estimator; the entropy bonus is TRL's `entropy_coef`, a token
-mean whatever the loss type, so it is the same term as ours under token_mean only.
+KL is TRL's `beta` with its k3 estimator (k2 is refused by name). The entropy bonus is TRL's
+`entropy_coef`, a token mean whatever the loss type, taken per micro-batch: the mean of the
+micro-batches' token means, where ours is one token mean over the whole batch (inner.accumulate).
+So it is the same term as ours only under token_mean and with the batch in one micro-batch;
+anything else is refused.
 """
 from __future__ import annotations
 
@@ -40,6 +43,11 @@ def trl_refusals(knobs, runtime) -> list[str]:
         out.append(f"entropy_coef > 0 under loss_agg {knobs.loss_agg}: TRL's entropy bonus is a token mean "
                    "whatever the loss type; use loss_agg: token_mean, entropy_coef: 0, or backend: embedded")
     batch = knobs.prompts_per_step * knobs.group_size
+    if knobs.entropy_coef and 0 < runtime.micro_batch_size < batch:
+        # micro-batches hold different numbers of tokens, so a mean of their means is not the batch's
+        out.append(f"entropy_coef > 0 with micro_batch_size {runtime.micro_batch_size} (of a batch of {batch} "
+                   "rollouts): TRL averages its entropy bonus per micro-batch, ours over the whole batch; use "
+                   "micro_batch_size: 0, entropy_coef: 0, or backend: embedded")
     if runtime.micro_batch_size and batch % runtime.micro_batch_size:
         out.append(f"micro_batch_size {runtime.micro_batch_size} does not divide the batch of {batch} rollouts "
                    "(TRL accumulates whole micro-batches); pick a divisor of it")
