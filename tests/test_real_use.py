@@ -117,8 +117,9 @@ def test_a_task_defined_outside_the_package_goes_through_train_and_run(tmp_path,
     summary = cli("train", "--task", "my_tasks:AnyDigit", "--model", ckpt, "--harness", h, "--steps", 2,
                   "--eval-every", 1, "--out", out, cwd=here)
     # the user's verifier ran in the training worker and in the evaluator: a random policy writes a digit often
+    # (two steps may already make every greedy answer hold one: val 1.0 at some sampling seeds)
     assert summary["task"] == "my_tasks:AnyDigit"
-    assert 0 < sum(m["score_mean"] for m in metrics(out)) and 0 < summary["val"] < 1
+    assert 0 < sum(m["score_mean"] for m in metrics(out)) and 0 < summary["val"] <= 1
     run = tmp_path / "run"  # (the final comparison's replay is the trl run's to test)
     status = cli("run", run_config(tmp_path, "my_tasks:AnyDigit", ckpt, final_seeds=()), "--out", run, "--json", cwd=here)
     assert status["state"] == "finished" and status["trials"] == 2 and status["task"] == "my_tasks:AnyDigit"
