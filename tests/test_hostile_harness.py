@@ -7,7 +7,9 @@ normally would mean the attack succeeded.
 
 An attack in the reward slot meets the backtest's worker first (a rescore runs the
 reward); one in the curriculum slot, which only training runs, meets the training worker
-(the one that holds the policy and writes checkpoints). One run covers both."""
+(the one that holds the policy and writes checkpoints). One run covers both. An attack that
+works inside the sandbox, a link planted in the job's own checkpoint, fails when the job
+ends: its output is refused, and the trial is a crash that says why."""
 import json
 import socket
 import sys
@@ -45,6 +47,10 @@ def attacks(port: int, outside: str, run: str, marker: str, keys: str) -> dict[s
         # the held-out split is keyed by a secret: without the key file the project's own task
         # code computes a public split that is not the run's (checked after the run)
         "held_out_split": ("curriculum", shell(f"cat {keys}/*.key", "rc == 0 and out.strip()")),
+        # a link in its own checkpoint (the only place it can write) to the keys, for whoever
+        # reads it next: this works, and the job's output is refused when it ends
+        "plant_link": ("curriculum", shell(f"for d in {run}/versions/*/seed-0; do mkdir -p $d/checkpoint && "
+                                           f"ln -sf {keys} $d/checkpoint/keys; done 2>/dev/null; true")),
     }
 
 
@@ -112,8 +118,9 @@ def test_hostile_edits_through_the_loop_fail_inside_the_sandbox(tiny_run, tmp_pa
             assert t.label in {"crash", "timeout", "oom"}, (name, t.label, t.reflection)
             # a reward attack failed in the backtest's worker, a curriculum attack in training's
             assert t.backtest["label"] == (t.label if slot == "reward" else "passed"), (name, t.backtest)
-        if t.label == "crash":  # it failed because the attack did, not for another reason
-            assert "attack failed" in t.reflection, (name, t.reflection)
+        if t.label == "crash":  # it failed because the attack did (or its output was refused), not for another reason
+            why = "its output was refused: " if name == "plant_link" else "attack failed"
+            assert why in t.reflection, (name, t.reflection)
     assert trials["loop_forever"].label == "timeout" and trials["allocate_30gb"].label in ("oom", "crash")
     with pytest.raises(socket.timeout):
         server.accept()  # nothing ever connected

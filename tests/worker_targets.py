@@ -127,3 +127,15 @@ def note_then_sleep(out, seconds, marker):
     time.sleep(seconds)
     with open(os.path.join(out, "starts")) as f:
         return len(f.read().split())
+
+
+def probe(paths):
+    """What a job can do with each path: its listing or first bytes, or why not (a test of
+    what a sandboxed job sees); and its job directory (which worker ran it)."""
+    out = {}
+    for p in paths:
+        try:
+            out[p] = ("listed: " + ",".join(sorted(os.listdir(p)))) if os.path.isdir(p) else "read: " + open(p).read(100)
+        except OSError as e:
+            out[p] = f"refused: {type(e).__name__}"
+    return out | {"job": sys.argv[1]}

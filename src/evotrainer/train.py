@@ -173,11 +173,12 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     follow = _metrics_follower(out / "metrics.jsonl", on_step) if on_step else None
     level = task.target_level  # the spec and this level rebuild the same task in every process
     harness = str(harness_dir or REFERENCE)
+    view = task.train_view(out.with_name(out.name + ".train-data"))
     result = run_in_worker("evotrainer.train:train_segment", dict(
-        task=task.train_view(out.with_name(out.name + ".train-data")), level=level, harness=harness,
+        task=view, level=level, harness=harness,
         base=str(base), out=str(out), seed=seed, steps=steps, runtime=runtime.to_dict(),
         draws=handed_draws(task, harness, seed, steps), eval_every=eval_every),
-        timeout_s=timeout_s, memory_mb=memory_mb, on_poll=follow, writes=(str(out),))
+        timeout_s=timeout_s, memory_mb=memory_mb, on_poll=follow, writes=(str(out),), reads=(harness, str(base), view))
     (out / "worker.log").write_text(result.log_tail)
     if not result.ok:
         raise TrainingFailed(result, out)
@@ -187,7 +188,8 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
                        dict(task=task.spec, level=level, jobs=jobs, policy=runtime.policy.to_dict(),
                             key=task.key.hex() if task.key else None),
-                       timeout_s=timeout_s, memory_mb=memory_mb, reveal=task.data_files())
+                       timeout_s=timeout_s, memory_mb=memory_mb, reveal=task.data_files(),
+                       reads=(*jobs, task.spec, *task.data_files()))
     if not ev.ok:
         (out / "worker.log").write_text(ev.log_tail)
         raise TrainingFailed(ev, out, stage="evaluation")

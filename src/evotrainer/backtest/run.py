@@ -56,7 +56,8 @@ def backtest(evidence_dir: Path | str, candidate_dir: Path | str, parent_dir: Pa
     if not legality.legal:
         return BacktestOutcome("illegal", legality.reasons)
     res = run_in_worker("evotrainer.backtest.rescore:rescore",
-                        {"evidence_dir": str(ev), "harness_dir": str(cand)}, timeout_s=timeout_s, warm=warm)
+                        {"evidence_dir": str(ev), "harness_dir": str(cand)}, timeout_s=timeout_s, warm=warm,
+                        reads=(str(ev / "evidence.jsonl"), str(ev / "run.json"), str(cand)))  # not ev's checkpoints
     if not res.ok:
         return BacktestOutcome(res.label, [res.error or res.label], log_tail=res.log_tail)
     report = analyse(evidence_of(ev / "evidence.jsonl"), res.value, cfg)

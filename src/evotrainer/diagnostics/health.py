@@ -123,7 +123,7 @@ def diagnose(path: Path | str, harness_dir: Path | str | None = None, timeout_s:
     that ran. Its diagnostics.py, if any, is checked for legality and then run only in
     a worker; a refusal or failure raises HarnessFailed with its label.
     """
-    from evotrainer.diagnostics.load import run_diagnostics
+    from evotrainer.diagnostics.load import evidence_files, run_diagnostics
     reports = []
     for d in evidence_dirs(path):
         h = Path(harness_dir) if harness_dir is not None else d / "harness"
@@ -133,5 +133,5 @@ def diagnose(path: Path | str, harness_dir: Path | str | None = None, timeout_s:
             h = None
         reports.append(run_diagnostics("evotrainer.diagnostics.health:health_of",
                                        {"evidence_dir": str(d), "harness_dir": None if h is None else str(h)},
-                                       h, timeout_s))
+                                       h, timeout_s, evidence_files(d)))
     return reports

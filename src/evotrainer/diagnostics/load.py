@@ -34,12 +34,18 @@ def harness_diagnostics(harness_dir: Path | str | None = None) -> dict[str, Diag
     return dict(sorted(diags.items(), key=lambda kv: LAYERS.index(kv[1].layer)))
 
 
-def run_diagnostics(target: str, kwargs: dict, harness_dir: Path | str | None, timeout_s: float):
+def evidence_files(evidence_dir: Path | str) -> tuple[str, ...]:
+    """What a diagnostic reads of a train directory (load_evidence): never its checkpoints."""
+    return tuple(str(Path(evidence_dir, f)) for f in ("evidence.jsonl", "metrics.jsonl"))
+
+
+def run_diagnostics(target: str, kwargs: dict, harness_dir: Path | str | None, timeout_s: float,
+                    reads: tuple[str, ...] = ()):
     """Call `target(**kwargs)` ("module:function"), a computation over a harness's diagnostics.
 
     With no diagnostics.py in the harness it runs only our own code, in place. Otherwise
-    the harness is checked for legality and the call runs in a worker; a refusal or a
-    failure raises HarnessFailed with its label and the log tail.
+    the harness is checked for legality and the call runs in a worker that sees the harness
+    and `reads`; a refusal or a failure raises HarnessFailed with its label and the log tail.
     """
     if harness_dir is None or not (Path(harness_dir) / "diagnostics.py").is_file():
         module, _, name = target.partition(":")
@@ -47,7 +53,7 @@ def run_diagnostics(target: str, kwargs: dict, harness_dir: Path | str | None, t
     verdict = check_harness(harness_dir)
     if not verdict.legal:
         raise HarnessFailed("illegal", "; ".join(verdict.reasons))
-    res = run_in_worker(target, kwargs, timeout_s=timeout_s)
+    res = run_in_worker(target, kwargs, timeout_s=timeout_s, reads=(str(harness_dir), *reads))
     if not res.ok:
         raise HarnessFailed(res.label, f"diagnostics of {harness_dir}: {res.error}", res.log_tail)
     return res.value

@@ -54,7 +54,7 @@ def replay_values(harness_dir: str | None, name: str, evidence_dirs: list[str]) 
 def replay(name: str, labelled: list[tuple[Path, str]], harness_dir: Path | str | None = None,
            min_auc: float = 0.8, timeout_s: float = 600.0) -> ReplayResult:
     """Replay diagnostic `name` over (evidence dir, outcome label) pairs; keep it if AUC >= min_auc."""
-    from evotrainer.diagnostics.load import run_diagnostics
+    from evotrainer.diagnostics.load import evidence_files, run_diagnostics
     for d, label in labelled:
         if label not in REPLAYABLE:
             raise UsageError(f"unknown outcome label '{label}' for {d}; valid choices: "
@@ -63,7 +63,8 @@ def replay(name: str, labelled: list[tuple[Path, str]], harness_dir: Path | str 
             raise UsageError(f"no rollout evidence at '{d}' (expected evidence.jsonl)")
     args = {"harness_dir": None if harness_dir is None else str(harness_dir), "name": name,
             "evidence_dirs": [str(d) for d, _ in labelled]}
-    out = run_diagnostics("evotrainer.diagnostics.replay:replay_values", args, harness_dir, timeout_s)
+    out = run_diagnostics("evotrainer.diagnostics.replay:replay_values", args, harness_dir, timeout_s,
+                          tuple(f for d, _ in labelled for f in evidence_files(d)))
     if "error" in out:
         raise UsageError(out["error"])
     rows = [{"dir": str(d), "label": lab, "value": v, "severity": s}

@@ -37,7 +37,8 @@ def evaluate(task: Task, jobs: dict[str, list[str]], timeout_s: float,
     (ev,) = (executor or LocalPool(1)).run([Call(
         "evotrainer.evaluate.greedy:evaluate_checkpoints",
         dict(task=task.spec, level=task.target_level, jobs=jobs, policy=policy,
-             key=task.key.hex() if task.key else None), reveal=task.data_files())], timeout_s, memory_mb)
+             key=task.key.hex() if task.key else None), reveal=task.data_files(),
+        reads=(*jobs, task.spec, *task.data_files()))], timeout_s, memory_mb)
     if not ev.ok:
         raise ReplayFailed(f"the evaluator failed: {ev.label}: {ev.error}")
     return ev.value
@@ -76,7 +77,8 @@ def replay(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int],
                 task=view, level=task.target_level, base=base, out=str(out), harnesses=list(arm.harnesses),
                 seed=seed, steps=arm.steps, runtime=runtime.to_dict(), draws=draws,
                 eval_every=evaluation.every),
-                writes=(str(out),), clean=True))  # a replay cut off by a kill starts clean
+                writes=(str(out),), clean=True,  # a replay cut off by a kill starts clean
+                reads=(base, view, *arm.harnesses)))
             where.append((name, seed, out / f"segment-{len(arm.harnesses)}"))
     watch = on_progress and watcher(f"replay of {', '.join(arms)} on seeds {list(seeds)}", [
         Job(f"{name} seed {seed}", out.parent, arms[name].steps * len(arms[name].harnesses)) for name, seed, out in where],

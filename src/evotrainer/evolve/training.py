@@ -76,7 +76,8 @@ class Training:
                     seed=seg_seed, steps=self.segment_steps,
                     draws=handed_draws(self.task, harness, seg_seed, self.segment_steps),
                     eval_every=self.cfg.evaluation.every, replica=sg.replica),
-                    writes=(str(out),), clean=True))  # a resumed segment starts clean
+                    writes=(str(out),), clean=True,  # a resumed segment starts clean
+                    reads=(harness, view, sg.start.checkpoint(seed) if sg.start.dirs else self.base)))
                 where.append((i, seed, out))
         names = list(dict.fromkeys(sg.out_root.name for sg in segments))  # v1, v0-d2 (a control), replica-1
         watch = self.on_progress and watcher(

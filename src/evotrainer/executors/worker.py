@@ -2,17 +2,19 @@
 
 The controller never imports harness code. `run_in_worker("pkg.module:function", kwargs)`
 starts a fresh Python process in the sandbox (evotrainer.sandbox: its own namespaces, a
-read-only filesystem but the call's declared `writes`, an unprivileged user, limits, an
-empty environment) and waits with a deadline; past it the whole process tree is killed
+root that holds the Python environment, the call's declared `reads` read-only and its
+`writes` and nothing else, an unprivileged user, limits, an empty environment) and waits
+with a deadline; past it the whole process tree is killed
 with SIGKILL (a thread cannot be stopped, a process can). Memory is watched the same way:
 the caller sums the resident memory of the worker's process tree as it polls and kills it
 past `memory_mb`. (An address-space limit would be simpler, but CUDA reserves far more
 address space than it ever uses and fails to start under one.) Arguments go in and results
-come back as JSON, never pickles: nothing a worker writes is executed by its caller. The
-outcome is labelled:
+come back as JSON, never pickles: nothing a worker writes is executed by its caller, and
+what it wrote is vetted when it ends (`refused_output`: no links, no special files, every
+checkpoint exactly what save_policy writes). The outcome is labelled:
 
     ok       the function returned; `value` holds its (JSON) result
-    crash    it raised, or the process died; `log_tail` holds the traceback
+    crash    it raised, or the process died, or its output was refused; `log_tail` holds the traceback
     timeout  it ran past the deadline and was killed
     oom      it passed its memory limit (resident memory, MemoryError, or killed by the kernel)
 """
@@ -23,6 +25,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -53,15 +56,22 @@ class WorkerResult:
 
 @dataclass(frozen=True)
 class Call:
-    """One job for `run_all`: `target(**kwargs)` in a worker of its own. `writes`: the
-    directories it may write (created for it; one writer at a time, see `_writer_lock`);
-    everything else is read-only to it, and it reads the paths its kwargs name. `clean`:
-    empty them first, once no earlier job writes them (a job cut off by a kill starts over)."""
+    """One job for `run_all`: `target(**kwargs)` in a worker of its own. Besides the Python
+    environment it sees `reads`, read-only (files, directories, or strings that name them
+    such as a task spec; None: every existing path its kwargs name), and `writes`, the
+    directories it may write (created for it; one writer at a time, see `_writer_lock`), and
+    nothing else. `clean`: empty them first, once no earlier job writes them (a job cut off
+    by a kill starts over)."""
     target: str
     kwargs: dict = field(default_factory=dict)
     writes: tuple[str, ...] = ()
     clean: bool = False
     reveal: tuple[str, ...] = ()  # concealed paths (sandbox.conceal) this trusted job reads: the evaluator's
+    reads: tuple[str, ...] | None = None
+
+    def inputs(self, cwd: Path | None = None) -> tuple[str, ...]:
+        """The existing paths it reads: those `reads` names, else those its kwargs name."""
+        return tuple(sorted(sandbox.paths_in(self.kwargs if self.reads is None else self.reads, cwd)))
 
 
 _isolation: Isolation | None = None
@@ -89,11 +99,11 @@ def run_in_worker(target: str, kwargs: dict | None = None, timeout_s: float = 60
                   memory_mb: int | None = 8192, cwd: Path | None = None,
                   on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
                   threads: int | None = None, warm: Warm | None = None, writes: tuple[str, ...] = (),
-                  reveal: tuple[str, ...] = ()) -> WorkerResult:
+                  reveal: tuple[str, ...] = (), reads: tuple[str, ...] | None = None) -> WorkerResult:
     """Run `target(**kwargs)` in a fresh process (or in `warm`, started earlier); `on_poll`
-    runs in the caller while it waits; `writes` and `reveal` as in Call."""
-    return run_all([Call(target, kwargs or {}, tuple(writes), reveal=tuple(reveal))], 1, timeout_s, memory_mb, cwd,
-                   on_poll, poll_s, threads, warm)[0]
+    runs in the caller while it waits; `reads`, `writes` and `reveal` as in Call."""
+    call = Call(target, kwargs or {}, tuple(writes), reveal=tuple(reveal), reads=None if reads is None else tuple(reads))
+    return run_all([call], 1, timeout_s, memory_mb, cwd, on_poll, poll_s, threads, warm)[0]
 
 
 def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memory_mb: int | None = 8192,
@@ -114,7 +124,8 @@ def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memor
             while waiting and len(running) < workers:
                 i, call = waiting.pop(0)
                 job = warm.take() if warm is not None else None
-                running.append((i, job.give(call) if job is not None else _Job(call, cwd, threads, timeout_s)))
+                job = job.give(call) if job is not None else None
+                running.append((i, job or _Job(call, cwd, threads, timeout_s)))
             for _, job in running:
                 job.check_memory(memory_mb)
             for i, job in [r for r in running if r[1].done(timeout_s)]:
@@ -139,12 +150,15 @@ class Warm:
     and the other is idle, that start-up leaves the critical path. Give it to `run_in_worker`
     (it runs one job, the first), and `close()` it whether or not it ran one: a warm worker
     never used is killed there, and dies by itself when the caller's end of its stdin closes.
-    Its sandbox is fixed at its start: it reads `reads` (and what every worker reads) and
-    writes nothing, so it serves calls that return data only."""
+    It writes nothing, so it serves calls that return data only; its root holds the Python
+    environment until its job comes, and then that job's inputs, bound in as it is given
+    (sandbox.inputs): never more. `reads` bounds what those may be (a call that reads
+    elsewhere gets a fresh worker)."""
 
     def __init__(self, cwd: Path | None = None, threads: int | None = None, reads: tuple[str, ...] = (),
                  timeout_s: float = 600.0):
-        self._job: _Job | None = _Job(None, cwd, threads, timeout_s, reads)
+        self._job: _Job | None = _Job(None, cwd, threads, timeout_s)
+        self._job.may_read = tuple(_real(r, self._job.cwd) for r in reads)
 
     def take(self) -> _Job | None:
         """Its started worker, once, if it is still waiting (else None: start a fresh one)."""
@@ -164,9 +178,9 @@ class _Job:
     """One started worker: its sandboxed process tree, its job directory and its log. Started
     with no call, it is warm: it waits for `give`."""
 
-    def __init__(self, call: Call | None, cwd: Path | None, threads: int | None, timeout_s: float,
-                 reads: tuple[str, ...] = ()):
-        self.t0 = time.monotonic()
+    def __init__(self, call: Call | None, cwd: Path | None, threads: int | None, timeout_s: float):
+        self.t0, self.call, self.cwd = time.monotonic(), call, Path(cwd or os.getcwd())
+        self.may_read: tuple[str, ...] = ()  # a warm worker's bound on its job's inputs
         self._tmp = tempfile.TemporaryDirectory(prefix="evotrainer-worker-")
         self.dir, self.threads = Path(self._tmp.name), threads
         self.locks = [_writer_lock(Path(w)) for w in (call.writes if call else ())]
@@ -181,10 +195,10 @@ class _Job:
         self.log = open(self.dir / "log.txt", "w+b")
         wait = [] if call is not None else ["--wait"]
         argv = [sys.executable, "-m", "evotrainer.executors.child", str(self.dir), *wait]
-        level = isolation()
-        jail = Jail(read=tuple(reads), write=tuple(call.writes) if call else (), env=extra,
-                    reveal=tuple(call.reveal) if call else ())
-        argv, env = sandbox.command(argv, jail, level, self.dir, cwd, call.kwargs if call else {}, timeout_s)
+        self.level = isolation()
+        jail = Jail(read=call.inputs(cwd) if call else (), write=tuple(call.writes) if call else (), env=extra,
+                    reveal=tuple(call.reveal) if call else (), later=call is None)
+        argv, env = sandbox.command(argv, jail, self.level, self.dir, cwd, timeout_s)
         if env is None:  # sandbox: none, the caller's own environment
             env = dict(os.environ) | extra
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if wait else subprocess.DEVNULL, stdout=self.log,
@@ -198,14 +212,25 @@ class _Job:
         (self.dir / "job.json").write_text(json.dumps({"target": call.target, "kwargs": call.kwargs,
                                                        "threads": self.threads, "isolation": isolation().value}))
 
-    def give(self, call: Call) -> _Job:
-        """A warm worker's job: written, then its stdin closed, which starts it; the deadline
-        counts from here."""
+    def give(self, call: Call) -> _Job | None:
+        """A warm worker's job: written, its inputs sent to the sandbox's first process, which
+        binds them in, then its stdin closed, which starts it; the deadline counts from here.
+        None (the worker discarded) for a call that reads beyond the worker's bound."""
         if call.writes:
             raise ValueError("a warm worker's sandbox writes nothing: start a fresh one for a call with writes")
+        reads = call.inputs(self.cwd)
+        if not all(any(_within(_real(r, self.cwd), m) for m in self.may_read) for r in reads):
+            self.discard()
+            return None
+        self.call = call
         self._write(call)
         self.t0 = time.monotonic()
-        self.proc.stdin.close()
+        try:
+            if self.level is Isolation.NAMESPACES:
+                self.proc.stdin.write(sandbox.inputs(reads, Jail(reveal=tuple(call.reveal)), self.cwd))
+            self.proc.stdin.close()
+        except OSError:
+            pass  # it died meanwhile: finish() labels it
         return self
 
     def discard(self) -> None:
@@ -238,9 +263,13 @@ class _Job:
         self.log.close()
         seconds = time.monotonic() - self.t0
         try:
-            return self._label(killed, was_running, tail, seconds, timeout_s)
+            res = self._label(killed, was_running, tail, seconds, timeout_s)
         finally:
             self._tmp.cleanup()
+        why = refused_output(self.call.writes) if res.ok and self.call is not None else None
+        if why:  # the job's own failure (harness code ran in it), said in one line
+            return WorkerResult("crash", error=f"its output was refused: {why}", log_tail=tail, seconds=seconds)
+        return res
 
     def _label(self, killed: bool, was_running: bool, tail: str, seconds: float, timeout_s: float) -> WorkerResult:
         if self.over_memory is not None:
@@ -262,6 +291,49 @@ class _Job:
             return WorkerResult("oom", error="killed by SIGKILL (out of memory)", log_tail=tail, seconds=seconds)
         return WorkerResult("crash", error=f"worker exited with code {self.proc.returncode}", log_tail=tail,
                             seconds=seconds)
+
+
+OUTPUT_LIMIT = 100_000  # entries of one job's output directory, at most
+
+
+def refused_output(writes) -> str | None:
+    """Why what a finished job wrote is refused, else None. Its output is data for the
+    controller and the next jobs: no symbolic link (which would have them read what the job
+    could not: the controller reads as itself), no fifo, socket or device, and every checkpoint
+    (a directory holding config.json, checkpoint/, checkpoints/*) exactly what save_policy
+    writes (policy.model.check_checkpoint, written=True)."""
+    checkpoints, seen = [], 0
+    for out in map(Path, writes):
+        for top, dirs, files in os.walk(out):  # links are looked at, never followed
+            seen += len(dirs) + len(files)
+            if seen > OUTPUT_LIMIT:
+                return f"{out} holds more than {OUTPUT_LIMIT} files"
+            here = Path(top)
+            if "config.json" in files or here.name == "checkpoint" or here.parent.name == "checkpoints":
+                checkpoints.append(here)
+            for name in dirs + files:
+                mode = os.lstat(here / name).st_mode
+                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                    kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+                    return f"{ascii(str((here / name).relative_to(out)))[1:-1][:120]} in {out} is {kind}"
+            if here.name == "checkpoints":
+                checkpoints += [here / f for f in files]  # a file where a checkpoint should be
+    if checkpoints:
+        from evotrainer.policy.model import BadCheckpoint, check_checkpoint
+        for c in checkpoints:
+            try:
+                check_checkpoint(c, written=True)
+            except BadCheckpoint as e:
+                return str(e)
+    return None
+
+
+def _real(path: str, cwd: Path) -> str:
+    return os.path.realpath(os.path.join(cwd, path))
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def kill_tree(proc: subprocess.Popen) -> None:

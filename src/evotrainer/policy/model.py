@@ -8,6 +8,10 @@ default when a run names no `model`.
 """
 from __future__ import annotations
 
+import json
+import os
+import re
+import stat
 import string
 from pathlib import Path
 
@@ -68,6 +72,84 @@ def save_policy(model, tok, path: Path) -> None:
             f.chmod(f.stat().st_mode | 0o044)
 
 
+class BadCheckpoint(UsageError):
+    """A checkpoint the loader refuses: one line naming the file and why."""
+
+
+# every file save_policy (model and tokenizer .save_pretrained) and the trainer write into a
+# checkpoint; optimizer.pt is the next training segment's (loaded weights-only, never by the evaluator)
+WRITTEN = re.compile(r"(config|generation_config|tokenizer|tokenizer_config|special_tokens_map|added_tokens|vocab)"
+                     r"\.json|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json|merges\.txt|"
+                     r"vocab\.txt|tokenizer\.model|chat_template\.(jinja|json)|optimizer\.pt")
+PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")  # formats whose loading can run code
+MAX_ENTRIES = 10000
+MAX_CONFIG_BYTES = 2 ** 20
+
+
+def check_checkpoint(path: Path | str, written: bool = False) -> None:
+    """Raise BadCheckpoint unless `path` is a checkpoint the loader reads as plain data: a
+    directory of regular files, no link leading out of it (a Hugging Face cache snapshot's
+    links lead into its repository's blobs/), weights in *.safetensors, a config.json that is
+    a JSON object naming a model_type. `written`: a job wrote it (harness code ran there), so
+    it must be exactly what save_policy writes: no links at all, no subdirectory, none but the
+    expected files, no pickled weights, a causal LM's config without custom code."""
+    path = Path(path)
+    if path.is_symlink() and written:
+        raise BadCheckpoint(f"checkpoint '{path}' is a symbolic link")
+    if not path.is_dir():
+        raise BadCheckpoint(f"checkpoint '{path}' is not a directory")
+    real = path.resolve()
+    home = real.parent.parent if real.parent.name == "snapshots" else real  # a cache snapshot's repository
+    seen = 0
+    for top, dirs, files in os.walk(path):  # links are looked at, never followed
+        seen += len(dirs) + len(files)
+        if seen > MAX_ENTRIES:
+            raise BadCheckpoint(f"checkpoint '{path}' holds more than {MAX_ENTRIES} files")
+        for name in dirs + files:
+            f = Path(top, name)
+            rel, mode = _shown(f.relative_to(path)), os.lstat(f).st_mode
+            if stat.S_ISLNK(mode):
+                if written:
+                    raise BadCheckpoint(f"checkpoint '{path}': {rel} is a symbolic link")
+                if not f.resolve().is_relative_to(home):
+                    raise BadCheckpoint(f"checkpoint '{path}': {rel} links outside the checkpoint")
+            elif not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+                raise BadCheckpoint(f"checkpoint '{path}': {rel} is not a regular file")
+            elif written and name.endswith(PICKLED) and name != "optimizer.pt":
+                raise BadCheckpoint(f"checkpoint '{path}': {rel}: weights must be *.safetensors "
+                                    "(a pickle can run code as it loads)")
+            elif written and (stat.S_ISDIR(mode) or not WRITTEN.fullmatch(name)):
+                raise BadCheckpoint(f"checkpoint '{path}': {rel} is not a file a checkpoint holds")
+    if not any(path.glob("*.safetensors")):
+        raise BadCheckpoint(f"checkpoint '{path}' has no *.safetensors weights (evotrainer loads no other "
+                            "format: a pickle can run code as it loads); save it with safe_serialization=True")
+    index = path / "model.safetensors.index.json"
+    try:  # its shards are files of this checkpoint (a name with a / could pick another's weights)
+        shards = set(json.loads(index.read_text())["weight_map"].values()) if index.is_file() else set()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise BadCheckpoint(f"checkpoint '{path}': model.safetensors.index.json is not an index ({type(e).__name__})") from None
+    for shard in shards:
+        if not isinstance(shard, str) or "/" in shard or not (path / shard).is_file():
+            raise BadCheckpoint(f"checkpoint '{path}': its index names {_shown(shard)}, not a file of the checkpoint")
+    config = path / "config.json"
+    try:
+        if config.stat().st_size > MAX_CONFIG_BYTES:
+            raise ValueError(f"larger than {MAX_CONFIG_BYTES} bytes")
+        cfg = json.loads(config.read_text())
+    except (OSError, ValueError) as e:
+        raise BadCheckpoint(f"checkpoint '{path}': config.json is not readable JSON ({e})") from None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str):
+        raise BadCheckpoint(f"checkpoint '{path}': config.json is not a model config (no model_type)")
+    if written and (cfg["model_type"] not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or "auto_map" in cfg):
+        raise BadCheckpoint(f"checkpoint '{path}': config.json names a {cfg['model_type']} model"
+                            f"{' with custom code (auto_map)' if 'auto_map' in cfg else ''}, not one it was trained from")
+
+
+def _shown(name) -> str:
+    """A name from a checkpoint's files, safe in a one-line message (a job chose it)."""
+    return ascii(str(name))[1:-1][:120]
+
+
 def resolve_model(name: str | Path) -> str:
     """A local directory for `name` (a directory, or a hub id already in the local cache),
     checked to hold a causal LM and a tokenizer. Nothing is downloaded: workers load the
@@ -97,6 +179,7 @@ def resolve_model(name: str | Path) -> str:
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")):
         raise UsageError(f"'{path}' has no tokenizer files (tokenizer.json or tokenizer_config.json); "
                          "save the tokenizer beside the model with tokenizer.save_pretrained")
+    check_checkpoint(path)  # what every worker's load will check, said here first
     return str(path.resolve())
 
 
@@ -110,9 +193,12 @@ def load_policy(path: Path | str, cfg: PolicyConfig | None = None):
         raise UsageError(f"no checkpoint at '{path}' (expected config.json and model weights; "
                          "run `evotrainer pretrain` or pass --model PATH to a checkpoint)")
     cfg = cfg or PolicyConfig()
-    # a checkpoint a worker wrote is data from harness code: weights load through safetensors
-    # or torch's weights-only unpickler, and no code named in its config ever runs
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False)
+    # a checkpoint a worker wrote is data from harness code: weights load only from safetensors,
+    # no file it links out to is read, and no code named in its config ever runs (a job's
+    # checkpoints were also checked, strictly, when it ended: executors.worker)
+    check_checkpoint(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False,
+                                                 use_safetensors=True)
     model = model.to(cfg.resolved_device())
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     tok.padding_side = "left"

@@ -5,11 +5,15 @@ becomes the job.
 namespaces, plus a user namespace when the controller is not root), with the job's spec
 (JSON) as its only argument. Here, still privileged inside those namespaces, it:
 
-1. opens every path the job must reach (before anything hides them);
-2. remounts every mount read-only, and puts an empty tmpfs over home directories (where
-   keys and tokens live), /tmp (the job's private scratch) and /dev/shm;
-3. binds back the paths the job reads (read-only) and writes (read-write) at their own names,
-   then covers the concealed ones (split keys, held-out data) even inside those;
+1. opens every path the job may reach (before anything covers them);
+2. remounts every mount read-only, so that no bind of the host's files is writable by chance;
+3. builds the job's root on an empty tmpfs: the spec's binds at their own names (the
+   system's files, the Python environment and the job's inputs read-only, an input only its
+   owner can read idmapped so that the job's user reads it as that owner; the job's outputs
+   writable), the links on the way to them, a minimal /dev, the PID namespace's /proc, a
+   private /tmp and /dev/shm, an empty /run; covers the concealed paths (split keys,
+   held-out data) even inside those binds; makes that root read-only and pivots into it,
+   the host's tree detached: nothing else of the machine is reachable, by any name;
 4. sets resource limits (CPU time, processes, file size, open files, address space);
 5. execs `setpriv`, which drops to an unprivileged user (or, in a user namespace, drops every
    capability), sets no_new_privs and the parent-death signal, and execs the job with the
@@ -18,6 +22,13 @@ namespaces, plus a user namespace when the controller is not root), with the job
 Because the job is PID 1 of its PID namespace, the kernel kills every process in it, those
 that called setsid() included, the moment the job exits or is killed; and `unshare` (outside)
 kills the job when it dies itself, which happens when the controller dies (see launch.py).
+
+A warm worker (spec "later": started before its job is known) keeps this process as PID 1:
+the host's tree stays attached under an empty, unreadable cover at /.host, this process
+starts the job's Python (which imports what every job needs and waits), and when the
+controller sends the job's inputs on stdin it binds them into the root (read-only), detaches
+the host's tree, then lets the job go and lives as long as it does.
+
 Only the standard library here: this runs before the job's own interpreter set-up.
 """
 from __future__ import annotations
@@ -27,21 +38,42 @@ import errno
 import json
 import os
 import resource
+import stat
+import struct
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
+MNT_DETACH = 2
 # the per-mount flags a remount must repeat (a user namespace may not clear locked ones)
 KEEP = MS_NOSUID | MS_NODEV | MS_NOEXEC | 16 | 64 | 1024 | 2048 | 4096  # ST_* equal MS_* here
+# the new mount API (open_tree, move_mount: Linux 5.2; mount_setattr: 5.12), one number everywhere
+SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442
+OPEN_TREE_CLONE, AT_FDCWD, AT_EMPTY_PATH, AT_RECURSIVE = 1, -100, 0x1000, 0x8000
+MOVE_MOUNT_F_EMPTY_PATH = 4
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV, MOUNT_ATTR_IDMAP = 1, 2, 4, 0x100000
+CLONE_NEWUSER, PR_SET_DUMPABLE = 0x10000000, 4
+PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+NEW_ROOT = "/tmp"  # where the job's root is built: any directory will do, every source is open by then
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return ret
+
+
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     enc = (lambda s: None if s is None else s.encode())
-    if _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+           f"mount {source} on {target}")
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _mount_points() -> list[str]:
@@ -53,7 +85,7 @@ def _mount_points() -> list[str]:
 
 def _read_only_everywhere() -> None:
     for mp in _mount_points():
-        if mp == "/proc" or mp.startswith("/proc/"):
+        if _within(mp, "/proc"):
             continue  # unshare mounted a fresh /proc for the new PID namespace
         try:
             keep = os.statvfs(mp).f_flag & KEEP
@@ -65,30 +97,174 @@ def _read_only_everywhere() -> None:
             # everything under / was remounted read-only)
 
 
-def _tmpfs(path: str, size_mb: int, mode: str) -> None:
-    if os.path.isdir(path):
-        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size_mb}m,mode={mode}")
+def _tmpfs(path: str, size_mb: float, mode: str, flags: int = 0) -> None:
+    os.makedirs(path, exist_ok=True)
+    _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | flags, f"size={max(int(size_mb * 1024), 4)}k,mode={mode}")
 
 
-def _bind(fd: int, path: str, writable: bool, is_dir: bool) -> None:
-    """Bind what `fd` opened (before the tmpfs mounts hid it) at `path`, read-only unless writable."""
+def _point(target: str, is_dir: bool) -> None:
+    """A mount point for a bind: a directory, or an empty file."""
+    if os.path.lexists(target):
+        return
+    os.makedirs(os.path.dirname(target), exist_ok=True)
     if is_dir:
-        os.makedirs(path, exist_ok=True)
-    elif not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        open(path, "a").close()
+        os.mkdir(target)
+    else:
+        os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+
+
+# --- idmapped binds and binds after the pivot: the new mount API ------------------------------
+
+_userns_fds: dict[tuple[int, int], int] = {}
+
+
+def _userns(uid: int, gid: int) -> int:
+    """A user namespace in which uid/gid are nobody: as a bind's idmap, the files that owner owns
+    read as nobody's (their modes unchanged). A child process holds it while we open it."""
+    if (uid, gid) in _userns_fds:
+        return _userns_fds[(uid, gid)]
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(ready_r)
+        os.close(done_w)
+        os.write(ready_w, b"1" if _libc.unshare(CLONE_NEWUSER) == 0 else b"0")
+        os.read(done_r, 1)
+        os._exit(0)
+    os.close(ready_w)
+    os.close(done_r)
     try:
-        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND)
+        if os.read(ready_r, 1) != b"1":
+            raise OSError(errno.EPERM, "cannot create a user namespace for an idmapped bind")
+        for name, inner in (("uid_map", uid), ("gid_map", gid)):
+            with open(f"/proc/{pid}/{name}", "w") as f:
+                f.write(f"{inner} 65534 1\n")
+        _userns_fds[(uid, gid)] = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(done_w)
+        os.close(ready_r)
+        os.waitpid(pid, 0)
+    return _userns_fds[(uid, gid)]
+
+
+def _clone(dfd: int, path: str = "") -> int:
+    """A detached copy of the mount tree at dfd/path (a plain copy, else with its submounts:
+    in a nested sandbox the outer one's mounts under it are locked to it)."""
+    flags = OPEN_TREE_CLONE | os.O_CLOEXEC | (0 if path else AT_EMPTY_PATH)
+    try:
+        return _check(_libc.syscall(SYS_OPEN_TREE, dfd, path.encode(), flags), f"open_tree {path}")
     except OSError as e:
-        # in a sandbox nested in another (a worker judging programs) the outer one's mounts
-        # under `path` are locked, and the kernel refuses a plain bind over them (EINVAL); a
-        # recursive one takes them along. Not always recursive: that would also take along
-        # the tmpfs this jail just put over the path (a read path /tmp would come back empty)
         if e.errno != errno.EINVAL:
             raise
-        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY)
-    _mount(None, path, None, flags)
+        return _check(_libc.syscall(SYS_OPEN_TREE, dfd, path.encode(), flags | AT_RECURSIVE), f"open_tree {path}")
+
+
+def _read_only(tree: int, owner: list[int] | None) -> None:
+    """Make a detached tree read-only, and idmapped where `owner` ([uid, gid]) is given."""
+    attr = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_IDMAP if owner else 0)
+    buf = ctypes.create_string_buffer(struct.pack("QQQQ", attr, 0, 0, _userns(*owner) if owner else 0))
+    _check(_libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH | AT_RECURSIVE, buf, ctypes.c_size_t(32)),
+           "mount_setattr (idmapped mounts need Linux 5.12 and a filesystem that supports them)")
+
+
+def _attach(tree: int, target: str) -> None:
+    _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH),
+           f"move_mount on {target}")
+
+
+# --- the job's root -------------------------------------------------------------------------
+
+def _bind(fd: int, target: str, how) -> None:
+    """Bind what `fd` opened at `target`: "ro"/"rw", [uid, gid] (read-only, idmapped), or as it
+    is ("proc", "dev": /proc and device nodes keep their own flags)."""
+    _point(target, stat.S_ISDIR(os.fstat(fd).st_mode))
+    if isinstance(how, list):
+        tree = _clone(fd)
+        _read_only(tree, how)
+        _attach(tree, target)
+        os.close(tree)
+        return
+    try:
+        _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND)
+    except OSError as e:
+        # in a sandbox nested in another (a worker judging programs) the outer one's mounts
+        # under the path are locked, and the kernel refuses a plain bind over them (EINVAL)
+        if e.errno != errno.EINVAL:
+            raise
+        _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+    if how in ("ro", "rw"):
+        keep = os.statvfs(target).f_flag & KEEP
+        _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | keep | (MS_RDONLY if how == "ro" else 0))
+
+
+def _links(links: list, root: str) -> None:
+    for link, target in links:
+        if not os.path.lexists(root + link):
+            os.makedirs(os.path.dirname(root + link), exist_ok=True)
+            os.symlink(target, root + link)
+
+
+def _cover(paths: list[str], root: str) -> None:
+    """Concealed paths: an empty unreadable directory, or /dev/null for a file, over each."""
+    for path in paths:
+        if os.path.isdir(root + path):
+            _tmpfs(root + path, 0, "0000")
+        elif os.path.exists(root + path):
+            _mount("/dev/null", root + path, None, MS_BIND)
+
+
+def _pivot(later: bool) -> int | None:
+    """Enter the root built at NEW_ROOT. The host's tree is detached, or, for a warm worker,
+    kept under an empty cover at /.host (an fd to it returned) for the job's inputs."""
+    os.chdir(NEW_ROOT)
+    number = PIVOT_ROOT.get(os.uname().machine)
+    if number is None:  # no pivot_root number known here: the root moved over /, then chroot
+        host = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if later else None
+        _mount(".", "/", None, MS_MOVE)
+        os.chroot(".")
+        os.chdir("/")
+        return host
+    _check(_libc.syscall(number, b".", b".host" if later else b"."), "pivot_root")
+    if later:
+        host = os.open("/.host", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        _tmpfs("/.host", 0, "0000", MS_RDONLY | MS_NOEXEC)
+    else:  # the old root, stacked on the new one by pivot_root(".", "."), goes
+        host = None
+        _check(_libc.umount2(b".", MNT_DETACH), "umount the host's root")
+    os.chdir("/")
+    return host
+
+
+def _jail(spec: dict) -> int | None:
+    os.umask(0o022)
+    # 1. everything the job reaches, opened while it is still visible
+    opened = [(path, how, os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC))
+              for path, how in [*spec["binds"], *((d, "dev") for d in spec["dev"]), ("/proc", "proc")]
+              if os.path.exists(path)]
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing here propagates back out
+    # 2. read-only everywhere
+    _read_only_everywhere()
+    # 3. the job's root: outer paths first, so a writable directory inside a read-only one stays writable
+    _tmpfs(NEW_ROOT, 16, "0755")
+    scratch = [("/tmp", "1777"), ("/dev", "0755"), ("/dev/shm", "1777")]
+    for path, how, fd in sorted([*opened, *((p, mode, None) for p, mode in scratch)], key=lambda e: len(e[0])):
+        if fd is None:
+            _tmpfs(NEW_ROOT + path, 1 if path == "/dev" else spec["tmp_mb"], how)
+        else:
+            _bind(fd, NEW_ROOT + path, how)
+            os.close(fd)
+    _links([*spec["links"], ("/dev/fd", "/proc/self/fd"), *((f"/dev/{s}", f"/proc/self/fd/{i}")
+                                                             for i, s in enumerate(("stdin", "stdout", "stderr")))],
+           NEW_ROOT)
+    _mount(None, NEW_ROOT + "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.makedirs(NEW_ROOT + "/run", exist_ok=True)  # empty: the host's sockets live in its own
+    os.makedirs(NEW_ROOT + spec["cwd"], exist_ok=True)
+    if spec["later"]:
+        os.mkdir(NEW_ROOT + "/.host", 0)
+    _cover(spec["mask"], NEW_ROOT)
+    _mount(None, NEW_ROOT, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    return _pivot(spec["later"])
 
 
 def _limits(lim: dict) -> None:
@@ -98,11 +274,49 @@ def _limits(lim: dict) -> None:
             resource.setrlimit(res, (int(value), int(value)))
 
 
+def _inject(request: dict, host: int) -> None:
+    """A warm worker's inputs, bound read-only at their own names from the covered host tree."""
+    _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)  # for the mount points, briefly
+    try:
+        for path, how in request["binds"]:
+            tree = _clone(host, path.lstrip("/"))
+            _point(path, stat.S_ISDIR(os.fstat(tree).st_mode))
+            _read_only(tree, how if isinstance(how, list) else None)
+            _attach(tree, path)
+            os.close(tree)
+        _links(request["links"], "")
+        _cover([m for m in request["mask"] if any(_within(m, p) for p, _ in request["binds"])], "")
+    finally:
+        _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _warm(argv: list[str], env: dict, host: int) -> None:
+    """A warm worker's PID 1: start the job's Python now, bind its inputs when the controller
+    sends them (on our stdin, then EOF), then let it go (EOF on its stdin) and end with it."""
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the job, the same user in a user namespace, cannot reach in
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(r, 0)
+        os.close(r)
+        os.close(w)
+        os.execve(argv[0], argv, env)
+    os.close(r)
+    request = sys.stdin.buffer.read()
+    if request:
+        _inject(json.loads(request), host)
+    os.close(host)
+    for _ in ("cover", "host"):  # the host's tree goes before the job starts: as a cold job's does
+        _check(_libc.umount2(b"/.host", MNT_DETACH), "umount /.host")
+    os.close(w)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    os._exit(code if code >= 0 else 128 - code)
+
+
 def main(spec_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
-    if spec["mounts"]:
-        _jail(spec)
+    host = _jail(spec) if spec["mounts"] else None
     # 4. limits, which the job cannot raise again
     _limits(spec["limits"])
     os.chdir(spec["cwd"])
@@ -116,33 +330,25 @@ def main(spec_path: str) -> None:
             drop += ["--reuid", str(spec["uid"]), "--regid", str(spec["gid"]), "--clear-groups"]
         # (without --reuid, in a user namespace, the job's root is the controller's own user outside)
         argv = [spec["setpriv"], *drop, "--", *argv]
+    if host is not None:
+        _warm(argv, spec["env"], host)
     os.execve(argv[0], argv, spec["env"])
 
 
-def _jail(spec: dict) -> None:
-    # 1. everything the job reaches, opened while it is still visible
-    keep = [(p, w, os.open(p, os.O_PATH | os.O_CLOEXEC), os.path.isdir(p))
-            for p, w in [(p, False) for p in spec["read"]] + [(p, True) for p in spec["write"]]
-            if os.path.exists(p)]
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing here propagates back out
-    # 2. read-only everywhere; empty homes, a private /tmp and /dev/shm
-    _read_only_everywhere()
-    for d in spec["hide"]:
-        _tmpfs(d, 16, "0755")
-    _tmpfs("/tmp", spec["tmp_mb"], "1777")
-    _tmpfs("/dev/shm", spec["tmp_mb"], "1777")
-    # 3. the job's paths at their own names (a path under /tmp or a hidden home too);
-    # outer paths first, so that a writable directory inside a read-only one stays writable
-    for path, writable, fd, is_dir in sorted(keep, key=lambda k: len(k[0])):
-        _bind(fd, path, writable, is_dir)
-        os.close(fd)
-    # concealed paths last: an empty directory, or /dev/null for a file, over each
-    for path in spec["mask"]:
-        if os.path.isdir(path):
-            _tmpfs(path, 1, "0000")
-        elif os.path.exists(path):
-            _mount("/dev/null", path, None, MS_BIND)
+def can_idmap(path: str) -> None:
+    """`inside.py --idmap PATH` (the controller, once per filesystem): exit 0 when a bind of
+    PATH can be idmapped here, else 1 with why on stderr. The copy is never attached."""
+    st = os.stat(path)
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        _read_only(_clone(fd), [st.st_uid, st.st_gid])
+    except OSError as e:
+        print(e, file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--idmap":
+        can_idmap(sys.argv[2])
+    else:
+        main(sys.argv[1])

@@ -7,16 +7,19 @@ name plain attempts early; this is what holds when they are bypassed.
 Isolation levels, probed once per process (`probe()`):
 
     namespaces  util-linux `unshare`: new mount, network, PID, IPC and UTS namespaces (plus a
-                user namespace when we are not root); the filesystem read-only but the job's
-                declared output directories and a private /tmp; home directories and /run
-                (the host's unix sockets) empty but the paths the job reads; an unprivileged user (nobody when we are root, else a
+                user namespace when we are not root). The job's filesystem is a fresh root
+                built for it (`view()`): the Python environment, the system's own files,
+                its declared inputs read-only, its declared outputs writable, a private /tmp
+                and nothing else (no home, no working directory, no other run, no other
+                version of this run). An unprivileged user (nobody when we are root, else a
                 user namespace whose capabilities are dropped) with no_new_privs; resource
                 limits; an empty environment. The job is PID 1 of its namespace, so killing it
                 kills everything it started (setsid() included), and it dies with the controller.
     limits      where namespaces are unavailable (a container that forbids them, macOS):
                 resource limits, an empty environment, no_new_privs where setpriv exists, its
                 own process group, death with the controller on Linux. No filesystem or network
-                isolation, and a process that calls setsid() escapes the kill: every report says so.
+                isolation: the job reads whatever the controller's user can, declared or not,
+                and a process that calls setsid() escapes the kill: every report says so.
     none        the explicit opt-out (`sandbox: none`): a plain worker process, as trusted code
                 (it dies with its caller where setpriv exists, nothing more).
 """
@@ -24,10 +27,12 @@ from __future__ import annotations
 
 import enum
 import functools
+import glob
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -37,12 +42,20 @@ from evotrainer.errors import UsageError
 
 NOBODY = 65534
 # non-secret variables a job may need (which GPUs; library and module paths, whose directories
-# are on sys.path and so visible to the job; OpenBLAS fixes for some CPUs)
+# the job sees; OpenBLAS fixes for some CPUs)
 PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
                 "PYTHONPATH", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "TZ")
-# replaced by an empty tmpfs inside: homes hold keys and tokens; /run holds the host's
-# unix sockets (a read-only mount does not stop a connect to a world-writable one)
-HIDDEN = ("/root", "/home", "/run")
+# the system's own files in a job's root, read-only: programs and libraries, and /sys, which
+# CUDA and the OpenMP runtime read (hardware, no one's data). Merged-/usr links come as links
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
+# of /etc only what the C library, Python and compilers look up: users (nobody's name), the
+# loader's cache, time zone, names of protocols; never keys, shadow files or service configs
+ETC = ("passwd", "group", "nsswitch.conf", "hosts", "host.conf", "gai.conf", "ld.so.cache", "ld.so.conf",
+       "ld.so.conf.d", "localtime", "timezone", "os-release", "alternatives", "mime.types", "protocols",
+       "services", "python3", f"python3.{sys.version_info.minor}")
+# of /dev the usual character devices and the GPUs' (NVIDIA, AMD, DRM render nodes)
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty", "nvidia*", "nvidia-caps", "dri", "kfd")
+WALK_LIMIT = 4096  # entries looked at when deciding whether nobody can read an input
 
 
 class Isolation(str, enum.Enum):
@@ -78,21 +91,23 @@ class Limits:
 @dataclass(frozen=True)
 class Jail:
     """What one job may reach: the paths it reads and writes (besides the Python environment
-    and the working directory, which every job reads), its limits and its environment."""
+    and the system's files, which every job reads), its limits and its environment. `later`:
+    its inputs are not known yet (a warm worker): they come with its job (`inputs()`)."""
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     env: dict = field(default_factory=dict)
     reveal: tuple[str, ...] = ()  # concealed paths this job may see after all (the evaluator's data)
     hide: tuple[str, ...] = ()    # paths hidden from this job alone (conceal: from every job)
+    later: bool = False
 
 
 _concealed: set[str] = set()
 
 
 def conceal(*paths: str | Path) -> None:
-    """Hide these paths from every job this process starts, even where a read path or the
-    working directory contains them: the split keys, a task's file of held-out rows. (Under
+    """Hide these paths from every job this process starts, even where a path it reads or the
+    Python environment contains them: the split keys, a task's file of held-out rows. (Under
     `limits` nothing is hidden: that level has no filesystem isolation, and says so.)"""
     _concealed.update(str(Path(p).resolve()) for p in paths)
 
@@ -149,63 +164,166 @@ def why_not() -> str:
 def describe(level: Isolation) -> str:
     """One line for `status` and every report."""
     if level is Isolation.NAMESPACES:
-        return "namespaces (no network, read-only filesystem, unprivileged, limits, subtree killed)"
+        return "namespaces (no network, sees only its inputs, read-only but its outputs, unprivileged, limits, subtree killed)"
     if level is Isolation.LIMITS:
         return (f"WARNING: process limits only ({why_not() or 'chosen'}): untrusted code can read files, "
                 "reach the network and leave processes behind")
     return "WARNING: none (sandbox: none): untrusted code runs with the controller's rights"
 
 
-def _paths_in(value, cwd: Path) -> set[str]:
-    """Existing paths named anywhere in a job's arguments (task specs such as
-    'jsonl:/data/x.jsonl?max_new_tokens=8' included): what the job reads."""
+def paths_in(value, cwd: Path | None = None) -> set[str]:
+    """Existing paths named anywhere in `value` (task specs such as
+    'jsonl:/data/x.jsonl?max_new_tokens=8' included): what a job whose Call declares no
+    `reads` reads, and a caller's way to name the files a task spec stands for."""
+    cwd = Path(cwd or os.getcwd())
     out: set[str] = set()
     if isinstance(value, dict):  # keys too: the evaluator's jobs are {checkpoint: splits}
         for k, v in value.items():
-            out |= _paths_in(k, cwd) | _paths_in(v, cwd)
-    elif isinstance(value, (list, tuple)):
+            out |= paths_in(k, cwd) | paths_in(v, cwd)
+    elif isinstance(value, (list, tuple, set, frozenset)):
         for v in value:
-            out |= _paths_in(v, cwd)
-    elif isinstance(value, str) and ("/" in value or os.sep in value):
-        for part in {value, *re.split(r"[:?=,;]", value)}:
-            p = (cwd / part) if not os.path.isabs(part) else Path(part)
-            if part and p.exists():
-                p = p.resolve()
-                out.add(str(p))
-                if "/snapshots/" in str(p):  # a Hugging Face cache snapshot links into the repo's blobs/
-                    out.add(str(p).split("/snapshots/")[0])
+            out |= paths_in(v, cwd)
+    elif isinstance(value, (str, Path)) and ("/" in str(value) or os.sep in str(value)):
+        for part in {str(value), *re.split(r"[:?=,;&]", str(value))}:
+            if part and (cwd / part).exists():
+                out.add(str((cwd / part).absolute()))
     return out
 
 
-def _unreadable_by_others(paths) -> str | None:
-    """The first of `paths` (or of the files right inside one) that a job running as nobody
-    could not read, else None. Only the paths themselves: their parents are rebuilt inside
-    the sandbox where they are hidden (homes, /tmp), and are the machine's own elsewhere."""
-    for p in map(Path, paths):
-        for t in [p, *(sorted(p.iterdir())[:256] if p.is_dir() else [])]:
-            need = 0o005 if t.is_dir() else 0o004
-            try:
-                if t.stat().st_mode & need != need:
-                    return str(t)
-            except OSError:
-                continue
-    return None
-
-
 def _environment_paths() -> set[str]:
-    """The Python environment every job runs in: interpreter, stdlib, site-packages, our sources."""
+    """The Python environment every job runs in: interpreter, stdlib, site-packages, our sources,
+    the directories on sys.path and LD_LIBRARY_PATH. Of a sys.path entry that holds the
+    controller's working directory (`python -m` or PYTHONPATH=. put it there) only what
+    Python imports from it, its modules and packages: not the runs beside them."""
+    import site
+
     import evotrainer
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(evotrainer.__file__).resolve().parents[1]),
-             str(Path(sys.executable).resolve().parent)}
-    paths |= {p for p in sys.path if p and os.path.isabs(p)}
-    return {str(Path(p).resolve()) for p in paths if os.path.exists(p)}
+    here = os.getcwd()
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             str(Path(evotrainer.__file__).resolve().parents[1]), str(Path(sys.executable).resolve().parent),
+             *site.getsitepackages()}
+    for p in filter(os.path.isabs, sys.path):
+        if not _within(here, p):
+            paths.add(p)
+        elif os.path.isdir(p):
+            paths |= {str(c) for c in Path(p).iterdir() if c.suffix == ".py" or (c / "__init__.py").is_file()}
+    paths |= {p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if os.path.isabs(p)}
+    return {p for p in paths if os.path.exists(p) and p != "/"}
+
+
+def _within(path: str, root: str) -> bool:
+    """Whether `path` is `root` or lies under it (both absolute, normalised)."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _holds_scratch(path: str) -> bool:
-    """Whether binding `path` would cover the job's private /tmp or /dev/shm with the host's,
-    read-only (a run started from /tmp, or from /): such a path is not bound; what a job needs
-    inside it is named in its arguments and bound on its own."""
-    return any(scratch == path or scratch.startswith(path.rstrip("/") + "/") for scratch in ("/tmp", "/dev/shm"))
+    """Whether binding `path` would cover the job's own /tmp, /dev or /proc with the host's
+    (a run started from /tmp, or from /): such a path is not bound; what a job needs inside it
+    is named on its own."""
+    return any(_within(own, path) or _within(path, own) and own != "/tmp" for own in ("/tmp", "/dev", "/proc"))
+
+
+def _links_to(path: str) -> dict[str, str]:
+    """The symbolic links met on the way to `path` (its last component included), link ->
+    target: the job's root has them too, so the job reaches each path by the name it was given
+    (/lib -> usr/lib, a data directory linked from elsewhere)."""
+    out: dict[str, str] = {}
+    todo = [os.path.abspath(path)]
+    while todo and len(out) < 40:
+        parts, cur = todo.pop().strip("/").split("/"), "/"
+        for i, part in enumerate(parts):
+            nxt = os.path.join(cur, part)
+            if part and os.path.islink(nxt):
+                out[nxt] = os.readlink(nxt)
+                todo.append(os.path.normpath(os.path.join(cur, out[nxt], *parts[i + 1:])))
+                break
+            cur = nxt
+    return out
+
+
+def _unreadable_by_others(path: str) -> bool:
+    """Whether a job running as nobody could not read some of `path` by its mode bits (the
+    first WALK_LIMIT entries of a tree). Its parents do not matter: the job's root has its own."""
+    todo, seen = [path], 0
+    while todo and seen < WALK_LIMIT:
+        p = todo.pop()
+        seen += 1
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            continue
+        need = 0o005 if stat.S_ISDIR(st.st_mode) else 0o004
+        if st.st_mode & need != need:
+            return True
+        if stat.S_ISDIR(st.st_mode):
+            todo += [os.path.join(p, n) for n in os.listdir(p)]
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _idmap_refused(dev: int, path: str) -> str:
+    """Why the filesystem `path` lies on (device `dev`) cannot be bound idmapped ('' if it can):
+    tried once per filesystem, on a detached copy of the mount that is never attached."""
+    try:
+        r = subprocess.run([sys.executable, "-I", "-S", str(Path(__file__).with_name("inside.py")), "--idmap", path],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return "" if r.returncode == 0 else (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+
+
+def _owner_map(path: str, root: bool) -> list[int] | None:
+    """For an input nobody cannot read while we are root: [uid, gid] of its owner, whom an
+    idmapped bind shows to the job as nobody (the files' modes stay as they are). None when
+    the job reads it as it is."""
+    if not root or not _unreadable_by_others(path):
+        return None
+    st = os.stat(path)
+    if st.st_uid == NOBODY:
+        return None
+    why = _idmap_refused(st.st_dev, path)
+    if why:
+        raise UsageError(f"sandboxed jobs run as nobody (evotrainer runs as root here) and cannot read '{path}', "
+                         f"and its filesystem refuses an idmapped bind that would let them ({why}): make it "
+                         "readable by others (chmod -R o+rX), or run as a non-root user")
+    return [st.st_uid, st.st_gid]
+
+
+def view(read, write=(), root: bool = False, cwd: Path | None = None, base: bool = True) -> dict:
+    """What a job's root holds besides its tmpfs mounts: binds [[path, how], ...] (how: "rw",
+    "ro", or [uid, gid]: read-only, idmapped so that this owner reads as nobody), the links on
+    the way to them, and the devices. `base`: with the system's files, the Python environment
+    and the devices every job has. Paths are bound at their real location, outer first; a
+    read path inside another read path of the same kind is not bound again."""
+    cwd = Path(cwd or os.getcwd())
+    binds: dict[str, object] = {}
+    links: dict[str, str] = {}
+
+    def add(path, how) -> None:
+        p = os.path.join(cwd, path)
+        if not os.path.lexists(p):
+            return
+        links.update(_links_to(p))
+        real = os.path.realpath(p)
+        if how == "read" and any(_within(real, q) and binds[q] == "ro" for q in binds):
+            return  # the system's files or the environment hold it already
+        if os.path.exists(real) and not _holds_scratch(real) and real not in binds:
+            binds[real] = how if how != "read" else (_owner_map(real, root) or "ro")
+            if "/snapshots/" in real:  # a Hugging Face cache snapshot links into the repo's blobs/
+                add(real.split("/snapshots/")[0], how)
+
+    for p in write:
+        add(p, "rw")
+    for p in (*SYSTEM, *_environment_paths(), *(f"/etc/{e}" for e in ETC)) if base else ():
+        add(p, "ro")
+    for p in read:
+        add(p, "read")
+    kept = [(p, how) for p, how in binds.items()
+            if how == "rw" or not any(q != p and _within(p, q) and binds[q] == how for q in binds)]
+    devices = sorted(d for pattern in DEVICES for d in glob.glob(f"/dev/{pattern}")) if base else []
+    return {"binds": sorted(kept, key=lambda b: (len(b[0]), b[0])), "links": sorted(links.items()), "dev": devices}
 
 
 def job_env(extra: dict | None = None) -> dict[str, str]:
@@ -217,11 +335,15 @@ def job_env(extra: dict | None = None) -> dict[str, str]:
     return env | (extra or {})
 
 
+def _masks(jail: Jail) -> list[str]:
+    return sorted((_concealed | {str(Path(p).resolve()) for p in jail.hide}) - {str(Path(p).resolve()) for p in jail.reveal})
+
+
 def command(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: Path | None = None,
-            kwargs: dict | None = None, timeout_s: float | None = None) -> tuple[list[str], dict[str, str] | None]:
+            timeout_s: float | None = None) -> tuple[list[str], dict[str, str] | None]:
     """(argv, env) to start `argv` as a sandboxed job at `level`. `job_dir` (the job's own
-    files: its spec, arguments and result) is writable; `kwargs` are scanned for the paths
-    the job reads. With Isolation.NONE it is the plain command in the caller's environment."""
+    files: its spec, arguments and result) is writable. With Isolation.NONE it is the plain
+    command in the caller's environment."""
     if level is Isolation.NONE:  # trusted, but still dies with its caller (a Ray worker cancelled with force)
         setpriv = shutil.which("setpriv") if sys.platform == "linux" else None
         return ([setpriv, "--pdeathsig", "KILL", *argv] if setpriv else argv), None
@@ -234,32 +356,31 @@ def command(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: P
     write = sorted({str(Path(p).resolve()) for p in (*jail.write, job_dir)})
     for p in write:
         Path(p).mkdir(parents=True, exist_ok=True)
-    root = os.geteuid() == 0 and level is Isolation.NAMESPACES
-    reads = _paths_in(kwargs or {}, cwd) | set(jail.read)
-    if root:  # the job runs as nobody: its output directories must be its own, its inputs readable
+    mounts = level is Isolation.NAMESPACES
+    root = os.geteuid() == 0 and mounts
+    if root:  # the job runs as nobody: its output directories must be its own
         for p in write:
             os.chown(p, NOBODY, NOBODY)
-        bad = _unreadable_by_others(reads - set(write))
-        if bad:
-            raise UsageError(f"sandboxed jobs run as nobody (evotrainer runs as root here) and cannot read "
-                             f"'{bad}': make it readable by others (chmod -R o+rX), or run as a non-root user")
     setpriv = shutil.which("setpriv")
-    homes = {h for h in (*HIDDEN, str(Path.home())) if os.path.isdir(h)}
-    spec = {"argv": argv, "env": env, "cwd": str(cwd),
-            "read": sorted(r for r in (_environment_paths() | {str(cwd)} | reads) - set(write)  # rw only
-                           if not _holds_scratch(r)),
-            "write": write, "hide": sorted(homes), "mask": sorted((_concealed | {str(Path(p).resolve()) for p in jail.hide})
-                                                       - {str(Path(p).resolve()) for p in jail.reveal}),
-            "tmp_mb": jail.limits.tmp_mb, "limits": limits,
+    spec = {"argv": argv, "env": env, "cwd": str(cwd), "tmp_mb": jail.limits.tmp_mb, "limits": limits,
             "uid": NOBODY if root else None, "gid": NOBODY if root else None, "setpriv": setpriv,
-            "mounts": level is Isolation.NAMESPACES}
+            "mounts": mounts, "later": jail.later and mounts, "mask": _masks(jail)}
+    if mounts:
+        spec |= view(jail.read, write, root, cwd)
     spec_file = job_dir / "sandbox.json"
     spec_file.write_text(json.dumps(spec))
     inside = [sys.executable, "-I", "-S", str(Path(__file__).with_name("inside.py")), str(spec_file)]
-    if level is Isolation.NAMESPACES:
+    if mounts:
         # setpriv first: unshare (our child) dies with us, and its child, the job, with it
         return [setpriv, "--pdeathsig", "KILL", *_unshare_args(), *inside], env
     return ([setpriv, "--pdeathsig", "KILL", *inside] if setpriv else inside), env
+
+
+def inputs(read, jail: Jail, cwd: Path | None = None) -> bytes:
+    """What a warm worker (started with Jail(later=True)) is sent with its job: the binds and
+    links that show it `read` (and the masks within them), for its first process to mount."""
+    root = os.geteuid() == 0
+    return json.dumps(view(read, (), root, cwd, base=False) | {"mask": _masks(jail)}).encode()
 
 
 def record(level: Isolation) -> dict:
