@@ -30,7 +30,10 @@ HERE = Path(__file__).parent
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="evotrainer-tests")
+    # the tests' own job targets (worker_targets) reach Ray's workers, and the sandboxed jobs
+    # they start, as a user's modules would: on PYTHONPATH (a job sees no working directory)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="evotrainer-tests",
+             runtime_env={"env_vars": {"PYTHONPATH": str(HERE)}})
     yield
     ray.shutdown()
 
