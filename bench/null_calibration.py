@@ -109,6 +109,17 @@ def null_trials(config: Path, harness: Path, runs: int, trials: int, steps: int,
     return rows, ctl
 
 
+def finals_controller(config: Path, harness: Path, steps: int, out: Path) -> Controller:
+    """A controller set up (base built or read from the cache, split key in force, sandbox
+    level chosen) but not run: the final comparison's replay needs its task, base and runtime."""
+    from evotrainer.executors import use_isolation
+    cfg = config_from_dict(bench_config(config, harness, [10, 11], 1, steps)).validate()
+    ctl = Controller(cfg, out / "finals-setup", agent=null_agent, run_backtests=False)
+    ctl.isolation = use_isolation(cfg.sandbox)
+    ctl._setup()  # noqa: SLF001 (the bench replays without a search)
+    return ctl
+
+
 def null_finals(ctl: Controller, harness: Path, finals: int, steps: int, out: Path) -> dict:
     """The root harness against a no-op copy of itself on 3 x `finals` fresh seeds, through the
     final comparison's own replay."""
@@ -155,6 +166,18 @@ def simulated() -> None:
               f"percentile bootstrap misses {r['boot_miss']}, beats {r['boot_beat']}")
 
 
+def trials_report(args) -> None:
+    rows, ctl = null_trials(args.config, args.harness.resolve(), args.runs, args.trials, args.steps, args.out)
+    (args.out / "null_trials.json").write_text(json.dumps(rows, indent=2))
+    alpha = ctl.cfg.gate.alpha
+    keeps = Rate(sum(r["label"] == Label.KEPT for r in rows), len(rows))
+    old = Rate(sum(r["old_keep"] for r in rows), len(rows))
+    print(f"\nnull trials through the real gate ({args.runs} runs x {args.trials}, {args.steps} steps a segment): "
+          f"kept {keeps} (alpha {100 * alpha:.1f}%); the old gate on the same first-look numbers: kept {old} "
+          f"(nominal ~2.3%); mean seed pairs {sum(r['pairs'] for r in rows) / max(len(rows), 1):.2f}; "
+          f"rules {dict((k, sum(r['rule'] == k for r in rows)) for k in ('keep', 'discard'))}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--simulate", action="store_true", help="only the simulated mode (seconds)")
@@ -166,21 +189,18 @@ def main() -> None:
     p.add_argument("--finals", type=int, default=14, help="null final comparisons (3 seeds each)")
     p.add_argument("--steps", type=int, default=50, help="training steps per segment")
     p.add_argument("--out", type=Path, default=ROOT / "bench-runs" / "null-calibration")
+    p.add_argument("--only", choices=("trials", "finals"), help="one half of the real mode")
     args = p.parse_args()
     if args.simulate:
         return simulated()
     import transformers
     transformers.logging.disable_progress_bar()
     t0 = time.time()
-    rows, ctl = null_trials(args.config, args.harness.resolve(), args.runs, args.trials, args.steps, args.out)
-    (args.out / "null_trials.json").write_text(json.dumps(rows, indent=2))
-    alpha = ctl.cfg.gate.alpha
-    keeps = Rate(sum(r["label"] == Label.KEPT for r in rows), len(rows))
-    old = Rate(sum(r["old_keep"] for r in rows), len(rows))
-    print(f"\nnull trials through the real gate ({args.runs} runs x {args.trials}, {args.steps} steps a segment): "
-          f"kept {keeps} (alpha {100 * alpha:.1f}%); the old gate on the same first-look numbers: kept {old} "
-          f"(nominal ~2.3%); mean seed pairs {sum(r['pairs'] for r in rows) / max(len(rows), 1):.2f}; "
-          f"rules {dict((k, sum(r['rule'] == k for r in rows)) for k in ('keep', 'discard'))}")
+    if args.only != "finals":
+        trials_report(args)
+    if args.only == "trials":
+        return
+    ctl = finals_controller(args.config, args.harness.resolve(), args.steps, args.out)
     diffs = null_finals(ctl, args.harness.resolve(), args.finals, args.steps, args.out)
     seeds = sorted(diffs)
     disjoint = [[diffs[s] for s in seeds[i:i + 3]] for i in range(0, len(seeds) - 2, 3)]
