@@ -153,3 +153,22 @@ def test_a_checkpoint_a_job_planted_a_link_or_a_pickle_in_is_refused_with_a_labe
     r = train(harness(tmp_path / "h", extra=extra), ckpt, tmp_path / "out")
     assert r.label == "crash" and r.error.startswith("its output was refused: ") and why in r.error, r.error
     assert "\n" not in r.error
+
+
+def test_of_a_sys_path_entry_that_holds_the_runs_a_job_sees_only_the_modules(tmp_path, monkeypatch):
+    """`python -m` or PYTHONPATH=. put the working directory on sys.path, and runs lie under it;
+    a job sees the modules and packages Python would import from there, not the runs."""
+    from evotrainer.sandbox import view
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    (project / "mytasks").mkdir(parents=True)
+    (project / "mytasks" / "__init__.py").write_text("")
+    (project / "helpers.py").write_text("")
+    out = project / "runs" / "r" / "versions" / "v1" / "seed-0"
+    out.mkdir(parents=True)
+    elsewhere.mkdir()
+    monkeypatch.syspath_prepend(str(project))
+    for cwd in (project, elsewhere):  # the runs under the working directory, or only under the entry
+        monkeypatch.chdir(cwd)
+        bound = {p for p, _ in view(read=(), write=(str(out),))["binds"]}
+        assert {str(project / "mytasks"), str(project / "helpers.py"), str(out)} <= bound
+        assert not {str(project), str(project / "runs")} & bound

@@ -153,12 +153,15 @@ class Warm:
     It writes nothing, so it serves calls that return data only; its root holds the Python
     environment until its job comes, and then that job's inputs, bound in as it is given
     (sandbox.inputs): never more. `reads` bounds what those may be (a call that reads
-    elsewhere gets a fresh worker)."""
+    elsewhere gets a fresh worker). Where the kernel cannot bind them in later (before Linux
+    5.2) none is started: every call gets a fresh worker."""
 
     def __init__(self, cwd: Path | None = None, threads: int | None = None, reads: tuple[str, ...] = (),
                  timeout_s: float = 600.0):
-        self._job: _Job | None = _Job(None, cwd, threads, timeout_s)
-        self._job.may_read = tuple(_real(r, self._job.cwd) for r in reads)
+        self._job: _Job | None = None
+        if isolation() is not Isolation.NAMESPACES or sandbox.can_bind_later():
+            self._job = _Job(None, cwd, threads, timeout_s)
+            self._job.may_read = tuple(_real(r, self._job.cwd) for r in reads)
 
     def take(self) -> _Job | None:
         """Its started worker, once, if it is still waiting (else None: start a fresh one)."""

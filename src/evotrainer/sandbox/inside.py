@@ -219,12 +219,11 @@ def _pivot(later: bool) -> int | None:
     kept under an empty cover at /.host (an fd to it returned) for the job's inputs."""
     os.chdir(NEW_ROOT)
     number = PIVOT_ROOT.get(os.uname().machine)
-    if number is None:  # no pivot_root number known here: the root moved over /, then chroot
-        host = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if later else None
-        _mount(".", "/", None, MS_MOVE)
-        os.chroot(".")
+    if number is None:  # no pivot_root number known here (nor a warm worker: launch.can_bind_later)
+        _mount(".", "/", None, MS_MOVE)  # the root moved over the host's, which a job without
+        os.chroot(".")                   # capabilities cannot climb out of
         os.chdir("/")
-        return host
+        return None
     _check(_libc.syscall(number, b".", b".host" if later else b"."), "pivot_root")
     if later:
         host = os.open("/.host", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -281,9 +280,13 @@ def _inject(request: dict, host: int) -> None:
         for path, how in request["binds"]:
             tree = _clone(host, path.lstrip("/"))
             _point(path, stat.S_ISDIR(os.fstat(tree).st_mode))
-            _read_only(tree, how if isinstance(how, list) else None)
+            if isinstance(how, list):
+                _read_only(tree, how)
             _attach(tree, path)
             os.close(tree)
+            if not isinstance(how, list):  # read-only the classic way (mount_setattr is Linux 5.12)
+                keep = os.statvfs(path).f_flag & KEEP
+                _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | keep)
         _links(request["links"], "")
         _cover([m for m in request["mask"] if any(_within(m, p) for p, _ in request["binds"])], "")
     finally:

@@ -190,20 +190,21 @@ def paths_in(value, cwd: Path | None = None) -> set[str]:
     return out
 
 
-def _environment_paths() -> set[str]:
+def _environment_paths(outputs=()) -> set[str]:
     """The Python environment every job runs in: interpreter, stdlib, site-packages, our sources,
     the directories on sys.path and LD_LIBRARY_PATH. Of a sys.path entry that holds the
-    controller's working directory (`python -m` or PYTHONPATH=. put it there) only what
-    Python imports from it, its modules and packages: not the runs beside them."""
+    controller's working directory (`python -m` or PYTHONPATH=. put it there) or one of
+    `outputs`, only what Python imports from it, its modules and packages: not the runs
+    beside them."""
     import site
 
     import evotrainer
-    here = os.getcwd()
+    here = [os.getcwd(), *outputs]
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              str(Path(evotrainer.__file__).resolve().parents[1]), str(Path(sys.executable).resolve().parent),
              *site.getsitepackages()}
     for p in filter(os.path.isabs, sys.path):
-        if not _within(here, p):
+        if not any(_within(h, p) for h in here):
             paths.add(p)
         elif os.path.isdir(p):
             paths |= {str(c) for c in Path(p).iterdir() if c.suffix == ".py" or (c / "__init__.py").is_file()}
@@ -262,16 +263,21 @@ def _unreadable_by_others(path: str) -> bool:
     return False
 
 
-@functools.lru_cache(maxsize=None)
-def _idmap_refused(dev: int, path: str) -> str:
-    """Why the filesystem `path` lies on (device `dev`) cannot be bound idmapped ('' if it can):
-    tried once per filesystem, on a detached copy of the mount that is never attached."""
-    try:
-        r = subprocess.run([sys.executable, "-I", "-S", str(Path(__file__).with_name("inside.py")), "--idmap", path],
-                           capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return str(e)
-    return "" if r.returncode == 0 else (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+_idmappable: dict[int, str] = {}
+
+
+def _idmap_refused(path: str) -> str:
+    """Why the filesystem `path` lies on cannot be bound idmapped ('' if it can): tried once
+    per filesystem, on a detached copy of the mount that is never attached."""
+    dev = os.stat(path).st_dev
+    if dev not in _idmappable:
+        try:
+            r = subprocess.run([sys.executable, "-I", "-S", str(Path(__file__).with_name("inside.py")), "--idmap", path],
+                               capture_output=True, text=True, timeout=30)
+            _idmappable[dev] = "" if r.returncode == 0 else (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return str(e)
+    return _idmappable[dev]
 
 
 def _owner_map(path: str, root: bool) -> list[int] | None:
@@ -283,7 +289,7 @@ def _owner_map(path: str, root: bool) -> list[int] | None:
     st = os.stat(path)
     if st.st_uid == NOBODY:
         return None
-    why = _idmap_refused(st.st_dev, path)
+    why = _idmap_refused(path)
     if why:
         raise UsageError(f"sandboxed jobs run as nobody (evotrainer runs as root here) and cannot read '{path}', "
                          f"and its filesystem refuses an idmapped bind that would let them ({why}): make it "
@@ -316,7 +322,7 @@ def view(read, write=(), root: bool = False, cwd: Path | None = None, base: bool
 
     for p in write:
         add(p, "rw")
-    for p in (*SYSTEM, *_environment_paths(), *(f"/etc/{e}" for e in ETC)) if base else ():
+    for p in (*SYSTEM, *_environment_paths(binds), *(f"/etc/{e}" for e in ETC)) if base else ():
         add(p, "ro")
     for p in read:
         add(p, "read")
@@ -374,6 +380,15 @@ def command(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: P
         # setpriv first: unshare (our child) dies with us, and its child, the job, with it
         return [setpriv, "--pdeathsig", "KILL", *_unshare_args(), *inside], env
     return ([setpriv, "--pdeathsig", "KILL", *inside] if setpriv else inside), env
+
+
+def can_bind_later() -> bool:
+    """Whether a warm worker's inputs can be bound in after it started (open_tree and
+    move_mount, Linux 5.2; pivot_root's number known): where not, no worker is started
+    before its job is known."""
+    from evotrainer.sandbox.inside import PIVOT_ROOT
+    release = tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2]) if sys.platform == "linux" else ()
+    return release >= (5, 2) and os.uname().machine in PIVOT_ROOT
 
 
 def inputs(read, jail: Jail, cwd: Path | None = None) -> bytes:
