@@ -42,10 +42,13 @@ def test_compare_pairs_seeds_and_gives_a_ci():
     c = compare(ref, evo)
     d = c["val"]["difference"]
     assert d["per_seed"] == [5.0, 6.0, 4.0] and d["mean"] == pytest.approx(5.0)
-    assert 4.0 <= d["ci"][0] <= 5.0 <= d["ci"][1] <= 6.0  # seed effects cancel: the spread of ref (10 pts) does not
+    # seed effects cancel (the spread of ref, 10 points, does not enter): a t interval over the
+    # three paired differences, 2 degrees of freedom
+    half = 4.302653 * 1.0 / math.sqrt(3)
+    assert d["ci"] == pytest.approx([5.0 - half, 5.0 + half], abs=1e-4) and d["interval"] == "t"
     assert c["val"]["reference"]["sd"] == pytest.approx(10.0)
     text = table({"val": 0.05, "test": 0.04}, c, [100, 101, 102])
-    assert "reference" in text and "10.0 ±" in text and "[+4" in text
+    assert "reference" in text and "10.0 ±" in text and "95% t interval, 2 df [+2.5, +7.5]" in text
 
 
 def test_one_seed_has_no_spread():
@@ -56,8 +59,12 @@ def test_one_seed_has_no_spread():
 
 def test_verdict_reads_the_test_ci():
     ref = {s: {"val": 0.10, "test": 0.10} for s in (1, 2, 3)}
-    better = compare(ref, {s: {"val": 0.15, "test": 0.10 + 0.01 * s} for s in (1, 2, 3)})
-    assert verdict(better).startswith("verdict: the evolved harness beat the reference recipe by +2.0 test points")
+    better = compare(ref, {s: {"val": 0.15, "test": 0.12 + 0.001 * s} for s in (1, 2, 3)})
+    assert verdict(better).startswith("verdict: the evolved harness beat the reference recipe by +2.2 test points, "
+                                      "95% t interval, 2 df [+2.0, +2.4]")
+    # the same mean with seeds 1 point apart: 2 degrees of freedom cannot show it above zero
+    spread = compare(ref, {s: {"val": 0.15, "test": 0.11 + 0.01 * (s - 1)} for s in (1, 2, 3)})
+    assert "no difference shown" in verdict(spread)
     assert table({"val": 0.0, "test": 0.0}, better, [1, 2, 3]).splitlines()[-1] == verdict(better)
     mixed = compare(ref, {1: {"val": 0.1, "test": 0.12}, 2: {"val": 0.1, "test": 0.08}, 3: {"val": 0.1, "test": 0.1}})
     assert "no difference shown" in verdict(mixed) and "contains zero" in verdict(mixed)
