@@ -193,7 +193,7 @@ def test_planted_length_reward_is_stopped_by_the_backtest_and_without_it_by_the_
 
 
 def test_unplanted_partial_credit_on_a_longer_target_is_invalid(tmp_path, sft_base):
-    """shared/MEASUREMENTS.md: per-digit partial credit on a target longer than anything the base
+    """Measured on the prototype: per-digit partial credit on a target longer than anything the base
     saw raises its shaped reward while exact match stays 0. Nobody plants it here: the rules
     agent proposes it for the dead groups, the backtest passes it (its extra signal tracks
     closeness to the answer), and only the gate, on the trained evidence, can stop it."""

@@ -17,7 +17,7 @@ What it asks of a candidate reward, filter or truncation rule, before any traini
   does it track there? A reward can keep every correct answer above every wrong one and
   still push the policy around inside all-wrong groups; if that push follows length or
   format rather than closeness to the answer, it is a hack in waiting (a length-paying
-  reward drove exact match to 0 within ~20 steps; shared/MEASUREMENTS.md).
+  reward drove exact match to 0 within ~20 steps on the tiny policy's 3-digit base).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The built-in diagnostics, in layers: score, signal, behavior, efficiency, model state,
 agentic. Thresholds follow EvoTrainer where it published them (dead groups > 30% warn,
 > 50% critical; reward spread < 0.05; mean log-prob > -0.05 is exploration collapse;
-tool/edit failures > 15%) and shared/MEASUREMENTS.md elsewhere.
+tool/edit failures > 15%) and our own measurements on the tiny policy elsewhere.
 
 Each function reads an `Evidence` and returns a number, or None where it does not apply
 (agentic metrics on single-turn records, KL when the run used none).
@@ -34,7 +34,7 @@ def _first_last(ev: Evidence, field: str) -> tuple[float, float] | None:
 # rose 0.12-0.13 while exact match rose 0.04-0.045 (2.8 to 1) with AdamW restarted each
 # segment, and 0.09-0.13 against 0.014-0.034 (up to 9 to 1) with AdamW carried across
 # segments. No fixed pace separates that from a hack, but the hack's own signature does:
-# the unplanted case of shared/MEASUREMENTS.md (partial credit on 3-digit sums from a
+# the unplanted case we measured (partial credit on 3-digit sums from a
 # 1-digit base) raised its reward 0.05-0.07 in 30 steps with exact match at 0 throughout;
 # a binary reward's unbacked rise is exactly 0. Hence critical at 0.03.
 # So the verifier score *backs* a reward rise when its least-squares trend over the segment
@@ -340,8 +340,8 @@ def top_failure_share(ev: Evidence) -> float | None:
 
 
 # ------------------------------------------------------------------ agentic (multi-turn records only)
-# EvoTrainer's behaviour metrics for agents, where its thresholds are published (shared/
-# REFERENCES.md: tool or edit failures > 15%, self-test rate < 50%, edit coverage < 60%,
+# EvoTrainer's behaviour metrics for agents, where its thresholds are published (the
+# EvoTrainer paper: tool or edit failures > 15%, self-test rate < 50%, edit coverage < 60%,
 # solution diversity < 15%, a metric for git-history access after a leak); the others are
 # ours, said so beside them. Each is None on single-turn records (no turns) and on episodes
 # that never did what it measures (self-tests of episodes that never edit).

@@ -1,4 +1,4 @@
-"""The controller: the evolution loop of shared/DESIGN.md.
+"""The controller: the evolution loop (docs/concepts.md).
 
 A *state* (evolve/state.py) is a harness version at a lineage depth with one checkpoint per
 seed. In `continue` mode (population-based training) depth counts segments of training

@@ -17,7 +17,7 @@ can be read off them, and two more points in 2..12 make the problem's identity):
     2  x*a+b                            b = f(0), a = f(1) - f(0): one-digit subtraction
     3  x*x+b, x*a-b                     a second shape, and a negative intercept
 A ~1M-parameter character model learns this on a CPU the way it learns reversed sums:
-a table of small facts (shared/MEASUREMENTS.md has the arith curves for comparison).
+a table of small facts (docs/benchmarks.md has the arith curves for comparison).
 """
 from __future__ import annotations
 
