@@ -10,6 +10,7 @@ too, for the before/after table.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import dataclass
@@ -77,10 +78,10 @@ def simulate_gate(effect: float | Sequence[float] = 0.0, sd: float = 0.022, seed
     new = old = pairs = 0
     for _ in range(trials):
         null = [rng.gauss(0, sd) for _ in range(replicas * seeds)]
-        i = iter(range(10 ** 9))
+        pair = itertools.count()
 
         def draw() -> float:
-            return effects[next(i) % len(effects)] + rng.gauss(0, sd)
+            return effects[next(pair) % len(effects)] + rng.gauss(0, sd)
         label, used = gate_run(draw, seeds, null, cfg)
         new += label == Label.KEPT
         pairs += used

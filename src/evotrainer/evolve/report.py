@@ -16,6 +16,11 @@ def open_run(run_dir: Path | str) -> LineageStore:
     return LineageStore(path)
 
 
+def _difference(d: dict) -> dict:
+    """A final difference as status shows it; a run recorded before t intervals had a bootstrap CI."""
+    return {"mean": d["mean"], "ci": d["ci"], "level": d["level"], "interval": d.get("interval", "bootstrap")}
+
+
 def status(run_dir: Path | str) -> dict:
     store = open_run(run_dir)
     trials, events = store.trials(), store.events()
@@ -56,8 +61,7 @@ def status(run_dir: Path | str) -> dict:
         "state": "finished" if last in ("final_finished", "run_finished", "stopped") else "running or interrupted",
         "final": None if not final else {
             "winner": final[-1]["winner"], "seeds": final[-1]["seeds"],
-            **{f"{split}_difference": {k: final[-1]["comparison"][split]["difference"].get(k, "bootstrap")
-                                       for k in ("mean", "ci", "level", "interval")}
+            **{f"{split}_difference": _difference(final[-1]["comparison"][split]["difference"])
                for split in ("val", "test")}},
         "wall_s": round(wall, 1), "train_s": round(train, 1), "eval_s": round(evaluate, 1),
         # everything that is neither training nor evaluation: agents, backtests, git, bookkeeping
