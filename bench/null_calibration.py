@@ -129,12 +129,16 @@ def null_finals(ctl: Controller, harness: Path, finals: int, steps: int, out: Pa
         with open(copy / "knobs.yaml", "a") as f:
             f.write(f"top_k: {NO_OP_TOP_K}\n")
     seeds = list(range(300, 300 + 3 * finals))
-    arms = {"reference": Arm((str(harness),), steps), "copy": Arm((str(copy),), steps)}
-    rep = replay(ctl.task, ctl.base, arms, seeds, out / "finals", ctl.cfg.evaluation, 3600, 0, ctl.runtime,
-                 ctl.cfg.worker_memory_mb)
-    diffs = {s: rep.scores["copy"][s]["test"] - rep.scores["reference"][s]["test"] for s in seeds}
-    (out / "finals.json").write_text(json.dumps({str(s): d for s, d in diffs.items()}))
-    return diffs
+    record = out / "finals.json"  # seeds measured before are read back: a larger --finals only adds seeds
+    done = {int(s): d for s, d in json.loads(record.read_text()).items()} if record.exists() else {}
+    todo = [s for s in seeds if s not in done]
+    if todo:
+        arms = {"reference": Arm((str(harness),), steps), "copy": Arm((str(copy),), steps)}
+        rep = replay(ctl.task, ctl.base, arms, todo, out / "finals", ctl.cfg.evaluation, 3600, 0, ctl.runtime,
+                     ctl.cfg.worker_memory_mb)
+        done |= {s: rep.scores["copy"][s]["test"] - rep.scores["reference"][s]["test"] for s in todo}
+        record.write_text(json.dumps({str(s): d for s, d in sorted(done.items())}))
+    return {s: done[s] for s in seeds}
 
 
 def interval_rates(triples: list[list[float]]) -> dict:
