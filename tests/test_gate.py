@@ -1,5 +1,6 @@
 """The gate and its statistics on hand-made numbers."""
 import math
+import random
 
 import pytest
 
@@ -102,6 +103,24 @@ def test_the_t_interval_holds_its_level_where_the_bootstrap_did_not():
     assert t_interval([0.1]) == (-math.inf, math.inf)
     lo, hi = t_interval([0.05, 0.06, 0.04])
     assert lo == pytest.approx(0.05 - 4.302653 * 0.01 / math.sqrt(3), abs=1e-6) and hi > 0.06
+
+
+def test_subset_rate_is_the_rate_over_every_subset_with_a_leave_one_seed_out_error():
+    from itertools import combinations
+    from evotrainer.evolve.calibration import subset_rate
+    values = [1.0, 1.0, 1.0, 1.0, -1.0, -1.0]
+    r = subset_rate(values, 3, lambda xs: min(xs) > 0)
+    assert r.subsets == 20 and r.rate == pytest.approx(4 / 20)
+    # the jackknife by brute force: the rate over the triples of the other five seeds
+    rates = [sum(min(c) > 0 for c in combinations(values[:i] + values[i + 1:], 3)) / 10 for i in range(6)]
+    m = sum(rates) / 6
+    assert r.se == pytest.approx(math.sqrt(5 / 6 * sum((x - m) ** 2 for x in rates)))
+    # a null that holds: normal differences, the t interval misses 0 about 5% of the time
+    rng = random.Random(7)
+    null = subset_rate([rng.gauss(0, 1) for _ in range(40)], 3, lambda xs: not t_interval(xs)[0] <= 0 <= t_interval(xs)[1])
+    assert null.ci[0] <= 0.05 <= null.ci[1] and null.ci[1] - null.ci[0] < 0.12
+    with pytest.raises(ValueError, match="at least"):
+        subset_rate([0.1, 0.2, 0.3, 0.4], 3, bool)
 
 
 def test_pooled_test_counts_the_null_as_degrees_of_freedom():

@@ -106,3 +106,47 @@ def simulate_interval(n: int, sd: float = 0.02, level: float = 0.95, trials: int
         beat_b += blo > 0
     return {"t_miss": Rate(miss_t, trials), "boot_miss": Rate(miss_b, trials),
             "t_beat": Rate(beat_t, trials), "boot_beat": Rate(beat_b, trials)}
+
+
+@dataclass(frozen=True)
+class SubsetRate:
+    """How often `event` happens over every k-subset of n seeds (a U-statistic), with a
+    jackknife-over-seeds interval. Overlapping subsets share seeds, so a binomial interval over
+    them would be far too narrow; disjoint subsets alone are independent but few. Leaving one
+    seed out at a time measures how much the rate leans on each seed (Efron & Stein, 1981)."""
+    rate: float
+    se: float
+    subsets: int
+    seeds: int
+    level: float = 0.95
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        z = _scipy_stats.norm.ppf(0.5 + self.level / 2)
+        return max(0.0, self.rate - z * self.se), min(1.0, self.rate + z * self.se)
+
+    def __str__(self) -> str:
+        lo, hi = self.ci
+        return (f"{100 * self.rate:.1f}% (over {self.subsets} subsets of {self.seeds} seeds; "
+                f"{int(100 * self.level)}% jackknife CI {100 * lo:.1f}-{100 * hi:.1f}%)")
+
+
+def subset_rate(values: Sequence[float], k: int, event: Callable[[Sequence[float]], bool],
+                level: float = 0.95) -> SubsetRate:
+    """`event` over every k-subset of `values`, and its jackknife standard error: the rate
+    without seed i is (all hits - hits that include i) / C(n-1, k)."""
+    n = len(values)
+    if n < k + 2:
+        raise ValueError(f"subset_rate needs at least k + 2 = {k + 2} values, got {n}")
+    hits_with = [0] * n
+    total = subsets = 0
+    for idx in itertools.combinations(range(n), k):
+        subsets += 1
+        if event([values[i] for i in idx]):
+            total += 1
+            for i in idx:
+                hits_with[i] += 1
+    left_out = [(total - h) / math.comb(n - 1, k) for h in hits_with]
+    mean = sum(left_out) / n
+    se = math.sqrt((n - 1) / n * sum((r - mean) ** 2 for r in left_out))
+    return SubsetRate(total / subsets, se, subsets, n, level)
