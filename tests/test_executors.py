@@ -154,9 +154,9 @@ def test_the_limits_fallback_still_empties_the_environment_and_says_so(capsys, m
     """Where namespaces are unavailable the job still runs, with limits and an empty
     environment, and the weaker level is said on stderr (never silently)."""
     from evotrainer.executors import worker
-    from evotrainer.sandbox import Isolation
-    monkeypatch.setattr(worker, "_isolation", None)
-    monkeypatch.setattr(worker, "_warned", set())
+    from evotrainer.sandbox import Isolation, processes
+    monkeypatch.setattr(processes, "_isolation", None)  # the level in force lives in the sandbox
+    monkeypatch.setattr(processes, "_warned", set())
     monkeypatch.setenv("EVOTRAINER_TEST_SECRET", "hunter2")
     assert worker.use_isolation("limits") is Isolation.LIMITS
     assert "WARNING: process limits only" in capsys.readouterr().err

@@ -36,6 +36,9 @@ from typing import Any, Callable
 
 from evotrainer import sandbox
 from evotrainer.sandbox import Isolation, Jail
+# the level in force and the tree kill live in the sandbox (programs.py needs them too); named here as before
+from evotrainer.sandbox.processes import isolation, kill_tree, use_isolation
+from evotrainer.sandbox.processes import tree as _tree
 
 LABELS = ("ok", "crash", "timeout", "oom")
 TAIL_CHARS = 4000
@@ -72,27 +75,6 @@ class Call:
     def inputs(self, cwd: Path | None = None) -> tuple[str, ...]:
         """The existing paths it reads: those `reads` names, else those its kwargs name."""
         return tuple(sorted(sandbox.paths_in(self.kwargs if self.reads is None else self.reads, cwd)))
-
-
-_isolation: Isolation | None = None
-_warned: set[Isolation] = set()  # weaker levels this process has said it runs at
-
-
-def use_isolation(level: Isolation | str) -> Isolation:
-    """Set this process's sandbox level for every worker it starts (the controller does, from
-    the run config's `sandbox:`); 'auto' probes. Returns the level in force."""
-    global _isolation
-    new = sandbox.resolve(level) if isinstance(level, str) else level
-    if new is not Isolation.NAMESPACES and new not in _warned:
-        print(f"evotrainer sandbox: {sandbox.describe(new)}", file=sys.stderr)  # never silently weaker
-        _warned.add(new)
-    _isolation = new
-    return _isolation
-
-
-def isolation() -> Isolation:
-    """The level in force: what `use_isolation` set, else the strongest this machine allows."""
-    return _isolation if _isolation is not None else use_isolation("auto")
 
 
 def run_in_worker(target: str, kwargs: dict | None = None, timeout_s: float = 600.0,
@@ -337,37 +319,6 @@ def _real(path: str, cwd: Path) -> str:
 
 def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL a started job's whole process tree and group (its children included) and reap it.
-    In the sandbox, the job is PID 1 of its namespace: when it dies the kernel kills the rest,
-    setsid() or not; the explicit kill of every descendant covers the other levels too."""
-    pids = _tree(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    proc.wait()
-
-
-def _tree(pid: int) -> list[int]:
-    """pid and its descendants (Linux /proc; [pid] elsewhere)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
-        except (OSError, ValueError):
-            continue
-    return out
 
 
 def _rss_pages(pid: int) -> int:

@@ -126,7 +126,7 @@ def run_programs(programs: list[Program], timeout_s: float = 2.0, memory_mb: int
                  level: Isolation | None = None, hide: tuple[str, ...] = (),
                  drivers: int | None = None) -> list[Outcome]:
     """Run every program (each with `timeout_s` and `memory_mb` of its own) in sandboxed
-    drivers at `level` (None: the process-wide level, executors.worker.isolation()); one
+    drivers at `level` (None: the process-wide level, processes.isolation()); one
     Outcome per program, in order.
 
     `hide`: files the programs must not read although the caller may, a task's data files
@@ -138,7 +138,7 @@ def run_programs(programs: list[Program], timeout_s: float = 2.0, memory_mb: int
     if not programs:
         return []
     if level is None:
-        from evotrainer.executors.worker import isolation
+        from evotrainer.sandbox.processes import isolation
         level = isolation()
     if drivers is None:
         drivers = min(os.cpu_count() or 1, 4, max(len(programs) // PER_DRIVER, 1))
@@ -182,7 +182,7 @@ def _run_batch(programs: list[Program], timeout_s: float, memory_mb: int, level:
         try:
             out, err = proc.communicate(data, timeout=deadline)
         except BaseException as e:  # past the deadline, or interrupted: the driver never outlives us
-            from evotrainer.executors.worker import kill_tree
+            from evotrainer.sandbox.processes import kill_tree
             kill_tree(proc)
             proc.communicate()
             if not isinstance(e, subprocess.TimeoutExpired):
