@@ -34,7 +34,7 @@ from evotrainer.policy import load_policy  # noqa: E402
 from evotrainer.policy.config import PolicyConfig  # noqa: E402
 from evotrainer.pretrain import pretrain  # noqa: E402
 from evotrainer.runtime import Runtime  # noqa: E402
-from evotrainer.tasks import get_task  # noqa: E402
+from evotrainer.catalog import get_task  # noqa: E402
 
 WARMUP = 2
 

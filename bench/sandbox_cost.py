@@ -70,7 +70,7 @@ def codegen_steps(level: Isolation, steps: int, drivers: int | None) -> tuple[li
     from evotrainer.inner.grpo import GRPOTrainer
     from evotrainer.policy import load_policy
     from evotrainer.pretrain import PretrainConfig, pretrain
-    from evotrainer.tasks import get_task
+    from evotrainer.catalog import get_task
     use_isolation(level)
     task = get_task("codegen")
     base, _ = pretrain(task, PretrainConfig(), ROOT / "bench-runs" / "sandbox-cost" / "cache")

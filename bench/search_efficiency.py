@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
 from evotrainer.evolve.replay import Arm, replay  # noqa: E402
-from evotrainer.tasks import get_task  # noqa: E402
+from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.tasks.keys import split_key  # noqa: E402
 from evotrainer.skills import SkillLibrary  # noqa: E402
 from evotrainer.evolve.stats import clustered_t_interval  # noqa: E402

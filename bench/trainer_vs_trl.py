@@ -57,7 +57,7 @@ from evotrainer.inner.backends import run_embedded  # noqa: E402
 from evotrainer.policy import load_policy  # noqa: E402
 from evotrainer.pretrain import pretrain  # noqa: E402
 from evotrainer.runtime import Runtime  # noqa: E402
-from evotrainer.tasks import get_task  # noqa: E402
+from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.train import train_segment  # noqa: E402
 
 WARMUP = 2

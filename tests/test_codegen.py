@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from evotrainer.catalog import get_task
 from evotrainer.sandbox import Isolation, probe
-from evotrainer.tasks import get_task
 from evotrainer.tasks.codegen import FUNCTIONS, HEADER
 from test_sandbox import processes_with
 

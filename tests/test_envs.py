@@ -3,9 +3,9 @@ a scripted two-turn rollout, on played episodes (the tiny policy's and a chat mo
 in the trainer's records."""
 import pytest
 
+from evotrainer.catalog import get_task
 from evotrainer.envs import Caps, Episode, SingleTurn, pad
 from evotrainer.policy import build_tokenizer
-from evotrainer.tasks import get_task
 
 
 def test_a_scripted_two_turn_episode_masks_exactly_the_policys_tokens():

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from evotrainer.tasks import get_task
+from evotrainer.catalog import get_task
 from evotrainer.tasks.base import HELD_OUT_SHARE, pool_digest
 from evotrainer.train import handed_draws
 

@@ -75,11 +75,11 @@ pathlib.Path(sys.argv[1]).write_text(json.dumps({{"name": name, "hypothesis": "c
 
 
 def test_hostile_edits_through_the_loop_fail_inside_the_sandbox(tiny_run, tmp_path, monkeypatch):
+    from evotrainer.catalog import get_task
     from evotrainer.config import config_from_dict
     from evotrainer.evolve.controller import Controller
     from evotrainer.evolve.report import status
     from evotrainer.lineage import LineageStore
-    from evotrainer.tasks import get_task
     from evotrainer.tasks.keys import key_dir, split_key
     cfg, run = tiny_run
     server = socket.socket()

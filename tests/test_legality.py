@@ -87,6 +87,10 @@ ILLEGAL_CODE = [
      'from evotrainer.tasks import get_task\n\ndef reward(r):\n'
      '    test = get_task("arith").split("test")\n    return r.scores\n',
      1, ["evotrainer.tasks", "split"]),
+    ("reads the test split through get_task's own module",
+     'from evotrainer.catalog import get_task\n\ndef reward(r):\n'
+     '    test = get_task("arith").split("test")\n    return r.scores\n',
+     1, ["evotrainer.catalog", "split"]),
     ("imports the evaluator",
      'import torch\nfrom evotrainer.evaluate import accuracy\n\ndef reward(r):\n    return r.scores\n',
      2, ["evotrainer.evaluate", "evaluator"]),

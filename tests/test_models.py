@@ -112,9 +112,9 @@ def test_sequence_mean_aggregations_leave_dropped_rows_out_of_their_denominators
 
 
 def test_the_trainer_hands_aggregations_a_mask_as_wide_as_the_budget_with_dropped_rows_zero(tmp_path):
+    from evotrainer.catalog import get_task
     from evotrainer.inner.grpo import GRPOTrainer
     from evotrainer.policy import build_model
-    from evotrainer.tasks import get_task
     files = {"loss_agg.py": """
         import torch
         SEEN = []
@@ -142,7 +142,7 @@ def test_the_trainer_hands_aggregations_a_mask_as_wide_as_the_budget_with_droppe
 def test_micro_batches_accumulate_the_same_gradient_as_the_whole_batch(tmp_path, agg):
     from evotrainer.inner.grpo import GRPOTrainer
     from evotrainer.policy import build_model
-    from evotrainer.tasks import get_task
+    from evotrainer.catalog import get_task
     knobs = {"prompts_per_step": 4, "group_size": 4, "reward": "digit_share", "loss_agg": agg, "kl_coef": 0.05,
              "group_filter": "drop_dead"}
     grads = []
@@ -167,7 +167,7 @@ def test_an_aggregation_that_is_not_linear_cannot_be_split_into_micro_batches():
 def test_clip_fraction_and_approximate_kl_appear_with_several_updates_per_batch(tmp_path):
     from evotrainer.inner.grpo import GRPOTrainer
     from evotrainer.policy import build_model
-    from evotrainer.tasks import get_task
+    from evotrainer.catalog import get_task
     out = {}
     for it in (1, 4):
         tok = build_tokenizer()
@@ -183,7 +183,7 @@ def test_clip_fraction_and_approximate_kl_appear_with_several_updates_per_batch(
 def test_top_k_one_samples_the_greedy_completion(tmp_path):
     from evotrainer.inner.grpo import GRPOTrainer
     from evotrainer.policy import build_model
-    from evotrainer.tasks import get_task
+    from evotrainer.catalog import get_task
     tok = build_tokenizer()
     h = make_harness(tmp_path, {"prompts_per_step": 2, "group_size": 4, "top_k": 1})
     tr = GRPOTrainer(build_model(len(tok), seed=2), tok, get_task("arith", 2), h, seed=0)

@@ -3,9 +3,9 @@ import shutil
 
 import pytest
 
+from evotrainer.catalog import get_task
 from evotrainer.pretrain import PretrainConfig, PretrainFailed, base_path, pretrain
 from evotrainer.policy import load_policy
-from evotrainer.tasks import get_task
 from evotrainer.tasks.keys import key_path, split_key
 
 

@@ -159,7 +159,7 @@ def test_a_jsonl_math_task_scored_by_math_verify_goes_through_train_and_run(tmp_
                   "--steps", 2, "--eval-every", 1, "--out", tmp_path / "train")
     assert 0.3 < summary["base_val"] < 0.7 and 0.3 < summary["val"] < 0.7   # the evaluator: math-verify
     assert sum(m["score_mean"] for m in metrics(tmp_path / "train")) > 0   # the training worker: math-verify too
-    from evotrainer.tasks import get_task  # the same rows under exact match: "1/2" is never right
+    from evotrainer.catalog import get_task  # the same rows under exact match: "1/2" is never right
     exact = get_task(f"jsonl:{data}")
     assert sum(exact.score(p, "1/2") for p in exact.split("val")) == 0
     run = tmp_path / "run"

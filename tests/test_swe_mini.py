@@ -15,8 +15,8 @@ import pytest
 from evotrainer.harness.actions import json_call, plain
 from evotrainer.envs.base import ABANDON, ECHO, FAIL, INVALID, SUCCESS, TURN_CAP
 from evotrainer.sandbox.programs import run_programs
-from evotrainer.tasks.swe_mini import SweMiniConfig, SweMiniTask, _program, make
-from evotrainer.tasks.swe_mini_repo import HIDDEN_PATH, KINDS, SHAPES, fix_edit
+from evotrainer.envs.swe_mini import SweMiniConfig, SweMiniTask, _program, make
+from evotrainer.envs.swe_mini_repo import HIDDEN_PATH, KINDS, SHAPES, fix_edit
 
 
 def problems(level, n, seed=0):

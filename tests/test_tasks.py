@@ -3,8 +3,8 @@ import random
 
 import pytest
 
+from evotrainer.catalog import get_task
 from evotrainer.errors import UsageError
-from evotrainer.tasks import get_task
 from evotrainer.tasks.arith import ArithTask
 
 

@@ -195,12 +195,12 @@ def test_the_trl_backend_reports_to_the_runs_trackers(tmp_path, tiny_qwen):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from harnesses import write_harness
+    from evotrainer.catalog import get_task
     from evotrainer.harness import load_harness
     from evotrainer.inner.backends import get_backend
     from evotrainer.inner.segment import SegmentLog
     from evotrainer.policy import load_policy
     from evotrainer.runtime import Runtime
-    from evotrainer.tasks import get_task
     h = load_harness(write_harness(tmp_path / "h", None))
     model, tok = load_policy(tiny_qwen)
     log = SegmentLog(tmp_path, 3, 0)

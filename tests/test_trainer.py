@@ -5,11 +5,11 @@ import pytest
 import torch
 import yaml
 
+from evotrainer.catalog import get_task
 from evotrainer.harness import REFERENCE, load_harness
 from evotrainer.inner import GRPOTrainer
 from evotrainer.harness.rollouts import SlotError
 from evotrainer.policy import build_model, build_tokenizer
-from evotrainer.tasks import get_task
 
 
 def make_harness(tmp_path, knobs: dict, files: dict | None = None):

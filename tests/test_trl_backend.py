@@ -6,6 +6,7 @@ import torch
 import yaml
 
 from harnesses import write_harness
+from evotrainer.catalog import get_task
 from evotrainer.errors import UsageError
 from evotrainer.harness import load_harness
 from evotrainer.inner.backends import check_backend
@@ -14,7 +15,6 @@ from evotrainer.inner.segment import SegmentLog
 from evotrainer.policy import load_policy
 from evotrainer.policy.prompts import prompt_token_ids
 from evotrainer.runtime import Runtime
-from evotrainer.tasks import get_task
 
 trl = pytest.importorskip("trl")
 

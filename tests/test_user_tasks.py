@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from evotrainer.catalog import get_task
 from evotrainer.errors import UsageError
-from evotrainer.tasks import get_task
 from evotrainer.tasks.base import (
     HELD_OUT_SHARE,
     Problem,
@@ -282,7 +282,7 @@ def test_jsonl_canonical_spec_round_trips_from_another_cwd(tmp_path, monkeypatch
     for which in ("val", "test"):
         assert ids(again.split(which)) == ids(task.split(which))
     # a fresh process (what a worker is) in yet another cwd rebuilds the same splits
-    code = ("import json, sys; from evotrainer.tasks import get_task; t = get_task(sys.argv[1], int(sys.argv[2]));"
+    code = ("import json, sys; from evotrainer.catalog import get_task; t = get_task(sys.argv[1], int(sys.argv[2]));"
             "print(json.dumps([t.spec, t.max_new_tokens, [p.id for p in t.split('val')], [p.id for p in t.split('test')],"
             " [t.train_stream(0).draw(0).id]]))")
     out = subprocess.run([sys.executable, "-c", code, task.spec, "0"], cwd="/", capture_output=True, text=True, check=True)

@@ -43,7 +43,7 @@ def _progress(transient: bool = False):
 
 
 def _task(args):
-    from evotrainer.tasks import get_task
+    from evotrainer.catalog import get_task
     return get_task(args.task, args.level)
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from evotrainer import __version__
+from evotrainer.catalog import get_task
 from evotrainer.envs import EnvTask, Episode, pad
 from evotrainer.errors import UsageError
 from evotrainer.evaluate import accuracy
@@ -38,7 +39,7 @@ from evotrainer.evaluate.sampled import correct_counts
 from evotrainer.policy import build_model, build_tokenizer, load_policy, save_policy
 from evotrainer.policy.config import PolicyConfig
 from evotrainer.policy.prompts import observation_token_ids, prompt_token_ids
-from evotrainer.tasks import Task, get_task
+from evotrainer.tasks import Task
 from evotrainer.tasks.base import HELD_OUT_SHARE
 from evotrainer.tasks.keys import DEFAULT_CACHE, split_key
 

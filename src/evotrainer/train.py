@@ -67,13 +67,13 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
     evaluator scores)."""
     import torch
 
+    from evotrainer.catalog import get_task
     from evotrainer.harness import load_harness
     from evotrainer.inner.backends import get_backend
     from evotrainer.inner.grpo import completion_width
     from evotrainer.inner.segment import SegmentLog
     from evotrainer.policy import load_policy, save_policy
     from evotrainer.runtime import Runtime
-    from evotrainer.tasks import get_task
 
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)

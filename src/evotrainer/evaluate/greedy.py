@@ -61,7 +61,7 @@ def evaluate_checkpoints(task: str, level: int | None, jobs: dict[str, list[str]
     only this process receives. Loads only checkpoints and the task (no harness code), so it
     runs in a process of its own, apart from the controller and from every training worker.
     """
-    from evotrainer.tasks import get_task
+    from evotrainer.catalog import get_task
     t = get_task(task, level)
     if key:
         t.use_key(bytes.fromhex(key))

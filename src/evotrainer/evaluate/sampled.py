@@ -60,9 +60,9 @@ def evaluate_sampled(task: str, level: int | None, checkpoint: str, split: str, 
     """Evaluator process entry point (`evotrainer evaluate`): greedy accuracy, and pass@k from
     `samples` completions per problem, of one checkpoint on one split ("all": every problem
     of an evaluation set such as humaneval). Loads the checkpoint and the verifier only."""
+    from evotrainer.catalog import get_task
     from evotrainer.evaluate.greedy import accuracy
     from evotrainer.policy import load_policy
-    from evotrainer.tasks import get_task
     t = get_task(task, level)
     if key:
         t.use_key(bytes.fromhex(key))

@@ -62,7 +62,7 @@ from evotrainer.policy.model import resolve_model
 from evotrainer.sandbox import conceal, describe
 from evotrainer.sandbox import record as sandbox_record
 from evotrainer.skills import SkillLibrary
-from evotrainer.tasks import get_task
+from evotrainer.catalog import get_task
 from evotrainer.tasks.keys import key_digest, key_dir, split_key
 from evotrainer.trackers import TrackerSet, open_trackers, trial_row
 

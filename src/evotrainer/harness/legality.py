@@ -50,6 +50,7 @@ ALLOWED_EVOTRAINER = ("evotrainer.harness", "evotrainer.diagnostics")
 FORBIDDEN = {
     "evotrainer.evaluate": "the evaluator is off limits to harness code",
     "evotrainer.tasks": "task and split modules are off limits (a harness sees data only through rollouts)",
+    "evotrainer.catalog": "task and split modules are off limits (a harness sees data only through rollouts)",
     "evotrainer.harness.load": "controller-side module (reads files, runs code)",
     "evotrainer.harness.versions": "controller-side module (runs git)",
     "evotrainer.harness.legality": "controller-side module",

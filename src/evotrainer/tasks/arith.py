@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass
 
 from evotrainer.tasks.base import Problem, Task
+from evotrainer.tasks.registry import Builtin, register
 
 
 @dataclass
@@ -52,3 +53,6 @@ class ArithTask(Task):
 def make(level: int | None = None) -> ArithTask:
     cfg = ArithConfig() if level is None else ArithConfig(target_level=level)
     return ArithTask(cfg)
+
+
+register(Builtin("arith", make))

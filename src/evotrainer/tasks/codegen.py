@@ -25,6 +25,7 @@ import random
 from dataclasses import dataclass
 
 from evotrainer.tasks.base import Judgement, Problem, Task
+from evotrainer.tasks.registry import Builtin, register
 
 HEADER = "def f(x):return "
 SHOWN = 4          # examples in the prompt: x = 0, 1 and two of 2..12
@@ -112,3 +113,6 @@ class CodegenTask(Task):
 
 def make(level: int | None = None) -> CodegenTask:
     return CodegenTask(CodegenConfig() if level is None else CodegenConfig(target_level=level))
+
+
+register(Builtin("codegen", make))

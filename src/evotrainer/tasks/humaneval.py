@@ -36,6 +36,7 @@ from importlib.resources import files
 from evotrainer.errors import UsageError
 from evotrainer.sandbox.programs import Outcome, Program, run_programs
 from evotrainer.tasks.base import SPLITS, Judgement, Problem, Task
+from evotrainer.tasks.registry import Builtin, register
 
 NAME = "humaneval"
 STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")  # the Codex paper's stop sequences
@@ -121,3 +122,6 @@ def make(level: int | None = None) -> HumanEvalTask:
     if level not in (None, 0):
         raise UsageError(f"humaneval has one level, 0; got {level}")
     return HumanEvalTask()
+
+
+register(Builtin("humaneval", make))

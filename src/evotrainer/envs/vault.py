@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from evotrainer.envs.base import (ABANDON, ECHO, FAIL, INVALID, SUCCESS, Caps, EnvTask, Environment, Parser, Step,
                                   ToolCall)
 from evotrainer.tasks.base import Problem
+from evotrainer.tasks.registry import Builtin, Option, register
 
 KEYS = string.ascii_lowercase
 VALUES = range(10, 100)
@@ -150,3 +151,10 @@ class VaultTask(EnvTask):
 def make(level: int | None = None, tool: bool = True) -> VaultTask:
     cfg = VaultConfig(tool=tool) if level is None else VaultConfig(target_level=level, tool=tool)
     return VaultTask(cfg)
+
+
+def _from_spec(level: int | None, tool: str) -> VaultTask:
+    return make(level, tool=tool == "on")
+
+
+register(Builtin("vault", _from_spec, (Option("tool", ("on", "off"), "on"),)))  # vault?tool=off: the control

@@ -58,9 +58,10 @@ from pathlib import Path, PurePosixPath
 
 from evotrainer.envs.base import (ABANDON, ECHO, FAIL, INVALID, SUCCESS, Caps, EnvTask, Environment, Parser, Step,
                                   ToolCall, Trace)
-from evotrainer.tasks.base import Problem
-from evotrainer.tasks.swe_mini_repo import (LEVELS, MODULE_NAMES, SHAPES, TEMPLATES, VARIANTS, Case, Repo, fix_edit,
+from evotrainer.envs.swe_mini_repo import (LEVELS, MODULE_NAMES, SHAPES, TEMPLATES, VARIANTS, Case, Repo, fix_edit,
                                             generate)
+from evotrainer.tasks.base import Problem
+from evotrainer.tasks.registry import Builtin, register
 
 TOOLS = {"list": (), "read": ("path",), "search": ("text",), "edit": ("path", "old", "new"), "test": (), "submit": ()}
 # level 1 fits a tiny model's 512 positions; the others give a chat model room to explore
@@ -417,3 +418,6 @@ class SweMiniTask(EnvTask):
 
 def make(level: int | None = None) -> SweMiniTask:
     return SweMiniTask(SweMiniConfig() if level is None else SweMiniConfig(target_level=level))
+
+
+register(Builtin("swe-mini", make))

@@ -1,0 +1,114 @@
+"""Built-in tasks by name, and the resolver of every task spec form.
+
+Each built-in task or environment registers one `Builtin` at the end of its own file
+(reasoning-gym style). The registry lives here, in tasks, so that environments (envs/,
+above tasks) register into it without tasks ever importing envs; the module that imports
+every built-in so that all are registered sits above both (evotrainer.catalog, where
+`get_task` lives). `resolve` takes the registry as an argument: what it knows by name is
+exactly what its caller loaded, never whatever some earlier import happened to register.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from evotrainer.errors import UsageError, unknown
+from evotrainer.registry import Registry
+from evotrainer.tasks.base import Task
+from evotrainer.tasks.spec import GENERIC_KEYS, Spec, canonical, parse_spec
+
+
+@dataclass(frozen=True)
+class Option:
+    """A query key a built-in takes: one of `choices`; absent means `default`, which the
+    canonical spec leaves out (`vault` and `vault?tool=on` are one task)."""
+    key: str
+    choices: tuple[str, ...]
+    default: str
+
+    def pick(self, s: Spec) -> str:
+        value = s.query.get(self.key, self.default)
+        if value not in self.choices:
+            raise UsageError(f"{self.key} must be {' or '.join(self.choices)}, got '{value}' in task spec '{s.raw}'")
+        return value
+
+
+@dataclass(frozen=True)
+class Builtin:
+    name: str                        # the whole spec base: `vault`
+    build: Callable[..., Task]       # build(level, **{option.key: value}); a ValueError is the user's
+    options: tuple[Option, ...] = ()
+
+    @property
+    def form(self) -> str:
+        """As help and the unknown-task error show it: `vault[?tool=on|off]`."""
+        return self.name + "".join(f"[?{o.key}={'|'.join(o.choices)}]" for o in self.options)
+
+
+TASKS: Registry[Builtin] = Registry("task")
+
+
+def register(entry: Builtin) -> Builtin:
+    return TASKS.add(entry.name, entry)
+
+
+# Families: a prefix or a shape over an open set of names (any reasoning-gym family, any
+# file, any importable factory, any installed entry point), so they cannot be registry
+# entries; each is a small resolver below, and these are their forms in help and errors.
+FAMILY_FORMS = ("rg:<family>", "jsonl:PATH[?verifier=exact|numeric|math]", "module:Factory", "file.py:Factory")
+
+
+def resolve(spec: str, level: int | None, builtins: Registry[Builtin]) -> Task:
+    """The task `spec` names at `level`: a name in `builtins`, else one of the families.
+    Its `spec` is set canonical (see evotrainer.catalog.get_task)."""
+    s = parse_spec(spec)
+    budget = s.max_new_tokens()   # checked before building: a bad value should not wait on a slow task
+    if s.base in builtins.names():
+        task, base, query = _builtin(builtins.get(s.base), s, level)
+    else:
+        task, base, query = _family(s, level, builtins)
+    if budget is not None:
+        task.max_new_tokens = budget
+    task.spec = canonical(base, query)
+    return task
+
+
+Resolved = tuple[Task, str, dict[str, object]]  # the task, its canonical base and query
+
+
+def _builtin(entry: Builtin, s: Spec, level: int | None) -> Resolved:
+    s.check_keys(GENERIC_KEYS + tuple(o.key for o in entry.options))
+    picked = {o.key: o.pick(s) for o in entry.options}
+    try:
+        task = entry.build(level, **picked)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    query: dict[str, object] = {k: s.query[k] for k in GENERIC_KEYS if k in s.query}
+    query |= {o.key: picked[o.key] for o in entry.options if picked[o.key] != o.default}
+    return task, s.base, query
+
+
+def _family(s: Spec, level: int | None, builtins: Registry[Builtin]) -> Resolved:
+    base = s.base
+    query: dict[str, object] = dict(s.query)
+    if base.startswith("rg:"):
+        from evotrainer.tasks.reasoning_gym import ReasoningGymTask  # imports reasoning-gym: only when asked
+        s.check_keys(GENERIC_KEYS)
+        return ReasoningGymTask(base[3:], level), base, query
+    if base.startswith("jsonl:"):
+        from evotrainer.tasks import jsonl
+        s.check_keys(GENERIC_KEYS + jsonl.QUERY_KEYS)
+        task = jsonl.make(base, s.query, level)
+        query["verifier"] = task.config.verifier  # explicit, and the path absolute
+        query["rows"] = None if task.config.rows == "all" else task.config.rows
+        return task, f"jsonl:{task.config.path}", query
+    from evotrainer.tasks import user
+    s.check_keys(GENERIC_KEYS)
+    if ":" in base:
+        factory, base = user.file_target(base) if user.is_file_spec(base) else user.module_target(base)
+    else:
+        factory = user.entry_point_target(base)
+        if factory is None:
+            forms = [builtins.get(n).form for n in builtins.names()] + list(FAMILY_FORMS)
+            raise unknown("task", base, forms + user.entry_point_names())
+    return user.build(factory, level, base), base, query
