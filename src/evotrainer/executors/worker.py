@@ -37,7 +37,7 @@ from typing import Any, Callable
 from evotrainer import sandbox
 from evotrainer.sandbox import Isolation, Jail
 # the level in force and the tree kill live in the sandbox (programs.py needs them too); named here as before
-from evotrainer.sandbox.processes import isolation, kill_tree, use_isolation
+from evotrainer.sandbox.processes import isolation, kill_tree, use_isolation  # noqa: F401
 from evotrainer.sandbox.processes import tree as _tree
 
 LABELS = ("ok", "crash", "timeout", "oom")

@@ -58,6 +58,9 @@ def register(entry: Builtin) -> Builtin:
 FAMILY_FORMS = ("rg:<family>", "jsonl:PATH[?verifier=exact|numeric|math]", "module:Factory", "file.py:Factory")
 
 
+Resolved = tuple[Task, str, dict[str, object]]  # the task, its canonical base and query
+
+
 def resolve(spec: str, level: int | None, builtins: Registry[Builtin]) -> Task:
     """The task `spec` names at `level`: a name in `builtins`, else one of the families.
     Its `spec` is set canonical (see evotrainer.catalog.get_task)."""
@@ -71,9 +74,6 @@ def resolve(spec: str, level: int | None, builtins: Registry[Builtin]) -> Task:
         task.max_new_tokens = budget
     task.spec = canonical(base, query)
     return task
-
-
-Resolved = tuple[Task, str, dict[str, object]]  # the task, its canonical base and query
 
 
 def _builtin(entry: Builtin, s: Spec, level: int | None) -> Resolved:
