@@ -10,6 +10,7 @@ from evotrainer.agents.catalog import CATALOG
 from evotrainer.config import config_from_dict
 from evotrainer.diagnostics.replay import revised_diagnostics
 from evotrainer.evolve.controller import Controller, State
+from evotrainer.evolve.view import RunView
 
 HEADER = "from evotrainer.diagnostics.spec import diagnostic\n\n\n"
 # the same on every version: cannot tell a failed version from one that held up (AUC 0.5)
@@ -45,7 +46,7 @@ def test_a_revised_diagnostic_is_kept_only_if_its_replay_separates_failed_from_h
     assert width[0]["diagnostic"] == "group_width" and width[0]["auc"] == 1.0 and width[0]["kept"]
     assert "AUC 0.5" in t[2].reflection and not (run / "versions" / "v2").exists()
     # kept without training: its parent's checkpoints under the new harness, at the parent's depth
-    parent, kept = ctl._starts()[3].parent, State.of(t[3].fitness["state"])
+    parent, kept = RunView.read(ctl.store).plans[3].parent, State.of(t[3].fitness["state"])
     assert t[3].budgets == {} and t[3].depth == parent.depth and not (run / "versions" / "v3").exists()
     assert kept.dirs == parent.dirs and kept.val == parent.val
     # what an agent is shown of v3 carries the new diagnostic's finding; of the root, not

@@ -147,10 +147,11 @@ def test_skills_list_and_show(tmp_path, capsys):
 
 def test_lineage_and_status_write_for_a_person_and_print_json_only_when_asked(tmp_path, capsys):
     from evotrainer.lineage import LineageStore, TrialRecord
+    from evotrainer.lineage.events import TrialStarted
     run = tmp_path / "run"
     run.mkdir()
     store = LineageStore(run / "lineage.sqlite")
-    store.begin_trial(0, intervention="root", version="v0")
+    store.begin_trial(TrialStarted(0, "root", "v0"))
     store.finish_trial(TrialRecord(id=0, version="v0", parents=[], agent="-", intervention="root", depth=1,
                                    hypothesis="-", success_criterion="-", patch="", label="kept",
                                    fitness={"val": {"0": 0.1}, "test": {"0": 0.1}}))

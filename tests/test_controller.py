@@ -15,7 +15,9 @@ import pytest
 from evotrainer.cli import main
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.versions import HarnessRepo
+from evotrainer.evolve.view import RunView
 from evotrainer.lineage import LineageStore
+from evotrainer.lineage.events import TrialResumed
 from conftest import readable
 
 
@@ -32,7 +34,7 @@ def test_sigkill_mid_trial_then_resume_completes_every_trial_once(tiny_run):
         db = run / "lineage.sqlite"
         if db.exists():
             store = LineageStore(db)
-            started = [n for n, _ in store.pending()]
+            started = [s.trial for s in store.pending()]
             store.close()
             if 1 in started:
                 break
@@ -42,7 +44,7 @@ def test_sigkill_mid_trial_then_resume_completes_every_trial_once(tiny_run):
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     store = LineageStore(run / "lineage.sqlite")
-    assert [t.id for t in store.trials()] == [0] and [n for n, _ in store.pending()] == [1]
+    assert [t.id for t in store.trials()] == [0] and [s.trial for s in store.pending()] == [1]
     store.close()
 
     r = cli("resume", run, "--json")
@@ -53,7 +55,7 @@ def test_sigkill_mid_trial_then_resume_completes_every_trial_once(tiny_run):
     assert [t.id for t in trials] == [0, 1, 2] and store.pending() == []
     assert [t.version for t in trials] == ["v0", "v1", "v2"]
     assert HarnessRepo(run / "harness-repo").versions() == ["v0", "v1", "v2"]  # the resumed child is not made twice
-    assert [e["trial"] for e in store.events("trial_resumed")] == [1]
+    assert [e.trial for e in store.events(TrialResumed)] == [1]
     assert all(t.label in ("kept", "discarded") for t in trials)
     st = json.loads(out.decode().strip().splitlines()[-1])
     assert st["trials"] == 3 and st["state"] == "finished" and 0 <= st["framework_overhead"] < 1
@@ -188,7 +190,7 @@ def test_planted_length_reward_is_stopped_by_the_backtest_and_without_it_by_the_
     t1 = bare.store.trials()[1]
     assert t1.intervention == "planted_length_pay" and t1.backtest["label"] == "skipped"
     assert t1.label == "invalid" and "blocking finding: reward_length_coupling" in t1.reflection
-    assert "v1" not in {s.version for s in bare._states()}  # never promoted: no trial can branch from it
+    assert "v1" not in {s.version for s in RunView.read(bare.store).states}  # never promoted: no trial can branch from it
     assert "+def length_pay(r):" in t1.patch  # the exact proposal stays in the lineage
 
 
@@ -223,7 +225,7 @@ def test_unplanted_partial_credit_on_a_longer_target_is_invalid(tmp_path, sft_ba
     # sample one right 3-digit sum in 30 steps (CI did), which is not the score rising.
     assert rise("reward_mean") > 0.03
     assert max(m["score_mean"] for m in metrics) < 0.05 and rise("score_mean") < rise("reward_mean") / 4
-    assert "v1" not in {s.version for s in ctl._states()}  # never a parent, never the winner
+    assert "v1" not in {s.version for s in RunView.read(ctl.store).states}  # never a parent, never the winner
 
 
 def test_a_sibling_that_would_train_the_same_is_recorded_equivalent_and_costs_no_budget(tiny_run):

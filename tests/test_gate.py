@@ -133,11 +133,13 @@ def test_pooled_test_counts_the_null_as_degrees_of_freedom():
 
 def test_controller_time_adds_up_sessions_not_the_gap_between_a_kill_and_a_resume():
     from evotrainer.evolve.report import controller_seconds
-    ev = [{"kind": "session_started", "t": 0}, {"kind": "x", "t": 10},
-          {"kind": "session_started", "t": 1000}, {"kind": "x", "t": 1005}]
+    from evotrainer.lineage import Logged
+    from evotrainer.lineage.events import SessionStarted, Stopped
+    session, other = SessionStarted(), Stopped("x")
+    ev = [Logged(1, 0, session), Logged(2, 10, other), Logged(3, 1000, session), Logged(4, 1005, other)]
     assert controller_seconds(ev) == 15
     assert controller_seconds([]) == 0.0
-    assert controller_seconds([{"kind": "run_started", "t": 5}, {"kind": "x", "t": 9}]) == 4  # a log from before sessions
+    assert controller_seconds([Logged(1, 5, other), Logged(2, 9, other)]) == 4  # a log from before sessions
 
 
 def test_noise_floor_is_the_rms_of_paired_differences_between_runs_of_one_harness():

@@ -14,7 +14,9 @@ from evotrainer.config import config_from_dict
 from evotrainer.evolve.approval import waiting
 from evotrainer.evolve.controller import Controller
 from evotrainer.evolve.report import status
+from evotrainer.evolve.view import RunView
 from evotrainer.lineage import LineageStore
+from evotrainer.lineage.events import GateDecided, GateWaiting
 
 
 def start(tiny_run, agent, trials: int, on_event=None, **extra):
@@ -43,7 +45,7 @@ def next_gate(run, th, errors, timeout=240):
             store = LineageStore(run / "lineage.sqlite")
             open_ = waiting(store.events())
             store.close()
-            if open_ and not (run / "gates" / f"trial-{open_[0]['trial']}.json").exists():
+            if open_ and not (run / "gates" / f"trial-{open_[0].trial}.json").exists():
                 return open_[0]
         if not th.is_alive():
             return None
@@ -75,13 +77,13 @@ def test_approve_revise_and_abort_each_do_what_they_say(tiny_run, capsys):
             (3, "design", 0): ("approve",), (3, "backtest", 0): ("approve",), (3, "completion", 0): ("abort",)}
     asked = []
     while (g := next_gate(run, th, errors)) is not None:
-        key = (g["trial"], g["point"], g["round"])
+        key = g.key
         asked.append(key)
         decision, *rest = plan[key]
         if key == (1, "design", 0):  # a decision for a trial that is not waiting is refused, nothing lost
             assert decide(capsys, "approve", run, 2) == 2
             assert decide(capsys, "revise", run, 1) == 2  # revise needs --feedback
-        assert decide(capsys, decision, run, g["trial"], *rest) == 0
+        assert decide(capsys, decision, run, g.trial, *rest) == 0
     th.join(timeout=60)
     assert not errors and asked == list(plan)
 
@@ -98,8 +100,8 @@ def test_approve_revise_and_abort_each_do_what_they_say(tiny_run, capsys):
     # abort at completion: trained and measured, recorded as aborted, never a parent
     assert t3.label == "aborted" and "completion gate" in t3.reflection and t3.fitness["gain"] is not None
     again = Controller(config_from_dict(yaml.safe_load((run / "config.yaml").read_text())), run)
-    assert t3.version not in {s.version for s in again._states()}  # never a parent, never the winner
-    decided = [(e["trial"], e["point"], e["decision"]) for e in store.events("gate_decided")]
+    assert t3.version not in {s.version for s in RunView.read(again.store).states}  # never a parent, never the winner
+    decided = [(e.trial, e.point, e.decision) for e in store.events(GateDecided)]
     assert decided[:2] == [(1, "design", "revise"), (1, "design", "approve")] and len(decided) == len(plan)
     # what proposing cost: trial 1's two rounds add up in its budgets, and status counts each once
     assert t1.budgets["agent"] == {"calls": 2, "prompt_tokens": 200, "completion_tokens": 20}
@@ -116,7 +118,7 @@ def test_failures_in_a_row_escalate_to_a_design_gate(tiny_run, capsys):
 
     run, th, errors = start(tiny_run, agent, trials=3, gate_after_failures=2)
     g = next_gate(run, th, errors)
-    assert (g["trial"], g["point"]) == (3, "design")  # trials 1 and 2 failed without asking anyone
+    assert (g.trial, g.point) == (3, "design")  # trials 1 and 2 failed without asking anyone
     assert decide(capsys, "abort", run, 3) == 0
     assert next_gate(run, th, errors) is None
     th.join(timeout=60)
@@ -165,6 +167,6 @@ def test_a_run_killed_while_waiting_at_a_gate_resumes_waiting_and_takes_the_deci
     assert r.returncode == 0, r.stderr[-2000:]
     assert "trial 1 waits at the design gate" in r.stderr and "design gate: approve" in r.stderr
     store = LineageStore(run / "lineage.sqlite")
-    assert [(e["trial"], e["decision"]) for e in store.events("gate_decided")] == [(1, "approve")]
-    assert len(store.events("gate_waiting")) == 1 and store.trials()[1].label in ("kept", "discarded")
+    assert [(e.trial, e.decision) for e in store.events(GateDecided)] == [(1, "approve")]
+    assert len(store.events(GateWaiting)) == 1 and store.trials()[1].label in ("kept", "discarded")
     assert not (run / "gates" / "trial-1.json").exists()

@@ -1,4 +1,5 @@
-"""The lineage store: whole trials or none, append-only events, and resume after SIGKILL."""
+"""The lineage store: whole trials or none, append-only typed events, a schema version, and
+resume after SIGKILL."""
 import os
 import signal
 import sqlite3
@@ -9,7 +10,12 @@ import time
 
 import pytest
 
-from evotrainer.lineage import LineageStore, TrialRecord
+from evotrainer.cli import main
+from evotrainer.errors import UsageError
+from evotrainer.lineage import SCHEMA_VERSION, LineageStore, TrialRecord
+from evotrainer.lineage.events import (KINDS, ControlFinished, RunStarted, SessionStarted, Stopped, TrialFinished,
+                                       TrialStarted, Unknown)
+from evotrainer.lineage.state import State
 
 
 def record(n, label="kept", **kw):
@@ -20,35 +26,36 @@ def record(n, label="kept", **kw):
 
 def test_trials_round_trip_and_are_never_recorded_twice(tmp_path):
     store = LineageStore(tmp_path / "lineage.sqlite")
-    store.begin_trial(1, hypothesis="h1")
+    store.begin_trial(TrialStarted(1, "x", "v1"))
     store.finish_trial(record(1))
     assert store.trials() == [record(1)]
     assert store.next_trial() == 2 and store.pending() == []
     with pytest.raises(ValueError, match="already recorded"):
-        store.begin_trial(1)
+        store.begin_trial(TrialStarted(1, "x", "v1"))
     with pytest.raises(sqlite3.IntegrityError):
         store.finish_trial(record(1))
-    assert [e["kind"] for e in store.events()] == ["trial_started", "trial_finished"]  # the failed write left nothing
+    # the failed write left nothing
+    assert store.events() == [TrialStarted(1, "x", "v1"), TrialFinished(1, "kept", "v1")]
     with pytest.raises(ValueError, match="unknown trial label 'great'"):
         record(2, label="great")
 
 
 def test_events_are_append_only(tmp_path):
     store = LineageStore(tmp_path / "lineage.sqlite")
-    store.event("run_started", budget=3)
+    store.append(RunStarted(base="b", max_depth=3))
     for sql in ("UPDATE events SET kind = 'x'", "DELETE FROM events"):
         with pytest.raises(sqlite3.DatabaseError, match="append-only"):
             store.db.execute(sql)
-    assert store.events("run_started")[0]["budget"] == 3
+    assert store.events(RunStarted)[0].base == "b"
 
 
 def test_pending_lists_trials_started_but_not_finished(tmp_path):
     store = LineageStore(tmp_path / "lineage.sqlite")
-    store.begin_trial(1, hypothesis="a")
+    store.begin_trial(TrialStarted(1, "a", "v1"))
     store.finish_trial(record(1))
-    store.begin_trial(2, hypothesis="b")
-    store.begin_trial(2, hypothesis="b, again")  # a resume that was itself killed
-    assert store.pending() == [(2, {"hypothesis": "b, again"})]
+    store.begin_trial(TrialStarted(2, "b", "v2"))
+    store.begin_trial(TrialStarted(2, "b, again", "v2"))  # a resume that was itself killed
+    assert store.pending() == [TrialStarted(2, "b, again", "v2")]
     assert store.next_trial() == 3  # never reuse a number that was handed out
 
 
@@ -56,13 +63,14 @@ WRITER = textwrap.dedent('''
     import sys, time
     from evotrainer.lineage import LineageStore, TrialRecord
     store = LineageStore(sys.argv[1])
-    for n, proposal in store.pending():          # resume: redo what was cut off, same number
-        store.finish_trial(TrialRecord(id=n, version=f"v{n}", parents=[], agent="rules",
-                                       intervention="x", depth=1, hypothesis=proposal["hypothesis"], success_criterion="",
-                                       patch="", label="kept"))
+    from evotrainer.lineage.events import TrialStarted
+    for started in store.pending():               # resume: redo what was cut off, same number
+        store.finish_trial(TrialRecord(id=started.trial, version=started.version, parents=[], agent="rules",
+                                       intervention=started.intervention, depth=1, hypothesis="",
+                                       success_criterion="", patch="", label="kept"))
     n = store.next_trial()
     while n <= int(sys.argv[2]):
-        store.begin_trial(n, hypothesis=f"h{n}")
+        store.begin_trial(TrialStarted(n, f"h{n}", f"v{n}"))
         time.sleep(0.05)                          # "training": most kills land inside a trial
         store.finish_trial(TrialRecord(id=n, version=f"v{n}", parents=[], agent="rules",
                                        intervention="x", depth=1, hypothesis=f"h{n}", success_criterion="", patch="", label="kept"))
@@ -80,7 +88,7 @@ def test_sigkill_at_any_moment_then_resume_leaves_no_gap_and_no_duplicate(tmp_pa
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
         store = LineageStore(db)
-        finished = {e["trial"] for e in store.events("trial_finished")}
+        finished = {e.trial for e in store.events(TrialFinished)}
         assert finished == {t.id for t in store.trials()}  # every row has its event, and no event lacks its row
         cut_mid_trial += bool(store.pending())
         store.close()
@@ -89,4 +97,46 @@ def test_sigkill_at_any_moment_then_resume_leaves_no_gap_and_no_duplicate(tmp_pa
     subprocess.run([sys.executable, str(script), str(db), str(total)], check=True, timeout=120)
     store = LineageStore(db)
     assert [t.id for t in store.trials()] == list(range(1, total + 1))
-    assert store.pending() == [] and len(store.events("trial_finished")) == total
+    assert store.pending() == [] and len(store.events(TrialFinished)) == total
+
+
+def test_a_store_from_a_newer_schema_is_refused_in_one_line_and_an_unversioned_one_is_read(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    db = sqlite3.connect(run / "lineage.sqlite")
+    db.execute("PRAGMA user_version = %d" % (SCHEMA_VERSION + 1))
+    db.close()
+    with pytest.raises(UsageError, match=f"lineage schema {SCHEMA_VERSION + 1}; this one reads up to"):
+        LineageStore(run / "lineage.sqlite")
+    assert main(["status", str(run)]) == 2
+    err = capsys.readouterr()[1].strip().splitlines()
+    assert len(err) == 1 and "newer evotrainer" in err[0]
+    old = tmp_path / "old.sqlite"  # no version written: the rows before typed events, read as they are
+    LineageStore(old).close()
+    db = sqlite3.connect(old)
+    db.execute("PRAGMA user_version = 0")
+    db.execute("""INSERT INTO events (t, trial, kind, data) VALUES (1, NULL, 'run_started', '{"base": "b", "max_depth": 3}')""")
+    db.commit()
+    db.close()
+    store = LineageStore(old)
+    (started,) = store.events(RunStarted)
+    assert started == RunStarted("b", 3)  # what runs of then did not record: the defaults written beside the fields
+    assert (started.split_key, started.executor, started.base_s) == (None, "local", 0.0)
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_events_read_back_typed_extra_keys_passed_over_unknown_kinds_kept(tmp_path):
+    store = LineageStore(tmp_path / "lineage.sqlite")
+    state = State("v1", 2, {0: "d"}, {0: 0.5}, {0: 0.25})
+    store.append(ControlFinished(state))
+    store.append(Stopped("budget"))
+    store.db.execute("""INSERT INTO events (t, trial, kind, data) VALUES (1, NULL, 'stopped', '{"reason": "r", "later": 1}')""")
+    store.db.execute("""INSERT INTO events (t, trial, kind, data) VALUES (1, 4, 'from_the_future', '{"x": 1}')""")
+    assert store.events(ControlFinished) == [ControlFinished(state)]  # seeds are ints again
+    assert store.events(Stopped) == [Stopped("budget"), Stopped("r")]
+    assert store.events()[-1] == Unknown("from_the_future", {"x": 1}, 4)
+    assert [x.event.KIND for x in store.log(SessionStarted, Stopped)] == ["stopped", "stopped"]
+    # scripts written before typed events (bench/) name a kind and get the stored dicts
+    assert store.events("stopped")[1]["reason"] == "r" and store.events("stopped")[1]["later"] == 1
+    with pytest.raises(UsageError, match="'control_finished' event in the lineage lacks state"):
+        KINDS["control_finished"].from_json({})

@@ -18,6 +18,7 @@ from evotrainer.errors import UsageError
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.knobs import load_knobs
 from evotrainer.lineage import LineageStore
+from evotrainer.lineage.events import Stopped
 
 DEAD = {"diagnostic": "dead_group_ratio", "severity": "critical", "blocking": False, "value": 0.9,
         "evidence": "90% of groups share one score", "suggest": "group_filter: drop dead groups or shape the reward"}
@@ -197,5 +198,5 @@ def test_an_endpoint_that_keeps_failing_stops_the_run_instead_of_spending_the_bu
     ctl = Controller(config_from_dict(raw).validate(), run)
     ctl.run()
     assert [t.label for t in ctl.store.trials()] == ["kept", "agent_error", "agent_error", "agent_error"]
-    stop = ctl.store.events("stopped")[-1]["reason"]
+    stop = ctl.store.events(Stopped)[-1].reason
     assert stop.startswith("the agent failed 3 times in a row") and "not a chat completion" in stop

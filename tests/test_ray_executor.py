@@ -139,7 +139,7 @@ def lineage(run: Path) -> dict:
     store = LineageStore(run / "lineage.sqlite")
     try:
         trials = [(t.id, t.version, tuple(t.parents), t.label) for t in store.trials()]
-        kinds = [e["kind"] for e in store.events()]
+        kinds = [e.KIND for e in store.events()]
     finally:
         store.close()
     files = {str(p.relative_to(run)) for p in run.rglob("*") if ".git" not in p.parts and "-wal" not in p.name

@@ -9,6 +9,8 @@ import yaml
 from evotrainer.agents import CATALOG
 from evotrainer.config import config_from_dict
 from evotrainer.evolve.controller import Controller, State
+from evotrainer.evolve.plan import of_agent
+from evotrainer.lineage.events import CrossoverConflict, Escalated, TrialStarted
 from evotrainer.skills import SkillLibrary
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.knobs import load_knobs
@@ -27,7 +29,7 @@ def ctl(tmp_path, ckpt):
     c._setup()
     c._findings = lambda state: []  # no evidence on disk: every state is diagnosed as healthy
     root = State("v0", 1, {0: "x"}, {0: 0.10}, {0: 0.10})
-    c.store.begin_trial(0, intervention="root", version="v0")
+    c.store.begin_trial(TrialStarted(0, "root", "v0"))
     c.store.finish_trial(TrialRecord(0, "v0", [], "-", "root", 1, "", "-", "", "kept",
                                      fitness={"val": root.val, "state": dataclasses.asdict(root)}))
     return c
@@ -36,15 +38,19 @@ def ctl(tmp_path, ckpt):
 def add(c, n, parent: State, intervention, label, val=None, gain=None, trigger="none"):
     """Trial n from `parent`: the catalog's proposal, committed as a version, recorded with `label`."""
     p = CATALOG.get(intervention)(load_knobs(c._harness_dir(parent.version) / "knobs.yaml"), 2)
-    proposal = {"parent_state": dataclasses.asdict(parent), "version": f"v{n}",
-                **dataclasses.asdict(dataclasses.replace(p, trigger=trigger))}
-    c.store.begin_trial(n, **proposal)
+    plan = of_agent(parent, f"v{n}", 0, dataclasses.replace(p, trigger=trigger))
+    c.store.begin_trial(TrialStarted.of(n, plan))
     c._candidate(parent.version, f"v{n}", p.knobs, p.files, p.hypothesis)
     state = State(f"v{n}", parent.depth + 1, {0: "x"}, {0: val if val is not None else 0.0}, {0: 0.0})
     fitness = {"val": state.val, "gain": gain, "state": dataclasses.asdict(state)}
     c._finish(TrialRecord(n, f"v{n}", [parent.version], "rules", intervention, parent.depth + 1, p.hypothesis,
-                          p.success_criterion, "", label, fitness=fitness))
+                          p.success_criterion, "", label, fitness=fitness), None, plan)
     return state
+
+
+def look(c):
+    """The controller reads the lineage once per trial: here, after each change a test makes."""
+    return c._look()
 
 
 def test_crossover_merges_two_elites_changes_and_skips_a_conflicting_pair(ctl):
@@ -53,49 +59,53 @@ def test_crossover_merges_two_elites_changes_and_skips_a_conflicting_pair(ctl):
     v2 = add(ctl, 2, root, "clip_higher", "kept", val=0.15, gain=0.03)
     add(ctl, 3, root, "overlong_shaping", "kept", val=0.18, gain=0.02)   # reward, like v1's: conflicts
     add(ctl, 4, v1, "drop_dead", "discarded", val=0.10, gain=-0.01)
+    look(ctl)
     assert ctl._crossover(5, v2) is not None          # four mutations, no crossover yet: one is due
     p = ctl._crossover(5, v1)
     # v3 is further from v1 than v2 but changes the same knob: recorded as a conflict and skipped
-    (conflict,) = ctl.store.events("crossover_conflict")
-    assert conflict["parents"] == ["v1", "v3"] and conflict["conflicts"] == ["knob reward: 'partial_credit' vs "
-                                                                              "'overlong_penalty'"]
+    (conflict,) = ctl.store.events(CrossoverConflict)
+    assert conflict.parents == ["v1", "v3"] and conflict.conflicts == ["knob reward: 'partial_credit' vs "
+                                                                       "'overlong_penalty'"]
     assert p.intervention == "crossover" and p.mate.version == "v2"
     assert p.knobs == {"reward": "partial_credit", "clip_high": 0.28}
-    ctl.store.begin_trial(5, **p.to_json())
+    ctl.store.begin_trial(TrialStarted.of(5, p))
     ctl._candidate("v1", "v5", p.knobs, p.files, p.hypothesis)
     merged = load_knobs(ctl._harness_dir("v5") / "knobs.yaml")
     assert (merged.reward, merged.clip_high, merged.lr) == ("partial_credit", 0.28, REF.lr)
     # the next operation is a mutation: never two crossovers in a row
     ctl._finish(TrialRecord(5, "v5", ["v1", "v2"], "crossover", "crossover", 3, p.hypothesis, "-", "",
-                            "discarded", fitness={"gain": 0.0}))
-    assert ctl._crossover(6, v1) is None
-    assert ctl._elite_of(State("v5", 3, {}, {0: 0.0}, {})).changes == {"partial_credit", "clip_higher"}
+                            "discarded", fitness={"gain": 0.0}), None, p)
+    assert look(ctl) and ctl._crossover(6, v1) is None
+    assert ctl.view.elites([State("v5", 3, {}, {0: 0.0}, {})])[0].changes == {"partial_credit", "clip_higher"}
 
 
 def test_three_failures_in_a_row_escalate_once_roll_back_and_subtract(ctl):
     root = State.of(ctl.store.trials()[0].fitness["state"])
     v1 = add(ctl, 1, root, "partial_credit", "kept", val=0.20, gain=0.05)
     v2 = add(ctl, 2, v1, "clip_higher", "kept", val=0.30, gain=0.04)
-    assert ctl._escalation() is None
+    assert look(ctl) and ctl._escalation() is None
     for n, name in ((3, "drop_dead"), (4, "dr_grpo"), (5, "entropy_bonus")):
         add(ctl, n, v2, name, "discarded", val=0.25, gain=-0.02)
+    look(ctl)
     esc = ctl._escalation()
     assert esc.avoid == {"group_filter", "signal", "exploration"} and esc.subtract
     ctl._escalation()
-    assert len(ctl.store.events("escalated")) == 1                 # decided once per streak
+    look(ctl)
+    assert ctl._escalation() == esc
+    assert len(ctl.store.events(Escalated)) == 1                 # decided once per streak, in any view
     assert ctl._select_parent(6).version == "v2"                    # the last kept version
     prop = ctl._propose(6, v2)
     assert prop.family == "subtract" and prop.intervention in ("revert_reward", "revert_clip_high")
     # a kept trial ends the streak
     add(ctl, 6, v2, "seq_mean", "kept", val=0.35, gain=0.05)
-    assert ctl._escalation() is None
+    assert look(ctl) and ctl._escalation() is None
 
 
 def test_each_agent_trial_is_recorded_in_the_skill_library_once(ctl, tmp_path):
     root = State.of(ctl.store.trials()[0].fitness["state"])
     add(ctl, 1, root, "partial_credit", "kept", val=0.2, gain=0.05, trigger="dead_group_ratio:critical")
     add(ctl, 2, root, "clip_higher", "discarded", val=0.1, gain=-0.01)
-    ctl._learn()  # as a resumed run would: nothing doubles
+    ctl._learn(look(ctl).planned)  # as a resumed run would: nothing doubles
     lib = SkillLibrary(tmp_path / "skills.sqlite")
     by = {s.intervention: s for s in lib.skills()}
     assert set(by) == {"partial_credit", "clip_higher"}
@@ -111,10 +121,11 @@ def test_greedy_selection_takes_the_best_open_state_and_population_the_best_pare
     add(ctl, 3, v1, "drop_dead", "discarded", val=0.20, gain=-0.04)
     add(ctl, 4, root, "entropy_bonus", "kept", val=0.28, gain=0.03)
     greedy = dataclasses.replace(ctl.cfg, search=dataclasses.replace(ctl.cfg.search, selection="greedy"))
-    assert Controller(greedy, ctl.run_dir)._select_parent(5).version == "v1"   # the fittest
+    other = Controller(greedy, ctl.run_dir)
+    assert look(other) and other._select_parent(5).version == "v1"   # the fittest
     # v1's children lost 4 points each; v4 is unexpanded and a different surface
-    assert ctl._select_parent(5).version == "v4"
-    assert {e.version for e in ctl._population()} == {"v0", "v1", "v4"}
+    assert look(ctl) and ctl._select_parent(5).version == "v4"
+    assert {e.version for e in ctl.view.population(ctl.selection)} == {"v0", "v1", "v4"}
     assert yaml.safe_load((ctl.run_dir / "config.yaml").read_text())["search"]["selection"] == "population"
 
 
@@ -148,7 +159,7 @@ def test_a_free_text_intervention_counts_under_the_surface_its_proposal_recorded
 
 
 def test_two_rounds_of_proposing_cost_add_up_and_a_round_that_cost_nothing_adds_nothing():
-    from evotrainer.evolve.history import add_usage
+    from evotrainer.lineage.plan import add_usage
     first = {"model": "a", "calls": 1, "prompt_tokens": 100, "seconds": 0.5, "transcript": "t1"}
     assert add_usage(first, {"model": "b", "calls": 2, "prompt_tokens": 50, "seconds": 0.25, "transcript": "t2"}) == \
         {"model": "b", "calls": 3, "prompt_tokens": 150, "seconds": 0.75, "transcript": "t2"}

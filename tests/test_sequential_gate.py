@@ -9,6 +9,7 @@ from evotrainer.evolve import trial as trial_module
 from evotrainer.evolve.controller import Controller
 from evotrainer.evolve.gate import GateDecision, gate
 from evotrainer.lineage import LineageStore
+from evotrainer.lineage.events import PairControlFinished
 
 
 def test_a_promising_child_trains_an_extra_pair_and_is_decided_on_it(tiny_run, monkeypatch):
@@ -31,7 +32,7 @@ def test_a_promising_child_trains_an_extra_pair_and_is_decided_on_it(tiny_run, m
     store = LineageStore(run / "lineage.sqlite")
     try:
         (t,) = [t for t in store.trials() if t.parents]
-        pair_events = store.events("pair_control_finished")
+        pair_events = store.events(PairControlFinished)
     finally:
         store.close()
     assert len(looks) == 2 and looks[0] == [] and len(looks[1]) == 1
@@ -39,7 +40,7 @@ def test_a_promising_child_trains_an_extra_pair_and_is_decided_on_it(tiny_run, m
     (child_val, control_val), = t.fitness["extra_pairs"]
     assert looks[1] == [(child_val, control_val)]
     # the pair trained both arms from the run's seed 0 on problems of their own (data offset)
-    assert [(e["version"], e["pair"], e["val"]) for e in pair_events] == [("v0", 1, control_val)]
+    assert [(e.version, e.pair, e.val) for e in pair_events] == [("v0", 1, control_val)]
     child_run = json.loads((run / "pairs" / f"{t.version}-p1" / "seed-0" / "run.json").read_text())
     control_run = json.loads((run / "pairs" / f"v0-d{t.depth}-p1" / "seed-0" / "run.json").read_text())
     main_run = json.loads((run / "versions" / t.version / "seed-0" / "run.json").read_text())

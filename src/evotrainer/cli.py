@@ -125,15 +125,16 @@ def cmd_evaluate(args) -> dict:
     key = None
     if args.run is not None:  # that run's held-out problems (its split key)
         from evotrainer.evolve.report import open_run
+        from evotrainer.lineage.events import RunStarted
         from evotrainer.tasks.keys import split_key
         store = open_run(args.run)
         try:
-            started = store.events("run_started")
+            started = store.events(RunStarted)
         finally:
             store.close()
-        if not started or "split_key" not in started[0]:
+        if not started or started[0].split_key is None:
             raise UsageError(f"run '{args.run}' has no split key on record (not started, or older than split keys)")
-        key = split_key(started[0]["split_key"]).hex()
+        key = split_key(started[0].split_key).hex()
     model = str(resolve_model(args.model))
     r = run_in_worker("evotrainer.evaluate.sampled:evaluate_sampled", dict(
         task=task.spec, level=task.target_level, checkpoint=model, split=args.split, samples=args.samples,

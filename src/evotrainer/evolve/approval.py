@@ -19,8 +19,11 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Callable, Sequence
 
 from evotrainer.errors import UsageError
+from evotrainer.lineage import LineageStore
+from evotrainer.lineage.events import Event, GateDecided, GateWaiting
 
 DECISIONS = ("approve", "revise", "abort")
 
@@ -43,25 +46,25 @@ def decision_file(run_dir: Path, trial: int) -> Path:
     return Path(run_dir) / "gates" / f"trial-{trial}.json"
 
 
-def waiting(events: list[dict]) -> list[dict]:
+def waiting(events: Sequence[Event]) -> list[GateWaiting]:
     """`gate_waiting` events not yet decided, oldest first (normally one)."""
-    decided = {(e["trial"], e["point"], e["round"]) for e in events if e["kind"] == "gate_decided"}
-    return [e for e in events if e["kind"] == "gate_waiting" and (e["trial"], e["point"], e["round"]) not in decided]
+    decided = {e.key for e in events if isinstance(e, GateDecided)}
+    return [e for e in events if isinstance(e, GateWaiting) and e.key not in decided]
 
 
-def submit(run_dir: Path, events: list[dict], trial: int, decision: str, feedback: str = "") -> dict:
+def submit(run_dir: Path, events: Sequence[Event], trial: int, decision: str, feedback: str = "") -> dict:
     """The CLI's side: a decision for the gate trial `trial` is waiting at, or a clear refusal."""
     if decision not in DECISIONS:
         raise UsageError(f"unknown decision '{decision}'; valid choices: {', '.join(DECISIONS)}")
     if decision == "revise" and not feedback.strip():
         raise UsageError("revise needs --feedback TEXT: what the agent should change")
     open_ = waiting(events)
-    gate = next((e for e in open_ if e["trial"] == trial), None)
+    gate = next((e for e in open_ if e.trial == trial), None)
     if gate is None:
-        now = ", ".join(f"trial {e['trial']} at {e['point']}" for e in open_) or "none"
+        now = ", ".join(f"trial {e.trial} at {e.point}" for e in open_) or "none"
         raise UsageError(f"trial {trial} is not waiting at a gate; waiting now: {now}")
     f = decision_file(run_dir, trial)
-    out = {"trial": trial, "point": gate["point"], "round": gate["round"], "decision": decision,
+    out = {"trial": trial, "point": gate.point, "round": gate.round, "decision": decision,
            "feedback": feedback.strip()}
     tmp = f.with_name(f"{f.stem}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(out))
@@ -74,22 +77,26 @@ def submit(run_dir: Path, events: list[dict], trial: int, decision: str, feedbac
     return out
 
 
-def ask(store, run_dir: Path, trial: int, point: str, round_: int, shown: dict, on_event, poll_s: float) -> dict:
+def ask(store: LineageStore, run_dir: Path, asked: GateWaiting, on_event: Callable[[str, dict], None],
+        poll_s: float) -> GateDecided:
     """The controller's side: the decision for this gate, recorded in the lineage. One recorded
-    before a kill is reused; else `gate_waiting` is recorded (once) and the run waits."""
-    key, f = (trial, point, round_), decision_file(run_dir, trial)
-    done = [e for e in store.events("gate_decided") if (e["trial"], e["point"], e["round"]) == key]
+    before a kill is reused; else `gate_waiting` is recorded (once) and the run waits. (The
+    store is read here, not from the trial's view of the run: the gate's own events land
+    while the trial runs.)"""
+    f = decision_file(run_dir, asked.trial)
+    done = [e for e in store.events(GateDecided) if e.key == asked.key]
     if done:  # decided before a kill: the file may still be there, and is spent
         f.unlink(missing_ok=True)
         return done[-1]
-    if not any((e["trial"], e["point"], e["round"]) == key for e in store.events("gate_waiting")):
+    if not any(e.key == asked.key for e in store.events(GateWaiting)):
         f.parent.mkdir(exist_ok=True)
-        store.event("gate_waiting", trial, point=point, round=round_, **shown)
-    on_event("gate_waiting", {"trial": trial, "run": str(run_dir), "point": point, "round": round_, **shown})
-    d = wait_for(run_dir, trial, point, round_, poll_s)
-    store.event("gate_decided", trial, point=point, round=round_, **d)
+        store.append(asked)
+    on_event("gate_waiting", {"trial": asked.trial, "run": str(run_dir), **asked.to_json()})
+    d = GateDecided(asked.trial, asked.point, asked.round, **wait_for(run_dir, asked.trial, asked.point,
+                                                                      asked.round, poll_s))
+    store.append(d)
     f.unlink()  # recorded first: a kill in between finds the decision in the lineage
-    on_event("gate_decided", {"trial": trial, "point": point, **d})
+    on_event("gate_decided", {"trial": d.trial, "point": d.point, "decision": d.decision, "feedback": d.feedback})
     return d
 
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from evotrainer.diagnostics.health import diagnose
 from evotrainer.diagnostics.replay import replay
 from evotrainer.diagnostics.spec import SEVERITIES
 from evotrainer.errors import HarnessFailed, UsageError
 from evotrainer.labels import REPLAYABLE
-from evotrainer.lineage import LineageStore, TrialRecord
+from evotrainer.lineage import TrialRecord
+from evotrainer.lineage.events import DiagnosticReplayFailed, Event
 
 
 def worst_findings(dirs: Sequence[str], harness_dir: Path) -> list[dict]:
@@ -84,15 +85,16 @@ def replay_revised(names: Sequence[str], trials: Sequence[TrialRecord], harness_
     return out
 
 
-def misleads(store: LineageStore, name: str, timeout_s: float) -> bool:
+def misleads(trials: Sequence[TrialRecord], name: str, timeout_s: float,
+             record: Callable[[Event], None]) -> bool:
     """Whether diagnostic `name` ranks this run's failed versions *better* than its kept ones
     (replay AUC < 0.5); undecidable (too few of either) counts as not misleading, and so does
-    a replay that cannot run (recorded as `replay_failed`)."""
-    labelled = [(Path(d), t.label) for t in store.trials() if t.parents and t.label in REPLAYABLE
+    a replay that cannot run (`record`ed as DiagnosticReplayFailed)."""
+    labelled = [(Path(d), t.label) for t in trials if t.parents and t.label in REPLAYABLE
                 and "state" in t.fitness for d in t.fitness["state"]["dirs"].values()]
     try:
         r = replay(name, labelled, timeout_s=timeout_s)
     except Exception as e:  # a replay that cannot run leaves the diagnostic trusted
-        store.event("replay_failed", diagnostic=name, error=str(e))
+        record(DiagnosticReplayFailed(name, str(e)))
         return False
     return r.auc is not None and r.auc < 0.5

@@ -7,14 +7,12 @@ exactly as the one that was killed would have.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from evotrainer.agents.catalog import FAMILY
 from evotrainer.evolve.population import Child
 from evotrainer.labels import AGENT_FAILED, CRASHED, FAILED, Label
-
-if TYPE_CHECKING:  # plans are built on this module's constants
-    from evotrainer.evolve.plan import TrialPlan
+from evotrainer.lineage.plan import TrialPlan
 
 CROSSOVER = "crossover"  # the intervention (and family) of a crossover trial
 
@@ -27,16 +25,6 @@ def family(intervention: str, recorded: str | None = None) -> str:
     if intervention.startswith("revert_"):
         return "subtract"
     return FAMILY.get(intervention) or recorded or "other"
-
-
-def add_usage(before: Mapping | None, after: Mapping | None) -> dict:
-    """Two rounds' proposing costs as one: counts and seconds add up, the rest is the later's."""
-    before, after = dict(before or {}), dict(after or {})
-    out = before | after
-    for k, v in after.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(before.get(k), (int, float)):
-            out[k] = round(before[k] + v, 3) if isinstance(v, float) else before[k] + v
-    return out
 
 
 def changes(trials: Iterable) -> dict[str, frozenset[str]]:
@@ -79,7 +67,7 @@ def surfaces(trials: Iterable, families: Mapping[int, str] | None = None) -> dic
             for t in trials if t.version}
 
 
-def children(trials: Iterable, plans: Mapping[int, "TrialPlan"]) -> list[Child]:
+def children(trials: Iterable, plans: Mapping[int, TrialPlan]) -> list[Child]:
     """Each finished non-root trial as a Child: its parent states (from the plan it started
     with, `plans[trial]`) and its gain over the control (None where it never trained)."""
     out = []

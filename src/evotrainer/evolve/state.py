@@ -1,45 +1,18 @@
 """What the search moves between: states, the segments that train them, and what a trial spent.
 
 A *state* is a harness version at a lineage depth with one checkpoint per seed, and its
-validation and test accuracy per seed. A *segment* trains one version on from a state's
-checkpoints (or the base) to the next depth. These are plain records: evolve/training.py
-trains them, and the lineage stores states as JSON (`State.of` reads one back: JSON object
-keys are strings, seeds are ints).
+validation and test accuracy per seed (lineage/state.py: the lineage records states, so the
+record lives there). A *segment* trains one version on from a state's checkpoints (or the
+base) to the next depth. These are plain records: evolve/training.py trains them.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from evotrainer.lineage.state import State
 
-@dataclass
-class State:
-    version: str
-    depth: int
-    dirs: dict[int, str]        # seed -> train directory of its last segment
-    val: dict[int, float]       # seed -> validation accuracy (average of the last evaluations)
-    test: dict[int, float]      # seed -> test accuracy (recorded, never read by a decision)
-
-    def checkpoint(self, seed: int) -> str:
-        return str(Path(self.dirs[seed]) / "checkpoint")
-
-    @property
-    def mean_val(self) -> float:
-        return sum(self.val.values()) / len(self.val)
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.version, self.depth)
-
-    @classmethod
-    def of(cls, d: dict) -> "State":
-        ints = lambda m: {int(k): v for k, v in m.items()}  # noqa: E731 (JSON keys are strings)
-        return cls(d["version"], d["depth"], ints(d["dirs"]), ints(d["val"]), ints(d["test"]))
-
-    def fitness(self) -> dict:
-        """What a trial's record stores of the state it kept or measured (its `fitness`)."""
-        return {"val": self.val, "test": self.test, "state": dataclasses.asdict(self)}
+__all__ = ["State", "Segment", "SegmentFailed", "Clock", "ControlFailed"]
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,15 @@ whichever outcome came into the trial's lineage row, so every exit is written on
 a gate a person may abort (an outcome like any other) or ask for a revision: approval.Revise
 goes up to the controller, which runs the trial again on the agent's next plan.
 
-A Trial is the controller's own: it works with the controller's lineage, harness repository,
-training pool and human gates, and keeps only what this attempt has spent.
+A Trial works with what the controller gives it (evolve/tools.py: the view of the lineage as
+the trial began, the harness repository, the training pool, the human gates, and the few
+services it calls back) and keeps only what this attempt has spent.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from evotrainer.backtest import backtest
 from evotrainer.backtest.run import rest_key
@@ -30,12 +30,11 @@ from evotrainer.evolve.gate import gate
 from evotrainer.evolve.plan import TrialPlan
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import null_differences
+from evotrainer.evolve.tools import TrialTools
 from evotrainer.harness.versions import PatchError
 from evotrainer.labels import Label
 from evotrainer.lineage import TrialRecord
-
-if TYPE_CHECKING:
-    from evotrainer.evolve.controller import Controller
+from evotrainer.lineage.events import ControlFinished, GateWaiting, PairControlFinished
 
 EXTRA_PAIR_DATA = 700  # an extra pair's data offset from its seed's (replicas share the run's data)
 
@@ -72,15 +71,15 @@ class Outcome:
 
 
 class Trial:
-    def __init__(self, ctl: Controller, n: int, plan: TrialPlan):
-        self.ctl, self.n, self.plan = ctl, n, plan
+    def __init__(self, tools: TrialTools, n: int, plan: TrialPlan):
+        self.tools, self.n, self.plan = tools, n, plan
         self.parent, self.version = plan.parent, plan.version
         self.clock, self.started = Clock(), time.time()
 
     def run(self) -> None:
         # shown, not stored: the store's own trial_started record (begin_trial) carries the plan
-        self.ctl.on_event("trial_started", {"trial": self.n, "intervention": self.plan.intervention,
-                                            "parent": self.parent.version})
+        self.tools.show("trial_started", {"trial": self.n, "intervention": self.plan.intervention,
+                                          "parent": self.parent.version})
         self.record(self.outcome())
 
     def outcome(self) -> Outcome:
@@ -98,7 +97,7 @@ class Trial:
         if rejected:  # a diagnostic is kept only if it separates (EvoTrainer)
             return Outcome(Label.DIAGNOSTIC_REJECTED, "; ".join(f"{r.diagnostic}: {r.why_not}" for r in rejected),
                            patch, Screened(tuple(replays)))
-        if replays and self.ctl.repo.files_changed(self.parent.version, self.version) == ["diagnostics.py"]:
+        if replays and self.tools.repo.files_changed(self.parent.version, self.version) == ["diagnostics.py"]:
             return self.keep_untrained(patch, replays)
         self.stage(f"backtest: {self.version} rescores {self.parent.version}'s cached rollouts")
         screened = self.backtest(patch, replays)
@@ -119,19 +118,19 @@ class Trial:
         """The plan's change committed as the child version and vetted: its patch, or why it never runs."""
         plan = self.plan
         try:
-            cand = self.ctl._candidate(self.parent.version, self.version, plan.knobs or {}, plan.files or {},
-                                       plan.hypothesis)
+            cand = self.tools.candidate(self.parent.version, self.version, plan.knobs or {}, plan.files or {},
+                                        plan.hypothesis)
         except PatchError as e:  # the proposal changes nothing: recorded, never run
             return Outcome(Label.DISCARDED, str(e), committed=False)
-        patch = self.ctl.repo.diff(self.parent.version, self.version) if cand.version else ""
+        patch = self.tools.repo.diff(self.parent.version, self.version) if cand.version else ""
         return patch if cand.legal else Outcome(Label.ILLEGAL, "; ".join(cand.reasons), patch)
 
     def replay_diagnostics(self) -> list[Replayed]:
         """Each diagnostic the candidate adds or revises, replayed over this run's judged versions."""
-        here = self.ctl._harness_dir
+        here = self.tools.harness_dir
         revised = revised_diagnostics(here(self.parent.version), here(self.version))
-        return replay_revised(revised, self.ctl.store.trials(), here(self.version),
-                              self.ctl.cfg.budget.trial_timeout_s) if revised else []
+        return replay_revised(revised, self.tools.view.trials, here(self.version),
+                              self.tools.cfg.budget.trial_timeout_s) if revised else []
 
     def keep_untrained(self, patch: str, replays: list[Replayed]) -> Outcome:
         """What the harness reads changed, not how it trains: kept on its replay alone, on the
@@ -142,17 +141,17 @@ class Trial:
         state = dataclasses.replace(self.parent, version=self.version)
         why = "; ".join(f"{r.diagnostic} separates failed from held-up versions (AUC {r.auc})" for r in replays)
         return Outcome(Label.KEPT, why + "; kept without training", patch, screened, fitness=state.fitness(),
-                       findings=self.ctl._findings(state), state=state, depth=self.parent.depth)
+                       findings=self.tools.findings(state), state=state, depth=self.parent.depth)
 
     def backtest(self, patch: str, replays: list[Replayed]) -> Screened | Outcome:
         """The candidate rescores the parent's rollouts before any training: a failure ends the
         trial, and so does an earlier sibling that would train exactly alike (equivalent)."""
-        if not self.ctl.run_backtests:
+        if not self.tools.run_backtests:
             return Screened(tuple(replays), "skipped")
-        here, warm = self.ctl._harness_dir, self.ctl.take_warm()
+        here, warm = self.tools.harness_dir, self.tools.take_warm()
         try:
             bt = backtest(self.parent.dirs[min(self.parent.dirs)], here(self.version), here(self.parent.version),
-                          timeout_s=self.ctl.cfg.budget.trial_timeout_s, warm=warm)
+                          timeout_s=self.tools.cfg.budget.trial_timeout_s, warm=warm)
         finally:
             if warm is not None:
                 warm.close()
@@ -170,17 +169,17 @@ class Trial:
         """An earlier child of the parent's harness that trained (or tried to) and would train
         exactly like this candidate: the same rest key, and the same signal fingerprint on this
         parent's evidence (its own, if it branched from this very state; else rescored here)."""
-        plans = self.ctl._starts()
-        for t in self.ctl.store.trials():
+        plans = self.tools.view.plans
+        for t in self.tools.view.trials:
             if t.parents[:1] != [self.parent.version] or t.backtest.get("rest") != screened.rest \
                     or t.label in (Label.EQUIVALENT, Label.ILLEGAL, Label.BACKTEST_REJECTED):
                 continue
             if t.id in plans and plans[t.id].parent.key == self.parent.key:
                 signal = t.backtest.get("signal")
             else:
-                signal = backtest(self.parent.dirs[min(self.parent.dirs)], self.ctl._harness_dir(t.version),
-                                  self.ctl._harness_dir(self.parent.version),
-                                  timeout_s=self.ctl.cfg.budget.trial_timeout_s).signal
+                signal = backtest(self.parent.dirs[min(self.parent.dirs)], self.tools.harness_dir(t.version),
+                                  self.tools.harness_dir(self.parent.version),
+                                  timeout_s=self.tools.cfg.budget.trial_timeout_s).signal
             if signal and signal == screened.signal:
                 return t
         return None
@@ -196,22 +195,22 @@ class Trial:
         """Train the child and, where not trained yet, its control. Continue mode: the control is
         the parent continued one segment with its own harness, shared by every child of that
         parent. Restart mode: the control is the parent itself, and the child starts at the base."""
-        ctl, parent, depth = self.ctl, self.parent, self.parent.depth + 1
-        start = State(parent.version, 0, {}, {}, {}) if ctl.restart else parent
-        child_seg = Segment(self.version, start, depth, ctl.run_dir / "versions" / self.version)
-        if ctl.restart:
-            (child,) = ctl.training.train([child_seg], self.clock, read=self.read)
+        tools, parent, depth = self.tools, self.parent, self.parent.depth + 1
+        start = State(parent.version, 0, {}, {}, {}) if tools.restart else parent
+        child_seg = Segment(self.version, start, depth, tools.run_dir / "versions" / self.version)
+        if tools.restart:
+            (child,) = tools.training.train([child_seg], self.clock, read=self.read)
             return parent, child
-        for e in ctl.store.events("control_finished"):
-            if (e["state"]["version"], e["state"]["depth"]) == (parent.version, depth):
-                (child,) = ctl.training.train([child_seg], self.clock, read=self.read)
-                return State.of(e["state"]), child
-        control_seg = Segment(parent.version, parent, depth, ctl.run_dir / "controls" / f"{parent.version}-d{depth}")
-        child, control = ctl.training.train([child_seg, control_seg], self.clock, read=self.read)
+        done = tools.view.control(parent.version, depth)
+        if done is not None:  # a sibling trained it
+            (child,) = tools.training.train([child_seg], self.clock, read=self.read)
+            return done, child
+        control_seg = Segment(parent.version, parent, depth, tools.run_dir / "controls" / f"{parent.version}-d{depth}")
+        child, control = tools.training.train([child_seg, control_seg], self.clock, read=self.read)
         if isinstance(control, SegmentFailed):
             raise ControlFailed(f"the control of {parent.version} failed: {control}") from None
-        ctl.training.ingest(f"{parent.version}-d{control.depth}", control)
-        ctl._event("control_finished", state=dataclasses.asdict(control))
+        tools.training.ingest(f"{parent.version}-d{control.depth}", control)
+        tools.record(ControlFinished(control))
         return control, child
 
     def extra_pair(self, k: int) -> tuple[float, float] | Outcome:
@@ -219,26 +218,24 @@ class Trial:
         harness, as for the run's seeds) on problems no other pair saw, started where the run's
         seed (k-1) mod n started. The control's pair is shared by every child of the parent at
         this depth. Returns (child, control) validation fitness, or how the child failed."""
-        ctl, parent, depth = self.ctl, self.parent, self.parent.depth + 1
-        seed = ctl.cfg.seeds[(k - 1) % len(ctl.cfg.seeds)]
-        start = State(parent.version, 0, {}, {}, {}) if ctl.restart else parent
-        pairs, offset = ctl.run_dir / "pairs", EXTRA_PAIR_DATA + k
+        tools, parent, depth = self.tools, self.parent, self.parent.depth + 1
+        seed = tools.cfg.seeds[(k - 1) % len(tools.cfg.seeds)]
+        start = State(parent.version, 0, {}, {}, {}) if tools.restart else parent
+        pairs, offset = tools.run_dir / "pairs", EXTRA_PAIR_DATA + k
 
         def segment(version: str, name: str) -> Segment:
             return Segment(version, start, depth, pairs / name, data_offset=offset, seeds=(seed,))
         child_seg = segment(self.version, f"{self.version}-p{k}")
-        done = [e for e in ctl.store.events("pair_control_finished")
-                if (e["version"], e["depth"], e["pair"]) == (parent.version, depth, k)]
-        if done:
-            (child,) = ctl.training.train([child_seg], self.clock)
-            control_val = done[-1]["val"]
+        control_val = tools.view.pair_control(parent.version, depth, k)
+        if control_val is not None:  # a sibling trained it
+            (child,) = tools.training.train([child_seg], self.clock)
         else:
-            child, control = ctl.training.train([child_seg, segment(parent.version, f"{parent.version}-d{depth}-p{k}")],
+            child, control = tools.training.train([child_seg, segment(parent.version, f"{parent.version}-d{depth}-p{k}")],
                                                 self.clock)
             if isinstance(control, SegmentFailed):
                 raise ControlFailed(f"the control of {parent.version}, extra pair {k}, failed: {control}") from None
             control_val = control.val[seed]
-            ctl._event("pair_control_finished", version=parent.version, depth=depth, pair=k, val=control_val)
+            tools.record(PairControlFinished(parent.version, depth, k, control_val))
         if isinstance(child, SegmentFailed):
             return Outcome(child.label, f"extra seed pair {k}: {child.detail}", budgets=self.clock.budgets())
         return child.val[seed], control_val
@@ -246,18 +243,18 @@ class Trial:
     def read(self, segment: Segment, dirs: dict[int, str]) -> None:
         """A trained segment's findings, read while it is scored (the gate and the next proposal
         read them); and the next trial's backtest worker starts up beside the scoring too."""
-        self.ctl.read_later(segment.version, dirs)
-        self.ctl.prewarm()
+        self.tools.read_later(segment.version, dirs)
+        self.tools.prewarm()
 
     def judge(self, patch: str, screened: Screened, control: State, child: State) -> Outcome:
         """The promotion gate (paired gain over the control beyond the noise floor, no blocking
         finding), then a person at the completion gate where there is one: an abort there is
         measured and recorded, never kept."""
-        self.ctl.prewarm()  # where no segment was read (it is started once: a no-op after `read`)
-        findings = self.ctl._findings(child)
+        self.tools.prewarm()  # where no segment was read (it is started once: a no-op after `read`)
+        findings = self.tools.findings(child)
         blocking = [f"{f['diagnostic']} = {f['value']:g}" for f in findings if f["blocking"]]
         null, extra = self._null(), []
-        while (decision := gate(child.val, control.val, blocking, self.ctl.cfg.gate, null, extra)).more:
+        while (decision := gate(child.val, control.val, blocking, self.tools.cfg.gate, null, extra)).more:
             self.stage(f"gate: {decision.reasons[0]}")
             pair = self.extra_pair(len(extra) + 1)
             if isinstance(pair, Outcome):
@@ -278,7 +275,7 @@ class Trial:
         """The outcome as the trial's lineage row (with what proposing cost, every round)."""
         plan = self.plan
         usage = {"agent": plan.usage} if plan.usage else {}
-        self.ctl._finish(TrialRecord(
+        self.tools.finish(TrialRecord(
             id=self.n, version=self.version if o.committed else None, parents=plan.parents, agent=plan.agent,
             intervention=plan.intervention, depth=self.parent.depth + 1 if o.depth is None else o.depth,
             hypothesis=plan.hypothesis, success_criterion=plan.success_criterion, patch=o.patch, label=o.label,
@@ -288,23 +285,22 @@ class Trial:
     # ------------------------------------------------------------------ helpers
 
     def stage(self, what: str) -> None:
-        self.ctl.stage(f"trial {self.n} {self.version} [{self.plan.intervention}]: {what}")
+        self.tools.stage(f"trial {self.n} {self.version} [{self.plan.intervention}]: {what}")
 
     def ask(self, point: str, **shown) -> str:
         """'approve' at once where this point is not gated; else a person's 'approve' or 'abort'
         (approval.Revise is raised for a revision)."""
-        ctl = self.ctl
-        streak = len(history.failures_in_a_row(ctl.store.trials()))
-        if point not in approval.points(ctl.cfg.gates, ctl.cfg.gate_after_failures, streak):
+        tools = self.tools
+        streak = len(history.failures_in_a_row(tools.view.trials))
+        if point not in approval.points(tools.cfg.gates, tools.cfg.gate_after_failures, streak):
             return "approve"
-        d = approval.ask(ctl.store, ctl.run_dir, self.n, point, self.plan.round or 0,
-                         {"intervention": self.plan.intervention, "hypothesis": self.plan.hypothesis, **shown},
-                         ctl.on_event, ctl.gate_poll_s)
-        if d["decision"] == "revise":
-            raise approval.Revise(d["feedback"])
-        return d["decision"]
+        d = tools.ask(GateWaiting(self.n, point, self.plan.round or 0, self.plan.intervention, self.plan.hypothesis,
+                                shown))
+        if d.decision == "revise":
+            raise approval.Revise(d.feedback)
+        return d.decision
 
     def _null(self) -> list[float]:
         """The null the root trial measured: its noise replicas minus itself, seed by seed."""
-        root = next(t for t in self.ctl.store.trials() if t.id == 0)
+        root = self.tools.view.root
         return null_differences(root.fitness["val"], root.fitness.get("replicas", []))

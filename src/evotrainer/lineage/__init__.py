@@ -1,4 +1,4 @@
 """The lineage: SQLite events and trials, one writer (the controller), resumable."""
-from evotrainer.lineage.store import LineageStore, TrialRecord
+from evotrainer.lineage.store import SCHEMA_VERSION, LineageStore, Logged, TrialRecord
 
-__all__ = ["LineageStore", "TrialRecord"]
+__all__ = ["SCHEMA_VERSION", "LineageStore", "Logged", "TrialRecord"]

@@ -6,6 +6,12 @@ leaves either a finished trial or a `trial_started` event with no row, which `pe
 returns for the resumed controller to run again under the same number. A trial number
 is the table's primary key, so a trial can never be recorded twice.
 
+Events are typed (lineage/events.py): `append(ev)` writes one, `events(RunStarted)` reads
+those of a kind back as RunStarted records. The file carries its schema version (SQLite's
+`user_version`): a file with none is from before the version was written (the same tables and
+rows: it is read as it is and stamped on open); a file from a newer schema than this code
+knows is refused with a one-line UsageError rather than misread.
+
 The store knows no policy: it records what the controller decided, and answers queries.
 """
 from __future__ import annotations
@@ -15,8 +21,14 @@ import sqlite3
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import TypeVar, overload
 
+from evotrainer.errors import UsageError
 from evotrainer.labels import Label
+from evotrainer.lineage.events import Event, TrialFinished, TrialStarted, decode
+
+SCHEMA_VERSION = 1  # 1: typed events (their JSON as before); 0 (none written): the same, older code
+E = TypeVar("E", bound=Event)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -82,24 +94,39 @@ class TrialRecord:
 COLUMNS = [f.name for f in fields(TrialRecord)]
 
 
+@dataclass(frozen=True)
+class Logged:
+    """An event as the log holds it: its row id and when it was recorded."""
+    id: int
+    t: float
+    event: Event
+
+
 class LineageStore:
     def __init__(self, path: Path | str):
         self.path = Path(path)
         self.db = sqlite3.connect(self.path, isolation_level=None)  # explicit transactions only
+        found = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if found > SCHEMA_VERSION:
+            self.db.close()
+            raise UsageError(f"{self.path} was written by a newer evotrainer (lineage schema {found}; this one "
+                             f"reads up to {SCHEMA_VERSION}): upgrade evotrainer to open it")
         self.db.execute("PRAGMA synchronous = FULL")
         self.db.executescript(SCHEMA)
+        if found < SCHEMA_VERSION:  # a new file, or one from before versions: the same rows, stamped
+            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     # ------------------------------------------------------------------ writing
 
-    def event(self, kind: str, trial: int | None = None, **data) -> None:
+    def append(self, ev: Event) -> None:
         self.db.execute("INSERT INTO events (t, trial, kind, data) VALUES (?, ?, ?, ?)",
-                        (time.time(), trial, kind, json.dumps(data, sort_keys=True)))
+                        (time.time(), ev.trial_column, ev.KIND, json.dumps(ev.to_json(), sort_keys=True)))
 
-    def begin_trial(self, trial: int, **proposal) -> None:
-        """Record that trial `trial` started (what it will try, so a resume can redo it)."""
-        if self.finished(trial):
-            raise ValueError(f"trial {trial} is already recorded")
-        self.event("trial_started", trial, **proposal)
+    def begin_trial(self, start: TrialStarted) -> None:
+        """Record that a trial started (what it will try, so a resume can redo it)."""
+        if self.finished(start.trial):
+            raise ValueError(f"trial {start.trial} is already recorded")
+        self.append(start)
 
     def finish_trial(self, rec: TrialRecord) -> None:
         """The trial's row and its `trial_finished` event, in one transaction."""
@@ -109,7 +136,7 @@ class LineageStore:
         try:
             self.db.execute(f"INSERT INTO trials ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
                             values)
-            self.event("trial_finished", rec.id, label=rec.label, version=rec.version)
+            self.append(TrialFinished(rec.id, rec.label, rec.version))
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
@@ -124,23 +151,44 @@ class LineageStore:
     def finished(self, trial: int) -> bool:
         return self.db.execute("SELECT 1 FROM trials WHERE id = ?", (trial,)).fetchone() is not None
 
-    def pending(self) -> list[tuple[int, dict]]:
-        """Trials started and never finished, with what they set out to do, oldest first."""
+    def pending(self) -> list[TrialStarted]:
+        """Trials started and never finished, as they (last) started, oldest first."""
         rows = self.db.execute(
             "SELECT trial, data FROM events WHERE kind = 'trial_started' AND trial NOT IN "
             "(SELECT id FROM trials) ORDER BY id").fetchall()
-        latest = {t: json.loads(d) for t, d in rows}  # a trial restarted twice: its last start
-        return sorted(latest.items())
+        latest = {t: TrialStarted.from_json(json.loads(d), t) for t, d in rows}  # restarted twice: its last start
+        return [latest[t] for t in sorted(latest)]
 
     def next_trial(self) -> int:
         row = self.db.execute("SELECT MAX(x) FROM (SELECT MAX(id) AS x FROM trials UNION ALL "
                               "SELECT MAX(trial) FROM events WHERE kind = 'trial_started')").fetchone()
         return (row[0] or 0) + 1
 
-    def events(self, kind: str | None = None) -> list[dict]:
-        sql = "SELECT id, t, trial, kind, data FROM events" + (" WHERE kind = ?" if kind else "") + " ORDER BY id"
+    def log(self, *kinds: type[Event]) -> list[Logged]:
+        """Events of these kinds (every kind: none named) in the order they were recorded, with when."""
+        names = [k.KIND for k in kinds]
+        sql = ("SELECT id, t, trial, kind, data FROM events"
+               + (f" WHERE kind IN ({', '.join('?' * len(names))})" if names else "") + " ORDER BY id")
+        return [Logged(i, t, decode(k, json.loads(d), tr)) for i, t, tr, k, d in self.db.execute(sql, names)]
+
+    @overload
+    def events(self, *kinds: type[E]) -> list[E]: ...
+    @overload
+    def events(self, kind: str) -> list[dict]: ...
+
+    def events(self, *kinds):
+        """Events of these kinds (every kind: none named), oldest first: `events(RunStarted)`.
+
+        A kind's name instead of its class gives the rows as dicts (id, t, trial, kind and the
+        data's keys), as before events were typed: for scripts outside the package (bench/)."""
+        if kinds and isinstance(kinds[0], str):
+            return self._rows(kinds[0])
+        return [x.event for x in self.log(*kinds)]
+
+    def _rows(self, kind: str) -> list[dict]:
+        sql = "SELECT id, t, trial, kind, data FROM events WHERE kind = ? ORDER BY id"
         return [{"id": i, "t": t, "trial": tr, "kind": k, **json.loads(d)}
-                for i, t, tr, k, d in self.db.execute(sql, (kind,) if kind else ())]
+                for i, t, tr, k, d in self.db.execute(sql, (kind,))]
 
     def close(self) -> None:
         self.db.close()

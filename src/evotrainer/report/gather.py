@@ -18,6 +18,8 @@ from evotrainer.diagnostics.health import load_evidence
 from evotrainer.diagnostics.load import harness_diagnostics
 from evotrainer.evolve.progress import seed_metrics
 from evotrainer.evolve.report import open_run, status
+from evotrainer.lineage.events import TrialStarted
+from evotrainer.lineage.plan import TrialPlan
 from evotrainer.lineage.store import TrialRecord
 
 CURVES = ("reward_mean", "score_mean", "dead_groups", "entropy", "length_mean")  # per-step metrics plotted
@@ -135,22 +137,22 @@ def diagnostics_over_time(runs: dict[str, Path], windows: int = WINDOWS) -> list
             for n, d in diags.items() if points[n]]
 
 
-def version_of(t: TrialRecord, started: dict[int, dict]) -> Version:
-    f = t.fitness
+def version_of(t: TrialRecord, plans: dict[int, TrialPlan]) -> Version:
+    f, plan = t.fitness, plans.get(t.id)
     return Version(t.id, t.version, list(t.parents), t.intervention, str(t.label), t.depth,
-                   t.hypothesis or started.get(t.id, {}).get("hypothesis", ""),
+                   t.hypothesis or (plan.hypothesis if plan else ""),
                    {str(k): v for k, v in (f.get("val") or {}).items()},
                    {str(k): v for k, v in (f.get("test") or {}).items()},
                    f.get("gain"), f.get("threshold"), t.backtest or {}, t.reflection, t.findings or [], t.patch)
 
 
-def in_flight(pending: list[tuple[int, dict]]) -> list[Version]:
+def in_flight(pending: list[TrialStarted]) -> list[Version]:
     """Trials started and not finished, as the plan their start recorded (label "in flight")."""
     out = []
-    for n, d in pending:
-        parent = (d.get("parent_state") or {}).get("version")
-        out.append(Version(n, d.get("version"), [parent] if parent else [], d.get("intervention", "?"), "in flight",
-                           0, d.get("hypothesis", ""), {}, {}, None, None, {}, "", [], ""))
+    for s in pending:
+        parents, hypothesis = ([s.plan.parent.version], s.plan.hypothesis) if s.plan else ([], "")
+        out.append(Version(s.trial, s.version, parents, s.intervention or "?", "in flight",
+                           0, hypothesis, {}, {}, None, None, {}, "", [], ""))
     return out
 
 
@@ -176,10 +178,10 @@ def gather(run_dir: Path | str) -> RunData:
     store = open_run(run)
     try:
         trials, pending = store.trials(), store.pending()
-        started = {e["trial"]: e for e in store.events("trial_started")}
+        plans = {e.trial: e.plan for e in store.events(TrialStarted) if e.plan}
     finally:
         store.close()
-    versions = [version_of(t, started) for t in trials]
+    versions = [version_of(t, plans) for t in trials]
     final_path = run / "final.json"
     final = json.loads(final_path.read_text()) if final_path.exists() else None
     table = None

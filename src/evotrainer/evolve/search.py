@@ -1,0 +1,94 @@
+"""Which state the next trial branches from, and whether it is a crossover: the search's
+decisions, as functions of a view of the run (evolve/view.py) and the search's settings.
+
+    greedy       the best open state (keep-or-revert on one path)
+    population   after three failures in a row the last kept version (roll back), else the
+                 elite with the best parent score (population.select_parent)
+    escalation   three failures in a row change what the agent is asked (and roll back)
+    crossover    when one is due (population.crossover_due): the parent's harness merged
+                 with an elite's that carries changes the parent lacks, against their common
+                 ancestor; a pair whose changes conflict is recorded and skipped, never guessed
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from evotrainer.agents import Escalation
+from evotrainer.config import SearchConfig
+from evotrainer.evolve import history, plan
+from evotrainer.evolve.diagnosis import misleads
+from evotrainer.evolve.population import SelectionConfig, crossover_due, mates, merge, select_parent
+from evotrainer.evolve.view import RunView
+from evotrainer.lineage.events import CrossoverConflict, Escalated, Event
+from evotrainer.lineage.plan import TrialPlan
+from evotrainer.lineage.state import State
+
+Harness = Callable[[str], tuple[dict, dict[str, str]]]  # version -> its knobs and its slot files
+
+
+def choose_parent(view: RunView, n: int, open_: list[State], search: SearchConfig, selection: SelectionConfig,
+                  escalation: Callable[[], Escalation | None]) -> State | None:
+    """The parent of trial `n` among the open states. `escalation` is asked only where the
+    choice depends on it (it records its decision the first time it is asked)."""
+    best = max(open_, key=lambda s: (s.mean_val, s.depth, s.version), default=None)
+    if best is None or search.selection == "greedy":
+        return best
+    by_key = {s.key: s for s in open_}
+    if escalation() is not None:  # roll back to the last kept version
+        back = [s for s in open_ if view.kept and s.version == view.kept[-1].version]
+        if back:
+            return max(back, key=lambda s: s.depth)
+    elites = [e for e in view.population(selection) if e.key in by_key]
+    plans = view.plans
+    recent = [e.changes for e in view.elites([plans[t.id].parent for t in view.trials[-selection.recent:]
+                                              if t.id in plans])]
+    pick = select_parent(elites, history.children(view.trials, plans), n, selection, recent)
+    return by_key[pick.key] if pick else best
+
+
+def crossover(view: RunView, n: int, parent: State, search: SearchConfig, selection: SelectionConfig,
+              harness: Harness, record: Callable[[Event], None]) -> TrialPlan | None:
+    """A crossover plan for trial `n` from `parent` where one is due, else None; a conflicting
+    pair is `record`ed (CrossoverConflict) and the next mate is tried."""
+    if search.selection != "population" or not search.crossover:
+        return None
+    if not crossover_due(history.operations(view.trials)):
+        return None
+    crossed = {(p.parent.version, p.mate.version) for p in view.plans.values() if p.mate}
+    (first,) = view.elites([parent])
+    for mate in mates(view.population(selection), first):
+        if (parent.version, mate.version) in crossed:
+            continue
+        base = history.common_ancestor(view.trials, parent.version, mate.version)
+        (bk, bf), (pk, pf), (mk, mf) = (harness(v) for v in (base, parent.version, mate.version))
+        m = merge(bk, pk, mk, bf, pf, mf)
+        if m.conflicts:
+            record(CrossoverConflict([parent.version, mate.version], list(m.conflicts)))
+            continue
+        mate_state = next(s for s in view.states if s.key == mate.key)
+        return plan.of_crossover(parent, mate_state, f"v{n}", first.changes, mate.changes, m.knobs, m.files)
+    return None
+
+
+def escalation(view: RunView, search: SearchConfig, timeout_s: float, record: Callable[[Event], None],
+               note: Callable[[Event], None]) -> Escalation | None:
+    """Three failures in a row (EvoTrainer): leave their layers, subtract first, roll back, and
+    check the diagnostics that prompted them (replayed over this run's versions; one that does
+    not separate failed versions from kept ones is ignored). Decided once per streak and
+    `record`ed (Escalated), so a resume reuses it; a replay that cannot run is `note`d."""
+    if not search.escalation:
+        return None
+    streak = history.failures_in_a_row(view.trials)
+    if len(streak) < 3:
+        return None
+    last = streak[-1].id
+    decided = view.escalation_after(last)
+    if decided is None:
+        plans = view.plans
+        triggers = {(plans[t.id].trigger or "none").split(":")[0] for t in streak if t.id in plans}
+        ignore = sorted(d for d in triggers - {"none"} if misleads(view.trials, d, timeout_s, note))
+        families = {n: p.family for n, p in plans.items()}
+        avoid = sorted({history.family(t.intervention, families.get(t.id)) for t in streak})
+        decided = Escalated(last, avoid, ignore)
+        record(decided)
+    return Escalation(avoid=frozenset(decided.avoid), ignore=frozenset(decided.ignore))
