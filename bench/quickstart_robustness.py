@@ -90,7 +90,7 @@ def main() -> None:
     results = [run_on_base(args.config, s, args.out) for s in args.bases]
     (args.out / "robustness.json").write_text(json.dumps(results, indent=2))
     print(f"\n{args.config.name}: {len(results)} bases; accuracy %, test reference/evolved are means over "
-          f"the final seeds; differences are evolved - reference in points with 95% t intervals (2 df with 3 seeds)")
+          f"the final seeds; differences are evolved - reference in points with 95% t intervals (n - 1 df over n final seeds)")
     print(f"{'base':>4} {'SFT':>5} {'b.val':>6} {'b.test':>6}  {'kept':28} {'ref':>5} {'evo':>5}  "
           f"{'val diff [CI]':>21} {'test diff [CI]':>21}  holds")
     for r in results:

@@ -22,7 +22,8 @@
     policy: continue             # continue: a version trains on from its parent's checkpoint
                                  # restart: every version retrains from the base (published protocol)
     seeds: [0, 1]                # training seeds, paired across versions
-    final_seeds: [100, 101, 102] # fresh seeds of the final comparison (never used by the search)
+    final_seeds: [100, 101, 102, 103, 104]  # fresh seeds of the final comparison (never used by the
+                                 # search); 5: a t interval over 3 has 2 df and misses most real gains
     workers: 0                   # training workers at once (0: one per core, at most one per job)
     executor: local              # where training and evaluation jobs run: local (a pool of `workers`
                                  # on this machine) | ray (each job a Ray task, sandboxed on its node)
@@ -242,7 +243,7 @@ class RunConfig:
     harness: str | None = None
     policy: str = "continue"
     seeds: tuple[int, ...] = (0, 1)
-    final_seeds: tuple[int, ...] = (100, 101, 102)
+    final_seeds: tuple[int, ...] = (100, 101, 102, 103, 104)
     workers: int = 0
     executor: str = "local"
     ray: RayConfig = field(default_factory=RayConfig)

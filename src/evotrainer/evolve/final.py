@@ -7,10 +7,12 @@ validation only; its harness *schedule* (continue mode: the harness at each dept
 lineage; restart mode: its one harness) is trained again from the base on seeds the search
 never used, and so is the reference. Both are evaluated the same way: the mean of the
 last `last_k` evaluations on validation and on test, per seed. The difference's interval is
-a Student t interval over the paired seeds (n - 1 degrees of freedom): with 3 seeds it is
-wide, and honest (a percentile bootstrap over 3 values is [min, max] and said 'beat' for a
-null difference 12% of the time at a stated 2.5%). Pure functions here; the controller runs
-the training.
+a Student t interval over the paired seeds (n - 1 degrees of freedom), which holds its level
+at any seed count (a percentile bootstrap over 3 values is [min, max] and said 'beat' for a
+null difference 12% of the time at a stated 2.5%). Its power is the seed count's: with 3
+seeds (2 df, t = 4.30) a real gain of 6 +/- 2 points per seed was shown 75% of the time and
+one of 20 +/- 13 points 33% (simulated); with 5 (the default) 99.7% and 73%. Pure functions
+here; the controller runs the training.
 """
 from __future__ import annotations
 
