@@ -140,3 +140,20 @@ def test_events_read_back_typed_extra_keys_passed_over_unknown_kinds_kept(tmp_pa
     assert store.events("stopped")[1]["reason"] == "r" and store.events("stopped")[1]["later"] == 1
     with pytest.raises(UsageError, match="'control_finished' event in the lineage lacks state"):
         KINDS["control_finished"].from_json({})
+
+
+def test_the_package_reads_events_typed_only():
+    """No event payload read by a string key (scripts/layout_metrics.py counts them), and no
+    `events("kind")` call, the dict form kept for scripts outside the package."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("layout_metrics", root / "scripts" / "layout_metrics.py")
+    metrics = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(metrics)
+    assert metrics.event_payload_reads() == []
+    by_name = [f"{m}:{node.lineno}" for m, path in metrics.modules().items() for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "events"
+               and node.args and isinstance(node.args[0], ast.Constant)]
+    assert by_name == []

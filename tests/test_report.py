@@ -28,11 +28,11 @@ def gated_run(tmp_path_factory, ckpt):
     run, th, errors = start((cfg, run), None, trials=1, on_event=lambda kind, data: events.append((kind, data)),
                             gates=["completion"], final_seeds=[100], tracking={"report_to": ["tensorboard", "mlflow"]})
     gate = next_gate(run, th, errors)
-    assert gate["trial"] == 1
+    assert gate.trial == 1
     live = main(["report", str(run), "--out", str(d / "live.html"), "--engine", "svg"])
     assert live == 0
     while (gate := next_gate(run, th, errors)) is not None:
-        assert main(["approve", str(run), str(gate["trial"])]) == 0
+        assert main(["approve", str(run), str(gate.trial)]) == 0
     th.join()
     assert not errors, errors
     return run, d / "live.html", events
