@@ -1,0 +1,69 @@
+"""The import rules of docs/architecture.md hold on the source: layers only reach down, no
+import circles, every top-level module placed in a layer."""
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _metrics():
+    spec = importlib.util.spec_from_file_location("layout_metrics", ROOT / "scripts" / "layout_metrics.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+METRICS = _metrics()
+
+
+def layers() -> dict[str, int]:
+    """The ```layers block of docs/architecture.md: `N  name name ...` per line."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = re.search(r"```layers\n(.*?)```", text, re.S).group(1)
+    out = {}
+    for line in block.strip().splitlines():
+        n, *names = line.split()
+        for name in names:
+            out["evotrainer" if name == "__init__" else f"evotrainer.{name}"] = int(n)
+    return out
+
+
+def top(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_every_top_level_module_has_a_layer():
+    placed = layers()
+    missing = sorted({top(m) for m in METRICS.modules()} - set(placed))
+    assert not missing, f"place these in docs/architecture.md's layer table: {missing}"
+    stale = sorted(set(placed) - {top(m) for m in METRICS.modules()})
+    assert not stale, f"the layer table names modules that do not exist: {stale}"
+
+
+def test_imports_only_reach_down():
+    rank = layers()
+    upward = [f"{m} -> {d} (layer {rank[top(m)]} -> {rank[top(d)]})"
+              for m, deps in METRICS.graph().items() for d in deps
+              if top(m) != top(d) and rank[top(d)] >= rank[top(m)]]
+    assert not upward, "imports that reach up or sideways:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_circles():
+    g = METRICS.graph()
+    assert METRICS.circles(g) == []
+    assert METRICS.circles(METRICS.package_graph(g)) == []
+
+
+def test_the_rules_would_catch_a_circle_and_an_upward_import(tmp_path):
+    """The checker itself: a made-up package with a circle and an upward import."""
+    pkg = tmp_path / "evotrainer"
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "__init__.py").write_text("")
+    (pkg / "low" / "a.py").write_text("from evotrainer.low import b\n")
+    (pkg / "low" / "b.py").write_text("def f():\n    from evotrainer.low.a import x\n    from evotrainer import high\n")
+    (pkg / "high.py").write_text("from evotrainer.low.a import x\n")
+    g = METRICS.graph(tmp_path)
+    assert METRICS.circles(g) == [["evotrainer.high", "evotrainer.low.a", "evotrainer.low.b"]]
+    assert "evotrainer.high" in g["evotrainer.low.b"]
