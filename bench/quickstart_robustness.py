@@ -33,6 +33,7 @@ from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
 from evotrainer.evolve.report import status  # noqa: E402
 from evotrainer.lineage import LineageStore  # noqa: E402
+from evotrainer.lineage.events import RunStarted  # noqa: E402
 from evotrainer.pretrain import PretrainFailed  # noqa: E402
 
 
@@ -52,10 +53,10 @@ def run_on_base(config: Path, base_seed: int, out: Path) -> dict:
         return {"base_seed": base_seed, "run": str(run), "failed": str(e), "seconds": round(time.time() - t)}
     store = LineageStore(run / "lineage.sqlite")
     try:
-        trials, started = store.trials(), store.events("run_started")[0]
+        trials, started = store.trials(), store.events(RunStarted)[0]
     finally:
         store.close()
-    meta = json.loads((Path(started["base"]) / "base_meta.json").read_text())
+    meta = json.loads((Path(started.base) / "base_meta.json").read_text())
     final = json.loads((run / "final.json").read_text())
     return {"base_seed": base_seed, "run": str(run), "sft_steps": meta["steps"], "probe": meta["probe_acc"],
             "kept": [t.intervention for t in trials if t.parents and t.label == "kept"],

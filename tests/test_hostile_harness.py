@@ -133,8 +133,9 @@ def test_hostile_edits_through_the_loop_fail_inside_the_sandbox(tiny_run, tmp_pa
     store.close()
     assert status(run)["sandbox"].startswith("namespaces")  # the level in force, as status shows it
     # the split computed with the project's code and no key is not the run's
-    started = LineageStore(run / "lineage.sqlite").events("run_started")[0]
+    from evotrainer.lineage.events import RunStarted
+    started = LineageStore(run / "lineage.sqlite").events(RunStarted)[0]
     public, keyed = get_task("arith", 3), get_task("arith", 3)
-    keyed.use_key(split_key(started["split_key"]))
+    keyed.use_key(split_key(started.split_key))
     val = {p.id for p in keyed.split("val")}
     assert len(val & {p.id for p in public.split("val")}) < len(val) / 2
