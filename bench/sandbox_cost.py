@@ -67,9 +67,9 @@ def codegen_steps(level: Isolation, steps: int, drivers: int | None) -> tuple[li
     programs judged by `drivers` sandboxes side by side (None: the default)."""
     from evotrainer.sandbox import programs
     from evotrainer.harness import REFERENCE, load_harness
-    from evotrainer.inner.grpo import GRPOTrainer
+    from evotrainer.trainer.grpo import GRPOTrainer
     from evotrainer.policy import load_policy
-    from evotrainer.pretrain import PretrainConfig, pretrain
+    from evotrainer.trainer.pretrain import PretrainConfig, pretrain
     from evotrainer.catalog import get_task
     use_isolation(level)
     task = get_task("codegen")

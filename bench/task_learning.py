@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from evotrainer.evolve import stats  # noqa: E402
 from evotrainer.evolve.stats import clustered_t_interval  # noqa: E402
 from evotrainer.executors.worker import run_in_worker  # noqa: E402
-from evotrainer.pretrain import PretrainConfig, pretrain  # noqa: E402
+from evotrainer.trainer.pretrain import PretrainConfig, pretrain  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
-from evotrainer.train import train_run  # noqa: E402
+from evotrainer.trainer.run import train_run  # noqa: E402
 
 def t_interval(xs: list[float]) -> tuple[float, float, float]:
     """Mean and the 95% t interval (stats.t_interval; n - 1 degrees of freedom)."""

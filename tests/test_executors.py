@@ -72,7 +72,7 @@ def broken_harness(tmp_path, knobs: str, reward_py: str):
 ])
 def test_broken_harness_code_is_a_labelled_failure_not_a_crash_of_the_caller(tmp_path, ckpt, reward_py, label, expect):
     h = broken_harness(tmp_path, "reward: r\n", reward_py)
-    r = run_in_worker("evotrainer.train:train_segment", dict(
+    r = run_in_worker("evotrainer.trainer.jobs:train_segment", dict(
         task="arith", level=1, harness=str(h), base=str(ckpt), out=str(tmp_path / "out"), seed=0, steps=2),
         timeout_s=8 if label == "timeout" else 15, writes=(str(tmp_path / "out"),))  # the loop waits out its deadline
     assert r.label == label, r.log_tail

@@ -49,7 +49,7 @@ def harness(d: Path, paths=(), extra: str = "pass") -> Path:
 
 def train(h: Path, base: Path, out: Path, **kw):
     """A training job as the search starts one (Training.train): it reads its harness and its base."""
-    return run_in_worker("evotrainer.train:train_segment", dict(
+    return run_in_worker("evotrainer.trainer.jobs:train_segment", dict(
         task="arith", level=1, harness=str(h), base=str(base), out=str(out), seed=0, steps=1),
         timeout_s=120, writes=(str(out),), reads=(str(h), str(base)), **kw)
 

@@ -48,7 +48,7 @@ def _task(args):
 
 
 def _base(args, task):
-    from evotrainer.pretrain import PretrainConfig, pretrain
+    from evotrainer.trainer.pretrain import PretrainConfig, pretrain
     if getattr(args, "model", None):
         from evotrainer.policy.model import resolve_model
         from evotrainer.tasks.keys import split_key
@@ -80,8 +80,8 @@ def _runtime(args):
 
 def cmd_train(args) -> dict:
     from evotrainer.harness import inspect_harness
-    from evotrainer.inner.backends import check_backend
-    from evotrainer.train import TrainingFailed, train_run
+    from evotrainer.trainer.backends import check_backend
+    from evotrainer.trainer.run import TrainingFailed, train_run
     task = _task(args)
     runtime = _runtime(args)
     knobs = inspect_harness(args.harness)  # bad knobs or slot names fail here, before any work
@@ -197,7 +197,7 @@ def _run_loop(cfg, out: Path) -> dict:
     from evotrainer.evolve.controller import ControlFailed, Controller
     from evotrainer.evolve.report import status
     from evotrainer.live import LiveView
-    from evotrainer.pretrain import PretrainConfig
+    from evotrainer.trainer.pretrain import PretrainConfig
     view = LiveView()
     say = view.say
 
@@ -332,7 +332,7 @@ def cmd_skills_show(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from evotrainer.pretrain import DEFAULT_CACHE, PretrainConfig
+    from evotrainer.trainer.pretrain import DEFAULT_CACHE, PretrainConfig
     p = _Parser(prog="evotrainer", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(var, "1")
     import transformers
 
-    from evotrainer.pretrain import PretrainFailed
+    from evotrainer.trainer.pretrain import PretrainFailed
     transformers.utils.logging.disable_progress_bar()  # our own progress bars say enough
     out = sys.stdout  # our JSON only: what libraries print there while a command runs (Ray's
     try:              # cluster messages, a tracker's chatter) goes to stderr with the rest

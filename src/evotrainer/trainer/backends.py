@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from evotrainer.errors import UsageError, unknown
-from evotrainer.inner.trl_mapping import trl_refusals
+from evotrainer.trainer.trl_mapping import trl_refusals
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Backend:
 
 def run_embedded(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
                  runtime, sample_seed: int | None = None) -> dict:
-    from evotrainer.inner.grpo import GRPOTrainer
+    from evotrainer.trainer.grpo import GRPOTrainer
     trainer = GRPOTrainer(model, tok, task, harness, seed=seed, policy=runtime.policy,
                           micro_batch_size=runtime.micro_batch_size, sample_seed=sample_seed)
     if optimizer_state is not None:
@@ -45,11 +45,11 @@ def run_embedded(model, tok, task, harness, seed: int, steps: int, log, optimize
 
 
 BACKENDS = {
-    "embedded": Backend("embedded", "evotrainer.inner.backends:run_embedded", lambda knobs, runtime: []),
+    "embedded": Backend("embedded", "evotrainer.trainer.backends:run_embedded", lambda knobs, runtime: []),
     # TRL's multi-turn path (`environment_factory`, `max_tool_calling_iterations`) parses tool
     # calls with the model's chat template and holds its own environment objects: not yet
     # wired to ours (caps, traces, the harness's action parser), so it is refused, not half-run
-    "trl": Backend("trl", "evotrainer.inner.trl_backend:run_trl", trl_refusals,
+    "trl": Backend("trl", "evotrainer.trainer.trl_backend:run_trl", trl_refusals,
                    multi_turn="TRL's environment_factory is not wired to evotrainer environments yet "
                               "(caps, traces and the action_parser slot); use backend: embedded"),
 }
