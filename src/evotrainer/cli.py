@@ -114,6 +114,7 @@ def cmd_train(args) -> dict:
 
 def cmd_evaluate(args) -> dict:
     """Greedy accuracy and pass@k of a checkpoint, in the evaluator's sandboxed process."""
+    from evotrainer.evaluate.sampled import evaluate_sampled  # the job's target; deferred as every import here (torch)
     from evotrainer.executors import run_in_worker
     from evotrainer.policy.model import resolve_model
     task = _task(args)
@@ -136,7 +137,7 @@ def cmd_evaluate(args) -> dict:
             raise UsageError(f"run '{args.run}' has no split key on record (not started, or older than split keys)")
         key = split_key(started[0].split_key).hex()
     model = str(resolve_model(args.model))
-    r = run_in_worker("evotrainer.evaluate.sampled:evaluate_sampled", dict(
+    r = run_in_worker(evaluate_sampled, dict(
         task=task.spec, level=task.target_level, checkpoint=model, split=args.split, samples=args.samples,
         ks=list(args.k), temperature=args.temperature, policy=_runtime(args).policy.to_dict(), key=key),
         timeout_s=args.timeout, memory_mb=args.memory_mb, reveal=task.data_files())

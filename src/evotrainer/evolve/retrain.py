@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from evotrainer.config import EvalConfig
+from evotrainer.evaluate.greedy import evaluate_checkpoints
 from evotrainer.evolve.progress import Job, Progress, watcher
 from evotrainer.executors import Call, Executor, LocalPool
 from evotrainer.runtime import Runtime
 from evotrainer.tasks import Task
-from evotrainer.trainer.jobs import handed_draws, saved_checkpoints, segment_seed
+from evotrainer.trainer.jobs import handed_draws, saved_checkpoints, segment_seed, train_schedule
 
 SPLITS = ("val", "test")
 
@@ -34,10 +35,9 @@ def evaluate(task: Task, jobs: dict[str, list[str]], timeout_s: float,
     """Accuracy per checkpoint and split, from the evaluator: a process of its own that loads
     checkpoints and the task's verifier, and no harness code; the one job given the split key."""
     policy = (runtime or Runtime()).policy.to_dict()
-    (ev,) = (executor or LocalPool(1)).run([Call(
-        "evotrainer.evaluate.greedy:evaluate_checkpoints",
-        dict(task=task.spec, level=task.target_level, jobs=jobs, policy=policy,
-             key=task.key.hex() if task.key else None), reveal=task.data_files(),
+    (ev,) = (executor or LocalPool(1)).run([Call(evaluate_checkpoints, dict(
+        task=task.spec, level=task.target_level, jobs=jobs, policy=policy,
+        key=task.key.hex() if task.key else None), reveal=task.data_files(),
         reads=(*jobs, task.spec, *task.data_files()))], timeout_s, memory_mb)
     if not ev.ok:
         raise RetrainFailed(f"the evaluator failed: {ev.label}: {ev.error}")
@@ -73,7 +73,7 @@ def retrain(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int]
         for seed in seeds:
             out = Path(out_root) / name / f"seed-{seed}"
             draws = [handed_draws(task, h, segment_seed(seed, d), arm.steps) for d, h in enumerate(arm.harnesses, 1)]
-            calls.append(Call("evotrainer.trainer.jobs:train_schedule", dict(
+            calls.append(Call(train_schedule, dict(
                 task=view, level=task.target_level, base=base, out=str(out), harnesses=list(arm.harnesses),
                 seed=seed, steps=arm.steps, runtime=runtime.to_dict(), draws=draws,
                 eval_every=evaluation.every),

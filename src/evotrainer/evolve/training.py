@@ -24,7 +24,7 @@ from evotrainer.executors import Call, Executor
 from evotrainer.lineage import TrialRecord
 from evotrainer.runtime import Runtime
 from evotrainer.tasks.base import Task
-from evotrainer.trainer.jobs import handed_draws, saved_checkpoints, segment_seed
+from evotrainer.trainer.jobs import handed_draws, saved_checkpoints, segment_seed, train_segment
 
 
 @dataclass
@@ -70,7 +70,7 @@ class Training:
                 # other prompts (data_offset), shared by its child and control
                 seg_seed = segment_seed(seed, 1 if self.restart else sg.depth) + sg.data_offset
                 harness = str(self.harness_dir(sg.version))
-                calls.append(Call("evotrainer.trainer.jobs:train_segment", dict(
+                calls.append(Call(train_segment, dict(
                     task=view, level=self.task.target_level, runtime=self.runtime.to_dict(), harness=harness,
                     base=sg.start.checkpoint(seed) if sg.start.dirs else self.base, out=str(out),
                     seed=seg_seed, steps=self.segment_steps,

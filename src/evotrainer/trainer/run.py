@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from evotrainer.evaluate.greedy import evaluate_checkpoints
 from evotrainer.executors import WorkerResult, run_in_worker
 from evotrainer.harness import REFERENCE, inspect_harness
 from evotrainer.runtime import Runtime
 from evotrainer.tasks import Task
 from evotrainer.trainer.backends import check_backend
-from evotrainer.trainer.jobs import handed_draws, saved_checkpoints
+from evotrainer.trainer.jobs import handed_draws, saved_checkpoints, train_segment
 
 
 class TrainingFailed(RuntimeError):
@@ -59,7 +60,7 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     level = task.target_level  # the spec and this level rebuild the same task in every process
     harness = str(harness_dir or REFERENCE)
     view = task.train_view(out.with_name(out.name + ".train-data"))
-    result = run_in_worker("evotrainer.trainer.jobs:train_segment", dict(
+    result = run_in_worker(train_segment, dict(
         task=view, level=level, harness=harness,
         base=str(base), out=str(out), seed=seed, steps=steps, runtime=runtime.to_dict(),
         draws=handed_draws(task, harness, seed, steps), eval_every=eval_every),
@@ -70,7 +71,7 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     # the evaluator: a process of its own that loads checkpoints and the verifier only
     saved = saved_checkpoints(out)
     jobs = {str(base): ["val", "test"], **{str(c): ["val"] for c in saved}, str(out / "checkpoint"): ["val", "test"]}
-    ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
+    ev = run_in_worker(evaluate_checkpoints,
                        dict(task=task.spec, level=level, jobs=jobs, policy=runtime.policy.to_dict(),
                             key=task.key.hex() if task.key else None),
                        timeout_s=timeout_s, memory_mb=memory_mb, reveal=task.data_files(),
