@@ -7,11 +7,12 @@ environment, the call's declared `reads` read-only and its `writes` and nothing 
 unprivileged user, limits, an empty environment) and waits with a deadline; past it the
 whole process tree is killed with SIGKILL (a thread cannot be stopped, a process can).
 Memory is watched the same way: the caller sums the resident memory of the worker's process
-tree as it polls and kills it past `memory_mb`. (An address-space limit would be simpler, but CUDA reserves far more
-address space than it ever uses and fails to start under one.) Arguments go in and results
-come back as JSON, never pickles: nothing a worker writes is executed by its caller, and
-what it wrote is vetted when it ends (`refused_output`: no links, no special files, every
-checkpoint exactly what save_policy writes). The outcome is labelled:
+tree as it polls and kills it past `memory_mb`. (An address-space limit would be simpler, but
+CUDA reserves far more address space than it ever uses and fails to start under one.)
+Arguments go in and results come back as JSON, never pickles: nothing a worker writes is
+executed by its caller, and what it wrote is vetted when it ends (`refused_output`: no
+links, no special files, every checkpoint exactly what save_policy writes). The outcome is
+labelled:
 
     ok       the function returned; `value` holds its (JSON) result
     crash    it raised, or the process died, or its output was refused; `log_tail` holds the traceback
@@ -75,9 +76,10 @@ class Call:
     reads: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        target_of(self.target)
+        target_of(self.target)  # a target no worker could import fails here, in the caller
 
     def named(self) -> NamedCall:
+        """What leaves this process: the Call with its target by name."""
         return NamedCall(target_of(self.target), self.kwargs, self.writes, self.clean, self.reveal, self.reads)
 
 
