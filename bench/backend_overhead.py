@@ -1,6 +1,6 @@
 """What our TRL backend costs on top of plain TRL: the same GRPOTrainer at the same config.
 
-The TRL backend is TRL's GRPOTrainer with the harness's slots hooked in (inner/trl_backend.py):
+The TRL backend is TRL's GRPOTrainer with the harness's slots hooked in (trainer/trl_backend.py):
 our prompt stream and encoding, the harness's reward, filter and advantage, and the evidence
 records and step metrics every backend writes. Plain TRL (bench/peers.py) runs the same
 reference recipe with a reward function that returns the verifier's score. Both train the
@@ -29,10 +29,10 @@ import torch  # noqa: E402
 
 from peers import StampLog, plain_trl, reference_harness, steady_rate  # noqa: E402
 from evotrainer.harness import load_harness  # noqa: E402
-from evotrainer.inner.trl_backend import run_trl  # noqa: E402
+from evotrainer.trainer.trl_backend import run_trl  # noqa: E402
 from evotrainer.policy import load_policy  # noqa: E402
 from evotrainer.policy.config import PolicyConfig  # noqa: E402
-from evotrainer.pretrain import pretrain  # noqa: E402
+from evotrainer.trainer.pretrain import pretrain  # noqa: E402
 from evotrainer.runtime import Runtime  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
 

@@ -3,7 +3,7 @@
     .venv/bin/python bench/executor_overhead.py [--trials 2] [--steps 4] [--rounds 2] [--jobs 8]
 
 Two measurements, each executor in the same process and the same run of this script:
-  1. trivial jobs (`platform:python_version` in a sandboxed worker: the worker's start-up and
+  1. trivial jobs (`platform.python_version` in a sandboxed worker: the worker's start-up and
      its torch import, no work), `--jobs` of them, as many at once as there are cores: seconds
      per job on the local pool and as Ray tasks on a local Ray cluster, and the difference.
   2. the same short search (the rules agent, `--trials` trials, `--steps` steps a segment, one
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import shutil
 import statistics
 import sys
@@ -86,7 +87,7 @@ def search(raw: dict, executor: str, out: Path) -> tuple[float, int]:
 
 
 def trivial(executor: Executor, n: int) -> float:
-    calls = [Call("platform:python_version") for _ in range(n)]
+    calls = [Call(platform.python_version) for _ in range(n)]
     t = time.perf_counter()
     results = executor.run(calls, timeout_s=300)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]

@@ -54,7 +54,7 @@ from evotrainer.agents.catalog import Proposal  # noqa: E402
 from evotrainer.config import GateConfig, config_from_dict  # noqa: E402
 from evotrainer.evolve.calibration import Rate, old_gate_keeps, simulate_gate, simulate_interval, subset_rate  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
-from evotrainer.evolve.replay import Arm, replay  # noqa: E402
+from evotrainer.evolve.retrain import Arm, retrain  # noqa: E402
 from evotrainer.evolve.stats import bootstrap_ci, null_differences, paired_differences, t_interval  # noqa: E402
 from evotrainer.labels import Label  # noqa: E402
 from evotrainer.lineage import LineageStore  # noqa: E402
@@ -137,8 +137,8 @@ def null_finals(ctl: Controller, harness: Path, finals: int, steps: int, out: Pa
     todo = [s for s in seeds if s not in done]
     if todo:
         arms = {"reference": Arm((str(harness),), steps), "copy": Arm((str(copy),), steps)}
-        rep = replay(ctl.task, ctl.base, arms, todo, out / "finals", ctl.cfg.evaluation, 3600, 0, ctl.runtime,
-                     ctl.cfg.worker_memory_mb)
+        rep = retrain(ctl.task, ctl.base, arms, todo, out / "finals", ctl.cfg.evaluation, 3600, 0, ctl.runtime,
+                      ctl.cfg.worker_memory_mb)
         done |= {s: rep.scores["copy"][s]["test"] - rep.scores["reference"][s]["test"] for s in todo}
         record.write_text(json.dumps({str(s): d for s, d in sorted(done.items())}))
     return {s: done[s] for s in seeds}

@@ -17,7 +17,7 @@ from pathlib import Path
 for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")  # before transformers and TRL load: nothing is downloaded
 
-from evotrainer.inner.segment import SegmentLog  # noqa: E402
+from evotrainer.trainer.segment import SegmentLog  # noqa: E402
 
 
 class StampLog(SegmentLog):

@@ -34,7 +34,7 @@ from evotrainer.evolve.controller import Controller  # noqa: E402
 from evotrainer.evolve.report import status  # noqa: E402
 from evotrainer.lineage import LineageStore  # noqa: E402
 from evotrainer.lineage.events import RunStarted  # noqa: E402
-from evotrainer.pretrain import PretrainFailed  # noqa: E402
+from evotrainer.trainer.pretrain import PretrainFailed  # noqa: E402
 
 
 def run_on_base(config: Path, base_seed: int, out: Path) -> dict:

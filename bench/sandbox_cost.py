@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))  # worker_targets: the trivial target
 
 from evotrainer.executors import run_in_worker, use_isolation  # noqa: E402
+from worker_targets import add  # noqa: E402
 from evotrainer.sandbox import Isolation, Jail, command, probe  # noqa: E402
 from evotrainer.sandbox.programs import Program, run_programs  # noqa: E402
 
@@ -42,7 +43,7 @@ GROUP = [Program(f"def add(a, b):\n    return a + b + {i} - {i}\n", "add", ((1, 
 def worker_ms(level: Isolation) -> float:
     use_isolation(level)
     t = time.perf_counter()
-    r = run_in_worker("worker_targets:add", {"a": 1, "b": 2}, timeout_s=60, cwd=ROOT / "tests", poll_s=0.01)
+    r = run_in_worker(add, {"a": 1, "b": 2}, timeout_s=60, cwd=ROOT / "tests", poll_s=0.01)
     assert r.ok and r.value == 3, r.log_tail
     return 1000 * (time.perf_counter() - t)
 
@@ -67,9 +68,9 @@ def codegen_steps(level: Isolation, steps: int, drivers: int | None) -> tuple[li
     programs judged by `drivers` sandboxes side by side (None: the default)."""
     from evotrainer.sandbox import programs
     from evotrainer.harness import REFERENCE, load_harness
-    from evotrainer.inner.grpo import GRPOTrainer
+    from evotrainer.trainer.grpo import GRPOTrainer
     from evotrainer.policy import load_policy
-    from evotrainer.pretrain import PretrainConfig, pretrain
+    from evotrainer.trainer.pretrain import PretrainConfig, pretrain
     from evotrainer.catalog import get_task
     use_isolation(level)
     task = get_task("codegen")

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
-from evotrainer.evolve.replay import Arm, replay  # noqa: E402
+from evotrainer.evolve.retrain import Arm, retrain  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.tasks.keys import split_key  # noqa: E402
 from evotrainer.skills import SkillLibrary  # noqa: E402
@@ -118,8 +118,8 @@ def replays(cfg, arms: dict[str, Arm], base: str, seeds: list[int], out: Path) -
         print(f"  replaying {len(todo)} schedules on seeds {seeds}", flush=True)
         task = get_task(cfg.task, cfg.level)
         task.use_key(split_key(Path(base).name))  # the runs' held-out pool: their base's key
-        rep = replay(task, base, todo, seeds, out / "replays", cfg.evaluation,
-                     cfg.budget.trial_timeout_s, cfg.workers)
+        rep = retrain(task, base, todo, seeds, out / "replays", cfg.evaluation,
+                      cfg.budget.trial_timeout_s, cfg.workers)
         for key, s in rep.scores.items():
             (out / "replays" / key / "scores.json").write_text(json.dumps(s, indent=2))
             scores[key] = s

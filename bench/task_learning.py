@@ -30,10 +30,11 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from evotrainer.evolve import stats  # noqa: E402
 from evotrainer.evolve.stats import clustered_t_interval  # noqa: E402
+from evotrainer.evaluate.sampled import evaluate_sampled  # noqa: E402
 from evotrainer.executors.worker import run_in_worker  # noqa: E402
-from evotrainer.pretrain import PretrainConfig, pretrain  # noqa: E402
+from evotrainer.trainer.pretrain import PretrainConfig, pretrain  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
-from evotrainer.train import train_run  # noqa: E402
+from evotrainer.trainer.run import train_run  # noqa: E402
 
 def t_interval(xs: list[float]) -> tuple[float, float, float]:
     """Mean and the 95% t interval (stats.t_interval; n - 1 degrees of freedom)."""
@@ -42,7 +43,7 @@ def t_interval(xs: list[float]) -> tuple[float, float, float]:
 
 def sampled_pass1(task, checkpoint: Path, n: int) -> float:
     """pass@1 at temperature 1 on the test split, n samples a problem, in an evaluator process."""
-    ev = run_in_worker("evotrainer.evaluate.sampled:evaluate_sampled",
+    ev = run_in_worker(evaluate_sampled,
                        dict(task=task.spec, level=task.target_level, checkpoint=str(checkpoint), split="test",
                             samples=n, ks=[1], temperature=1.0, key=task.key.hex() if task.key else None),
                        timeout_s=1800, reveal=task.data_files())

@@ -53,12 +53,12 @@ from peers import StampLog, plain_trl, reference_harness, steady_rate  # noqa: E
 from evotrainer.evaluate.greedy import evaluate_checkpoints  # noqa: E402
 from evotrainer.evolve.stats import bootstrap_ci  # noqa: E402
 from evotrainer.harness import load_harness  # noqa: E402
-from evotrainer.inner.backends import run_embedded  # noqa: E402
+from evotrainer.trainer.backends import run_embedded  # noqa: E402
 from evotrainer.policy import load_policy  # noqa: E402
-from evotrainer.pretrain import pretrain  # noqa: E402
+from evotrainer.trainer.pretrain import pretrain  # noqa: E402
 from evotrainer.runtime import Runtime  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
-from evotrainer.train import train_segment  # noqa: E402
+from evotrainer.trainer.jobs import train_segment  # noqa: E402
 
 WARMUP = 2
 ARMS = ("ours", "trl_backend", "plain_trl")

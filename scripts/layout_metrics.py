@@ -5,7 +5,9 @@ modules, worker job targets written as strings, and string-keyed reads of lineag
 
 Import circles are strongly connected components of the module import graph (imports anywhere
 in a module, deferred ones included: a deferred import hides a circle from Python, not from the
-reader). A job target is a "package.module:function" string literal. An event payload read is
+reader). A job target written as a string is a "package.module:function" string literal
+anywhere, or any string as the target of `Call`, `run_in_worker` or `run_diagnostics`
+(`target_args`: the tests resolve the others, the functions). An event payload read is
 `x["key"]` or `x.get("key")` where x came from `store.events(...)` in the same function.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "evotrainer"
 TARGET = re.compile(rf"^{PACKAGE}(\.\w+)+:\w+$")
+TAKERS = ("Call", "run_in_worker", "run_diagnostics")  # each takes a job's target first
 
 
 def modules(src: Path = SRC) -> dict[str, Path]:
@@ -102,12 +105,28 @@ def package_graph(g: dict[str, set[str]]) -> dict[str, set[str]]:
     return out
 
 
+def target_args(call: ast.Call) -> list[ast.expr]:
+    """The target argument of a call to a taker (`run_in_worker(f, ...)`, `executors.Call(f)`,
+    `target=f`): normally a function's name, which the tests resolve and import."""
+    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
+    return call.args[:1] + [k.value for k in call.keywords if k.arg == "target"] if name in TAKERS else []
+
+
+def job_target_args(tree: ast.AST) -> list[ast.expr]:
+    return [a for node in ast.walk(tree) if isinstance(node, ast.Call) for a in target_args(node)]
+
+
 def job_target_strings(src: Path = SRC) -> list[tuple[str, str]]:
     out = []
     for m, p in modules(src).items():
-        for node in ast.walk(ast.parse(p.read_text())):
+        tree = ast.parse(p.read_text())
+        for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and TARGET.match(node.value):
                 out.append((m, node.value))
+        for arg in job_target_args(tree):
+            if isinstance(arg, ast.JoinedStr) or (isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                                                  and not TARGET.match(arg.value)):  # (those counted above)
+                out.append((m, ast.unparse(arg)))
     return out
 
 

@@ -71,7 +71,7 @@ def test_revised_diagnostics_are_found_statically(tmp_path):
 def test_diagnostics_that_fail_to_run_are_a_blocking_finding_not_a_crash(tmp_path, ckpt):
     """A kept harness whose diagnostics.py raises on some evidence: the state is reported with a
     blocking `diagnostics_failed` finding (so nothing under it is promoted), and the run goes on."""
-    from evotrainer.train import train_segment
+    from evotrainer.trainer.jobs import train_segment
     cfg = config_from_dict({"task": "arith", "level": 1, "seeds": [0], "final_seeds": [],
                             "model": str(ckpt), "search": {"skills": None}}).validate()
     ctl = Controller(cfg, tmp_path / "run")

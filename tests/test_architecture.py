@@ -1,5 +1,7 @@
 """The import rules of docs/architecture.md hold on the source: layers only reach down, no
-import circles, every top-level module placed in a layer."""
+import circles, every top-level module placed in a layer; and every import of ours names
+something that exists, deferred ones included."""
+import ast
 import importlib.util
 import re
 from pathlib import Path
@@ -67,3 +69,41 @@ def test_the_rules_would_catch_a_circle_and_an_upward_import(tmp_path):
     g = METRICS.graph(tmp_path)
     assert METRICS.circles(g) == [["evotrainer.high", "evotrainer.low.a", "evotrainer.low.b"]]
     assert "evotrainer.high" in g["evotrainer.low.b"]
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """What a module binds at its top (inside top-level if/try too): what `from it import x` may name."""
+    out, todo = set(), list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo += [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt)]
+            todo += [c for h in getattr(node, "handlers", ()) for c in h.body]
+    return out
+
+
+def test_every_import_of_ours_names_something_that_exists():
+    """A deferred import (inside a function) fails only when that function runs: a module or a
+    name moved without its importers is caught here, from the source, instead."""
+    mods = METRICS.modules()
+    names = {m: _top_level_names(ast.parse(p.read_text())) for m, p in mods.items()}
+    missing = []
+    for m, p in mods.items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "evotrainer":
+                if node.module not in mods:
+                    missing.append(f"{m}:{node.lineno} imports {node.module}, which does not exist")
+                    continue
+                missing += [f"{m}:{node.lineno} imports {a.name} from {node.module}, which has none"
+                            for a in node.names if a.name not in names[node.module] and f"{node.module}.{a.name}" not in mods]
+            elif isinstance(node, ast.Import):
+                missing += [f"{m}:{node.lineno} imports {a.name}, which does not exist"
+                            for a in node.names if a.name.split(".")[0] == "evotrainer" and a.name not in mods]
+    assert not missing, "\n".join(missing)

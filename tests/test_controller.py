@@ -131,7 +131,7 @@ def sft_base(tmp_path_factory):
     """A real (if small) base: SFT on 1-digit sums to 30%, so it ends its answers, as a base does.
     On a random-init model every answer runs to the budget and a length reward is constant."""
     from evotrainer.catalog import get_task
-    from evotrainer.pretrain import PretrainConfig, pretrain
+    from evotrainer.trainer.pretrain import PretrainConfig, pretrain
     cfg = PretrainConfig(max_steps=400, check_every=10, probe_size=20, batch_size=64, target_acc=0.3)
     with fixed_keys():
         path, _ = pretrain(get_task("arith", 1), cfg, readable(tmp_path_factory.mktemp("sft")))

@@ -56,8 +56,8 @@ from evotrainer.envs.play import as_generation, play  # noqa: E402
 from evotrainer.errors import UsageError  # noqa: E402
 from evotrainer.harness import REFERENCE, load_harness  # noqa: E402
 from evotrainer.harness.actions import json_call, plain  # noqa: E402
-from evotrainer.inner import GRPOTrainer  # noqa: E402
-from evotrainer.inner.backends import check_backend  # noqa: E402
+from evotrainer.trainer.grpo import GRPOTrainer  # noqa: E402
+from evotrainer.trainer.backends import check_backend  # noqa: E402
 from evotrainer.policy import build_model  # noqa: E402
 from evotrainer.runtime import Runtime  # noqa: E402
 

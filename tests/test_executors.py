@@ -5,25 +5,27 @@ from pathlib import Path
 
 import pytest
 
+import worker_targets
 from evotrainer.executors import run_in_worker
+from evotrainer.trainer.jobs import train_segment
 
 HERE = Path(__file__).parent
 
 
 def test_ok_returns_the_value():
-    r = run_in_worker("worker_targets:add", {"a": 2, "b": 3}, timeout_s=60, cwd=HERE)
+    r = run_in_worker(worker_targets.add, {"a": 2, "b": 3}, timeout_s=60, cwd=HERE)
     assert r.label == "ok" and r.value == 5
 
 
 def test_exception_is_a_crash_with_the_traceback():
-    r = run_in_worker("worker_targets:boom", timeout_s=60, cwd=HERE)
+    r = run_in_worker(worker_targets.boom, timeout_s=60, cwd=HERE)
     assert r.label == "crash"
     assert r.error == "ValueError: the harness broke"
     assert "Traceback" in r.log_tail and "worker_targets.py" in r.log_tail
 
 
 def test_process_that_dies_is_a_crash():
-    r = run_in_worker("worker_targets:hard_exit", timeout_s=60, cwd=HERE)
+    r = run_in_worker(worker_targets.hard_exit, timeout_s=60, cwd=HERE)
     assert r.label == "crash" and "code 7" in r.error
 
 
@@ -44,14 +46,14 @@ def test_timeout_kills_the_whole_process_group():
     from test_sandbox import processes_with
     marker = f"evotrainer-spin-{time.monotonic_ns()}"
     t0 = time.monotonic()
-    r = run_in_worker("worker_targets:spin_with_child", {"marker": marker}, timeout_s=3, cwd=HERE)
+    r = run_in_worker(worker_targets.spin_with_child, {"marker": marker}, timeout_s=3, cwd=HERE)
     assert r.label == "timeout"
     assert time.monotonic() - t0 < 30
     assert processes_with(marker + "-child") == []
 
 
 def test_memory_limit_gives_oom():
-    r = run_in_worker("worker_targets:hog", timeout_s=60, memory_mb=400, cwd=HERE)
+    r = run_in_worker(worker_targets.hog, timeout_s=60, memory_mb=400, cwd=HERE)
     assert r.label == "oom"
 
 
@@ -72,7 +74,7 @@ def broken_harness(tmp_path, knobs: str, reward_py: str):
 ])
 def test_broken_harness_code_is_a_labelled_failure_not_a_crash_of_the_caller(tmp_path, ckpt, reward_py, label, expect):
     h = broken_harness(tmp_path, "reward: r\n", reward_py)
-    r = run_in_worker("evotrainer.train:train_segment", dict(
+    r = run_in_worker(train_segment, dict(
         task="arith", level=1, harness=str(h), base=str(ckpt), out=str(tmp_path / "out"), seed=0, steps=2),
         timeout_s=8 if label == "timeout" else 15, writes=(str(tmp_path / "out"),))  # the loop waits out its deadline
     assert r.label == label, r.log_tail
@@ -83,7 +85,7 @@ def test_broken_harness_code_is_a_labelled_failure_not_a_crash_of_the_caller(tmp
 
 def test_pool_runs_workers_side_by_side_and_keeps_the_calls_order():
     from evotrainer.executors import Call, run_all
-    calls = [Call("worker_targets:interval", {"seconds": 1.0}) for _ in range(2)] + [Call("worker_targets:add", {"a": 1, "b": 1})]
+    calls = [Call(worker_targets.interval, {"seconds": 1.0}) for _ in range(2)] + [Call(worker_targets.add, {"a": 1, "b": 1})]
     (a, b, c) = run_all(calls, workers=2, timeout_s=60, cwd=HERE)
     assert a.ok and b.ok and c.value == 2
     (s1, e1), (s2, e2) = a.value, b.value
@@ -92,20 +94,20 @@ def test_pool_runs_workers_side_by_side_and_keeps_the_calls_order():
 
 def test_pool_with_one_worker_runs_them_in_turn():
     from evotrainer.executors import Call, run_all
-    a, b = run_all([Call("worker_targets:interval", {"seconds": 0.3})] * 2, workers=1, timeout_s=60, cwd=HERE)
+    a, b = run_all([Call(worker_targets.interval, {"seconds": 0.3})] * 2, workers=1, timeout_s=60, cwd=HERE)
     assert a.value[1] <= b.value[0]
 
 
 def test_pool_times_out_one_worker_and_keeps_the_others_results():
     from evotrainer.executors import Call, run_all
-    slow, fast = run_all([Call("worker_targets:sleep_forever"), Call("worker_targets:add", {"a": 2, "b": 2})],
+    slow, fast = run_all([Call(worker_targets.sleep_forever), Call(worker_targets.add, {"a": 2, "b": 2})],
                          workers=2, timeout_s=3, cwd=HERE)
     assert slow.label == "timeout" and fast.ok and fast.value == 4
 
 
 def test_pool_caps_each_workers_threads():
     from evotrainer.executors import Call, run_all
-    (r,) = run_all([Call("worker_targets:torch_threads")], workers=1, timeout_s=120, cwd=HERE, threads=1)
+    (r,) = run_all([Call(worker_targets.torch_threads)], workers=1, timeout_s=120, cwd=HERE, threads=1)
     assert r.value == [1, "1"]  # a tuple comes back as JSON
 
 
@@ -114,10 +116,10 @@ def test_a_warm_worker_runs_the_job_it_is_given_in_the_process_started_before():
     warm = Warm(cwd=HERE)
     pid, job_dir = warm._job.proc.pid, str(warm._job.dir)
     time.sleep(0.5)
-    r = run_in_worker("worker_targets:my_job_dir", timeout_s=60, cwd=HERE, warm=warm)
+    r = run_in_worker(worker_targets.my_job_dir, timeout_s=60, cwd=HERE, warm=warm)
     assert r.label == "ok" and r.value == job_dir  # no fresh process: the warm one ran it
     assert warm.take() is None  # it runs one job only
-    again = run_in_worker("worker_targets:my_job_dir", timeout_s=60, cwd=HERE, warm=warm)
+    again = run_in_worker(worker_targets.my_job_dir, timeout_s=60, cwd=HERE, warm=warm)
     assert again.label == "ok" and again.value != job_dir  # nothing warm left: a fresh worker
     assert not alive(pid)
 
@@ -131,7 +133,7 @@ def test_a_warm_worker_never_used_leaves_no_process_and_a_dead_one_is_not_used()
     dead = Warm(cwd=HERE)
     dead._job.proc.kill()
     dead._job.proc.wait()
-    r = run_in_worker("worker_targets:add", {"a": 1, "b": 1}, timeout_s=60, cwd=HERE, warm=dead)
+    r = run_in_worker(worker_targets.add, {"a": 1, "b": 1}, timeout_s=60, cwd=HERE, warm=dead)
     assert r.label == "ok" and r.value == 2
 
 
@@ -160,10 +162,10 @@ def test_the_limits_fallback_still_empties_the_environment_and_says_so(capsys, m
     monkeypatch.setenv("EVOTRAINER_TEST_SECRET", "hunter2")
     assert worker.use_isolation("limits") is Isolation.LIMITS
     assert "WARNING: process limits only" in capsys.readouterr().err
-    r = run_in_worker("worker_targets:whoami", timeout_s=60, cwd=HERE)
+    r = run_in_worker(worker_targets.whoami, timeout_s=60, cwd=HERE)
     assert r.ok and "EVOTRAINER_TEST_SECRET" not in r.value["env"] and r.value["pid"] != 1
     worker.use_isolation("none")  # the explicit opt-out: the caller's own environment
-    r = run_in_worker("worker_targets:whoami", timeout_s=60, cwd=HERE)
+    r = run_in_worker(worker_targets.whoami, timeout_s=60, cwd=HERE)
     assert r.ok and "EVOTRAINER_TEST_SECRET" in r.value["env"]
     assert "WARNING: none" in capsys.readouterr().err
 
@@ -172,5 +174,5 @@ def test_the_local_pool_is_an_executor_that_keeps_the_calls_order():
     from evotrainer.executors import Call, Executor, LocalPool
     pool = LocalPool(2, cwd=HERE)
     assert isinstance(pool, Executor) and pool.run([], timeout_s=10) == []
-    results = pool.run([Call("worker_targets:add", {"a": i, "b": 1}) for i in range(3)], timeout_s=60)
+    results = pool.run([Call(worker_targets.add, {"a": i, "b": 1}) for i in range(3)], timeout_s=60)
     assert [r.value for r in results] == [1, 2, 3] and all(r.ok for r in results)

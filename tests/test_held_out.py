@@ -8,7 +8,7 @@ import pytest
 
 from evotrainer.catalog import get_task
 from evotrainer.tasks.base import HELD_OUT_SHARE, pool_digest
-from evotrainer.train import handed_draws
+from evotrainer.trainer.jobs import handed_draws
 
 KEYS = (None, b"\x01" * 32, b"\x02" * 32)  # no key (library use), and two runs' keys
 STEPS = 3  # a short segment: (3 + 2) x 64 + 16 = 336 handed indices per level

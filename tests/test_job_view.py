@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
+import worker_targets
+from evotrainer.evaluate.greedy import evaluate_checkpoints
 from evotrainer.executors import Warm, run_in_worker
 from evotrainer.policy import build_model, build_tokenizer, save_policy
 from evotrainer.sandbox import Isolation, probe
 from evotrainer.sandbox.launch import _environment_paths
+from evotrainer.trainer.jobs import train_segment
 
 HERE = Path(__file__).parent
 pytestmark = pytest.mark.skipif(probe() is not Isolation.NAMESPACES, reason="needs namespaces")
@@ -49,7 +52,7 @@ def harness(d: Path, paths=(), extra: str = "pass") -> Path:
 
 def train(h: Path, base: Path, out: Path, **kw):
     """A training job as the search starts one (Training.train): it reads its harness and its base."""
-    return run_in_worker("evotrainer.train:train_segment", dict(
+    return run_in_worker(train_segment, dict(
         task="arith", level=1, harness=str(h), base=str(base), out=str(out), seed=0, steps=1),
         timeout_s=120, writes=(str(out),), reads=(str(h), str(base)), **kw)
 
@@ -94,14 +97,14 @@ def test_a_warm_worker_sees_the_inputs_of_the_job_it_is_given_and_no_more(tmp_pa
         (d / "rows.jsonl").write_text(f"rows of {d.name}")
     warm = Warm(cwd=HERE, reads=(str(tmp_path),))
     job_dir = str(warm._job.dir)
-    r = run_in_worker("worker_targets:probe", {"paths": [str(a / "rows.jsonl"), str(b / "rows.jsonl")]},
+    r = run_in_worker(worker_targets.probe, {"paths": [str(a / "rows.jsonl"), str(b / "rows.jsonl")]},
                       timeout_s=60, cwd=HERE, warm=warm, reads=(str(a),))
     assert r.ok and r.value == {str(a / "rows.jsonl"): "read: rows of a", str(b / "rows.jsonl"): "refused: FileNotFoundError",
                                 "job": job_dir}, r.log_tail  # the warm worker ran it, with a bound in as it was given
     # a call that reads beyond what the warm worker may serve starts a fresh worker instead
     elsewhere = Warm(cwd=HERE, reads=(str(a),))
     job_dir = str(elsewhere._job.dir)
-    r = run_in_worker("worker_targets:probe", {"paths": [str(b / "rows.jsonl")]}, timeout_s=60, cwd=HERE,
+    r = run_in_worker(worker_targets.probe, {"paths": [str(b / "rows.jsonl")]}, timeout_s=60, cwd=HERE,
                       warm=elsewhere, reads=(str(b),))
     assert r.ok and r.value[str(b / "rows.jsonl")] == "read: rows of b" and r.value["job"] != job_dir
 
@@ -119,7 +122,7 @@ def test_a_model_only_root_can_read_trains_and_is_scored_without_changing_its_mo
         r = train(harness(tmp_path / "h"), model, out)
         assert r.ok, r.log_tail
         jobs = {str(model): ["val"], str(out / "checkpoint"): ["val"]}
-        ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints", dict(task="arith", level=1, jobs=jobs),
+        ev = run_in_worker(evaluate_checkpoints, dict(task="arith", level=1, jobs=jobs),
                            timeout_s=120, reads=tuple(jobs))
         assert ev.ok and set(ev.value) == set(jobs), ev.log_tail
         assert {f: f.stat().st_mode for f in modes} == modes and model.stat().st_uid == 0
@@ -135,7 +138,7 @@ def test_the_evaluator_refuses_a_checkpoint_that_links_out_or_has_only_pickled_w
     pickled = shutil.copytree(ckpt, tmp_path / "pickled")
     (pickled / "model.safetensors").rename(pickled / "pytorch_model.bin")
     for bad, why in ((linked, "tokenizer.json links outside the checkpoint"), (pickled, "has no *.safetensors weights")):
-        r = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
+        r = run_in_worker(evaluate_checkpoints,
                           dict(task="arith", level=1, jobs={str(bad): ["val"]}), timeout_s=120, reads=(str(bad),))
         assert r.label == "crash" and r.error.startswith("BadCheckpoint: ") and why in r.error, r.error
         assert "\n" not in r.error

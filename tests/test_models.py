@@ -10,8 +10,8 @@ from transformers import T5Config
 from evotrainer.errors import UsageError
 from evotrainer.harness.losses import seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm, token_mean
 from evotrainer.harness.rollouts import SlotError
-from evotrainer.inner.accumulate import aggregation_weights
-from evotrainer.inner.logprobs import completion_logprobs
+from evotrainer.trainer.accumulate import aggregation_weights
+from evotrainer.trainer.logprobs import completion_logprobs
 from evotrainer.policy import build_tokenizer, load_policy
 from evotrainer.policy.config import PolicyConfig
 from evotrainer.policy.generate import decode, filter_logits, generate
@@ -93,7 +93,7 @@ def test_bad_models_are_named_in_one_line(tmp_path, ckpt):
 
 def test_importing_the_package_leaves_hugging_face_offline_mode_alone():
     env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE")}
-    out = subprocess.run([sys.executable, "-c", "import os, evotrainer, evotrainer.policy, evotrainer.inner.grpo; "
+    out = subprocess.run([sys.executable, "-c", "import os, evotrainer, evotrainer.policy, evotrainer.trainer.grpo; "
                           "print(os.environ.get('HF_HUB_OFFLINE'), os.environ.get('TRANSFORMERS_OFFLINE'))"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["None", "None"], out.stderr[-500:]
@@ -113,7 +113,7 @@ def test_sequence_mean_aggregations_leave_dropped_rows_out_of_their_denominators
 
 def test_the_trainer_hands_aggregations_a_mask_as_wide_as_the_budget_with_dropped_rows_zero(tmp_path):
     from evotrainer.catalog import get_task
-    from evotrainer.inner.grpo import GRPOTrainer
+    from evotrainer.trainer.grpo import GRPOTrainer
     from evotrainer.policy import build_model
     files = {"loss_agg.py": """
         import torch
@@ -140,7 +140,7 @@ def test_the_trainer_hands_aggregations_a_mask_as_wide_as_the_budget_with_droppe
 
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
 def test_micro_batches_accumulate_the_same_gradient_as_the_whole_batch(tmp_path, agg):
-    from evotrainer.inner.grpo import GRPOTrainer
+    from evotrainer.trainer.grpo import GRPOTrainer
     from evotrainer.policy import build_model
     from evotrainer.catalog import get_task
     knobs = {"prompts_per_step": 4, "group_size": 4, "reward": "digit_share", "loss_agg": agg, "kl_coef": 0.05,
@@ -165,7 +165,7 @@ def test_an_aggregation_that_is_not_linear_cannot_be_split_into_micro_batches():
 
 
 def test_clip_fraction_and_approximate_kl_appear_with_several_updates_per_batch(tmp_path):
-    from evotrainer.inner.grpo import GRPOTrainer
+    from evotrainer.trainer.grpo import GRPOTrainer
     from evotrainer.policy import build_model
     from evotrainer.catalog import get_task
     out = {}
@@ -181,7 +181,7 @@ def test_clip_fraction_and_approximate_kl_appear_with_several_updates_per_batch(
 
 
 def test_top_k_one_samples_the_greedy_completion(tmp_path):
-    from evotrainer.inner.grpo import GRPOTrainer
+    from evotrainer.trainer.grpo import GRPOTrainer
     from evotrainer.policy import build_model
     from evotrainer.catalog import get_task
     tok = build_tokenizer()

@@ -95,7 +95,7 @@ def full_forward_logprobs(model, gen) -> torch.Tensor:
 
 
 def test_shared_prompt_cache_gives_the_same_logprobs_as_a_full_forward():
-    from evotrainer.inner.logprobs import completion_logprobs
+    from evotrainer.trainer.logprobs import completion_logprobs
     from evotrainer.policy.generate import select_rows
     tok = build_tokenizer()
     model = build_model(len(tok), seed=1)

@@ -4,7 +4,7 @@ import shutil
 import pytest
 
 from evotrainer.catalog import get_task
-from evotrainer.pretrain import PretrainConfig, PretrainFailed, base_path, pretrain
+from evotrainer.trainer.pretrain import PretrainConfig, PretrainFailed, base_path, pretrain
 from evotrainer.policy import load_policy
 from evotrainer.tasks.keys import key_path, split_key
 
@@ -68,7 +68,7 @@ def test_a_task_may_stop_sft_on_sampled_accuracy_and_its_bases_get_their_own_key
     probed 37% greedy was right 0.6% of the time at temperature 1). The probe really samples at
     the task's temperature, and such a base never shares a cache entry with a greedy-probed one."""
     import copy
-    from evotrainer.pretrain import probe_accuracy
+    from evotrainer.trainer.pretrain import probe_accuracy
     task = get_task("arith", 1)
     cfg = PretrainConfig(max_steps=400, check_every=10, probe_size=20, batch_size=64, target_acc=0.5)
     path, _ = pretrain(task, cfg, tmp_path, require_target=False)
@@ -81,7 +81,7 @@ def test_a_task_may_stop_sft_on_sampled_accuracy_and_its_bases_get_their_own_key
     # SFT stopped once 20 probe problems hit 0.5; on 100 others that reads 0.5 +- ~0.11 (seen: 0.38)
     assert greedy >= 0.25 and probe_accuracy(model, tok, hot, probe, seed=0) < greedy / 4
     assert base_path(hot, cfg, tmp_path) != base_path(task, cfg, tmp_path)
-    from evotrainer.pretrain import resolved
+    from evotrainer.trainer.pretrain import resolved
     vault = get_task("vault")   # its own stop: 10% sampled at temperature 1; arith keeps 25% greedy
     assert (vault.sft_probe_temperature, resolved(vault, PretrainConfig()).target_acc) == (1.0, 0.1)
     assert resolved(task, PretrainConfig()).target_acc == 0.25 and resolved(task, cfg).target_acc == 0.5

@@ -308,7 +308,7 @@ def nested_batch() -> dict:
 @namespaces_only
 def test_programs_run_from_inside_a_sandboxed_worker():
     from evotrainer.executors import run_in_worker
-    r = run_in_worker("test_programs:nested_batch", timeout_s=60, cwd=HERE)
+    r = run_in_worker(nested_batch, timeout_s=60, cwd=HERE)
     assert r.ok, r.log_tail
     # (in the nested user namespace the outer sandbox's binds are locked submounts: inside.py
     # binds recursively where a plain bind is refused)

@@ -20,6 +20,7 @@ from evotrainer.errors import UsageError
 from evotrainer.evolve.controller import Controller
 from evotrainer.executors import Call
 from evotrainer.sandbox import Isolation, probe
+import worker_targets
 from test_sandbox import processes_with
 
 ray = pytest.importorskip("ray")
@@ -56,8 +57,8 @@ def gone(marker: str) -> bool:
 
 
 def test_jobs_come_back_labelled_in_order():
-    results = RayExecutor(cwd=HERE).run([Call("worker_targets:add", {"a": 2, "b": 3}), Call("worker_targets:boom"),
-                                         Call("worker_targets:not_json")], timeout_s=60)
+    results = RayExecutor(cwd=HERE).run([Call(worker_targets.add, {"a": 2, "b": 3}), Call(worker_targets.boom),
+                                         Call(worker_targets.not_json)], timeout_s=60)
     assert [r.label for r in results] == ["ok", "crash", "crash"]
     assert results[0].value == 5 and "the harness broke" in results[1].error and "not plain JSON" in results[2].error
 
@@ -65,7 +66,7 @@ def test_jobs_come_back_labelled_in_order():
 def test_a_job_past_its_deadline_is_a_timeout_and_leaves_no_process():
     marker = f"evotrainer-ray-spin-{time.monotonic_ns()}"
     t0 = time.monotonic()
-    (r,) = RayExecutor(cwd=HERE).run([Call("worker_targets:spin_with_child", {"marker": marker})], timeout_s=3)
+    (r,) = RayExecutor(cwd=HERE).run([Call(worker_targets.spin_with_child, {"marker": marker})], timeout_s=3)
     assert r.label == "timeout" and "cancelled with force" in r.error
     assert time.monotonic() - t0 < 40
     assert gone(marker + "-child") and eventually(lambda: ray_workers_running_a_job() == [])
@@ -75,7 +76,7 @@ def test_a_job_past_its_deadline_is_a_timeout_and_leaves_no_process():
 def test_a_ray_worker_killed_mid_job_is_retried_or_a_labelled_crash(tmp_path, retries):
     out, marker = tmp_path / "out", f"evotrainer-ray-kill-{retries}-{time.monotonic_ns()}"
     results = []
-    call = Call("worker_targets:note_then_sleep", {"out": str(out), "seconds": 3, "marker": marker}, writes=(str(out),))
+    call = Call(worker_targets.note_then_sleep, {"out": str(out), "seconds": 3, "marker": marker}, writes=(str(out),))
     th = threading.Thread(target=lambda: results.extend(RayExecutor(retries=retries, cwd=HERE).run([call], 60)))
     th.start()
     deadline = time.monotonic() + 60
@@ -105,8 +106,8 @@ def test_a_ray_job_is_sandboxed_on_its_node_with_the_controllers_hidden_paths(tm
     saved = set(launch._concealed)
     try:
         launch.conceal(data / "keys")  # in this process only: the Ray worker is another one
-        who, tree = RayExecutor(cwd=HERE).run([Call("worker_targets:whoami"),
-                                               Call("worker_targets:read_tree", {"root": str(data)})], 60)
+        who, tree = RayExecutor(cwd=HERE).run([Call(worker_targets.whoami),
+                                               Call(worker_targets.read_tree, {"root": str(data)})], 60)
     finally:
         launch._concealed.clear()
         launch._concealed.update(saved)
@@ -123,13 +124,13 @@ def test_an_interrupted_caller_takes_its_jobs_down():
         if processes_with(marker + "-child"):
             raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
-        RayExecutor(cwd=HERE).run([Call("worker_targets:spin_with_child", {"marker": marker})], 60, on_poll=poll)
+        RayExecutor(cwd=HERE).run([Call(worker_targets.spin_with_child, {"marker": marker})], 60, on_poll=poll)
     assert gone(marker + "-child") and eventually(lambda: ray_workers_running_a_job() == [])
 
 
 def test_a_job_no_node_can_hold_is_refused_before_it_is_submitted():
     with pytest.raises(UsageError, match="no node can hold a job of 1 CPU, 4 GPU"):
-        RayExecutor(num_gpus=4, cwd=HERE).run([Call("worker_targets:add", {"a": 1, "b": 1})], 60)
+        RayExecutor(num_gpus=4, cwd=HERE).run([Call(worker_targets.add, {"a": 1, "b": 1})], 60)
 
 
 def lineage(run: Path) -> dict:

@@ -130,7 +130,7 @@ def constant_answer_model(path, answer: str):
     """The built-in tiny model, SFT'd to answer `answer` to any prompt: a policy whose score
     depends only on the verifier."""
     from evotrainer.policy import build_model, build_tokenizer, save_policy
-    from evotrainer.pretrain import sft_batch, sft_loss
+    from evotrainer.trainer.pretrain import sft_batch, sft_loss
     from evotrainer.tasks import Problem
     torch.manual_seed(0)
     tok = build_tokenizer()

@@ -5,11 +5,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+import worker_targets
 from evotrainer.executors import run_in_worker
 from evotrainer.sandbox import Isolation, probe
 
@@ -37,7 +39,7 @@ def test_a_job_sees_no_secret_no_home_and_is_nobody():
     sentinel = Path("/tmp") / f"evotrainer-sentinel-{os.getpid()}"  # in the machine's /tmp, not the job's
     sentinel.write_text("the machine's /tmp")
     try:
-        r = run_in_worker("worker_targets:whoami", timeout_s=60, cwd=HERE)
+        r = run_in_worker(worker_targets.whoami, timeout_s=60, cwd=HERE)
     finally:
         del os.environ["EVOTRAINER_TEST_SECRET"]
         sentinel.unlink()
@@ -55,7 +57,7 @@ def test_a_job_sees_no_secret_no_home_and_is_nobody():
 def test_a_job_started_from_tmp_keeps_its_own_writable_tmp():
     # a job whose working directory is /tmp reads it, and it holds the machine's /tmp: bound
     # read-only over the job's own, every library's tempfile would fail (torch's import does)
-    r = run_in_worker("tempfile:gettempdir", timeout_s=60, cwd=Path("/tmp"))  # it tries to write there
+    r = run_in_worker(tempfile.gettempdir, timeout_s=60, cwd=Path("/tmp"))  # it tries to write there
     assert r.ok and r.value == "/tmp", r.log_tail
 
 
@@ -66,7 +68,7 @@ def test_no_network_not_even_loopback():
     server.settimeout(0.5)
     port = server.getsockname()[1]
     try:
-        r = run_in_worker("worker_targets:try_connect", {"port": port}, timeout_s=60, cwd=HERE)
+        r = run_in_worker(worker_targets.try_connect, {"port": port}, timeout_s=60, cwd=HERE)
         assert r.ok and r.value.startswith("refused"), r.value
         with pytest.raises(socket.timeout):
             server.accept()  # nothing reached the listener
@@ -77,18 +79,18 @@ def test_no_network_not_even_loopback():
 def test_the_hosts_unix_sockets_are_out_of_reach():
     """A read-only mount does not stop connect() on a world-writable socket, so /run (where
     the host's daemons listen) is an empty tmpfs inside."""
-    r = run_in_worker("worker_targets:list_run", timeout_s=60, cwd=HERE)
+    r = run_in_worker(worker_targets.list_run, timeout_s=60, cwd=HERE)
     assert r.ok and r.value == [], r.value
 
 
 def test_writes_land_only_in_declared_directories(tmp_path):
     out, outside = tmp_path / "out", tmp_path / "outside.txt"
-    r = run_in_worker("worker_targets:try_write", {"path": str(outside)}, timeout_s=60, cwd=HERE, writes=(str(out),))
+    r = run_in_worker(worker_targets.try_write, {"path": str(outside)}, timeout_s=60, cwd=HERE, writes=(str(out),))
     assert r.ok and r.value.startswith("refused") and not outside.exists()
     repo = HERE.parent / "evotrainer-sandbox-probe.txt"
-    r = run_in_worker("worker_targets:try_write", {"path": str(repo)}, timeout_s=60, cwd=HERE)
+    r = run_in_worker(worker_targets.try_write, {"path": str(repo)}, timeout_s=60, cwd=HERE)
     assert r.value.startswith("refused") and not repo.exists()
-    r = run_in_worker("worker_targets:try_write", {"path": str(out / "ok.txt")}, timeout_s=60, cwd=HERE,
+    r = run_in_worker(worker_targets.try_write, {"path": str(out / "ok.txt")}, timeout_s=60, cwd=HERE,
                       writes=(str(out),))
     assert r.value == "written" and (out / "ok.txt").read_text() == "written by a sandboxed job"
 
@@ -104,10 +106,10 @@ def test_concealed_paths_stay_hidden_even_inside_a_path_the_job_reads(tmp_path):
     saved = set(launch._concealed)
     try:
         launch.conceal(data / "keys", data / "heldout.jsonl")
-        r = run_in_worker("worker_targets:read_tree", {"root": str(data)}, timeout_s=60, cwd=HERE)
+        r = run_in_worker(worker_targets.read_tree, {"root": str(data)}, timeout_s=60, cwd=HERE)
         assert r.ok and r.value == {"train.jsonl": "train rows"}, r.value  # the rows file is /dev/null there
         # the evaluator's call reveals what it needs (the held-out rows), and only that
-        r = run_in_worker("worker_targets:read_tree", {"root": str(data)}, timeout_s=60, cwd=HERE,
+        r = run_in_worker(worker_targets.read_tree, {"root": str(data)}, timeout_s=60, cwd=HERE,
                           reveal=(str(data / "heldout.jsonl"),))
         assert r.ok and r.value == {"heldout.jsonl": "test rows", "train.jsonl": "train rows"}, r.value
     finally:
@@ -117,7 +119,7 @@ def test_concealed_paths_stay_hidden_even_inside_a_path_the_job_reads(tmp_path):
 
 def test_a_setsid_daemon_dies_with_its_job():
     marker = f"evotrainer-daemon-{os.getpid()}-{time.monotonic_ns()}"
-    r = run_in_worker("worker_targets:escape_with_setsid", {"marker": marker}, timeout_s=60, cwd=HERE)
+    r = run_in_worker(worker_targets.escape_with_setsid, {"marker": marker}, timeout_s=60, cwd=HERE)
     assert r.ok and r.value == "started"
     deadline = time.monotonic() + 2
     while processes_with(marker) and time.monotonic() < deadline:
@@ -126,12 +128,12 @@ def test_a_setsid_daemon_dies_with_its_job():
 
 
 def test_allocating_30_gb_is_oom_and_a_loop_is_a_timeout():
-    assert run_in_worker("worker_targets:allocate", {"gb": 30}, timeout_s=60, memory_mb=2000, cwd=HERE).label == "oom"
-    assert run_in_worker("worker_targets:sleep_forever", timeout_s=2, cwd=HERE).label == "timeout"
+    assert run_in_worker(worker_targets.allocate, {"gb": 30}, timeout_s=60, memory_mb=2000, cwd=HERE).label == "oom"
+    assert run_in_worker(worker_targets.sleep_forever, timeout_s=2, cwd=HERE).label == "timeout"
 
 
 def test_the_result_is_json_data_never_a_pickle(tmp_path):
-    r = run_in_worker("worker_targets:not_json", timeout_s=60, cwd=HERE)
+    r = run_in_worker(worker_targets.not_json, timeout_s=60, cwd=HERE)
     assert r.label == "crash" and "not plain JSON" in r.error
 
 
@@ -142,8 +144,9 @@ def test_sigkill_of_the_controller_kills_every_worker_within_2_seconds(tmp_path)
     script = f"""
 import sys; sys.path.insert(0, {str(HERE)!r})
 from evotrainer.executors import Call, run_all
-run_all([Call("worker_targets:daemon_then_sleep", {{"marker": {marker!r}}}),
-         Call("worker_targets:sleep_forever", {{}})], workers=2, timeout_s=600, cwd={str(HERE)!r})
+import worker_targets
+run_all([Call(worker_targets.daemon_then_sleep, {{"marker": {marker!r}}}),
+         Call(worker_targets.sleep_forever, {{}})], workers=2, timeout_s=600, cwd={str(HERE)!r})
 """
     ctl = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     daemon = marker + "-daemon"  # a name only the job builds (the script's own command line holds the marker)

@@ -262,7 +262,7 @@ def test_unknown_task_names_valid_tasks():
 def test_handed_draws_cover_the_levels_the_harness_curriculum_can_pick(tmp_path):
     import shutil
     from evotrainer.harness import REFERENCE
-    from evotrainer.train import handed_draws
+    from evotrainer.trainer.jobs import handed_draws
     task = get_task("arith", 3)
     assert set(handed_draws(task, None, 1, 5)) == {"3"}  # the reference: fixed at the target level
     h = shutil.copytree(REFERENCE, tmp_path / "h")

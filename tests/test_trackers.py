@@ -197,8 +197,8 @@ def test_the_trl_backend_reports_to_the_runs_trackers(tmp_path, tiny_qwen):
     from harnesses import write_harness
     from evotrainer.catalog import get_task
     from evotrainer.harness import load_harness
-    from evotrainer.inner.backends import get_backend
-    from evotrainer.inner.segment import SegmentLog
+    from evotrainer.trainer.backends import get_backend
+    from evotrainer.trainer.segment import SegmentLog
     from evotrainer.policy import load_policy
     from evotrainer.runtime import Runtime
     h = load_harness(write_harness(tmp_path / "h", None))

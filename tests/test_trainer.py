@@ -7,7 +7,7 @@ import yaml
 
 from evotrainer.catalog import get_task
 from evotrainer.harness import REFERENCE, load_harness
-from evotrainer.inner import GRPOTrainer
+from evotrainer.trainer.grpo import GRPOTrainer
 from evotrainer.harness.rollouts import SlotError
 from evotrainer.policy import build_model, build_tokenizer
 
@@ -150,7 +150,7 @@ def test_resumed_optimizer_continues_adams_moments_and_steps_under_its_own_knobs
 
 
 def test_a_schedule_of_segments_carries_the_optimizer_from_one_to_the_next(tmp_path, ckpt):
-    from evotrainer.train import OPTIMIZER_FILE, train_schedule
+    from evotrainer.trainer.jobs import OPTIMIZER_FILE, train_schedule
     assert not (ckpt / OPTIMIZER_FILE).exists()  # the base starts a fresh AdamW
     h = make_harness(tmp_path, {"prompts_per_step": 2, "group_size": 2})
     train_schedule("arith", 1, [str(h.path)] * 2, str(ckpt), str(tmp_path / "out"), seed=0, steps=2)

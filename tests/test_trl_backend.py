@@ -9,9 +9,9 @@ from harnesses import write_harness
 from evotrainer.catalog import get_task
 from evotrainer.errors import UsageError
 from evotrainer.harness import load_harness
-from evotrainer.inner.backends import check_backend
-from evotrainer.inner.grpo import GRPOTrainer
-from evotrainer.inner.segment import SegmentLog
+from evotrainer.trainer.backends import check_backend
+from evotrainer.trainer.grpo import GRPOTrainer
+from evotrainer.trainer.segment import SegmentLog
 from evotrainer.policy import load_policy
 from evotrainer.policy.prompts import prompt_token_ids
 from evotrainer.runtime import Runtime
@@ -65,7 +65,7 @@ def replay_generation(trainer, completions):
 
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
 def test_same_completions_give_identical_rewards_advantages_and_evidence_in_both_backends(tmp_path, tiny_qwen, agg):
-    from evotrainer.inner.trl_backend import run_trl
+    from evotrainer.trainer.trl_backend import run_trl
     task = get_task("arith", 2)
     # a graded reward and a filter that drops the groups whose rewards are all equal
     h = load_harness(harness(tmp_path, reward="partial_credit", group_filter="drop_dead", loss_agg=agg))
@@ -79,7 +79,7 @@ def test_same_completions_give_identical_rewards_advantages_and_evidence_in_both
     completions = [ids[:n] for ids, n in zip(gen.completion_ids.tolist(), gen.lengths.tolist())]
 
     # TRL, from the same initial weights, made to sample exactly those completions
-    from evotrainer.inner import trl_backend
+    from evotrainer.trainer import trl_backend
     model2, _ = load_policy(tiny_qwen)
     captured = {}
     init = trl_backend.HarnessGRPOTrainer.__init__
@@ -149,7 +149,7 @@ def test_a_proposal_the_runs_backend_cannot_train_is_illegal_and_never_runs(tmp_
 
 
 def test_a_batch_whose_groups_the_filter_all_dropped_leaves_the_weights_alone_in_both_backends(tmp_path, tiny_qwen):
-    from evotrainer.inner.backends import get_backend
+    from evotrainer.trainer.backends import get_backend
     files = {"group_filter.py": "import torch\n\ndef drop_all(rewards, scores):\n"
                                 "    return torch.zeros(rewards.shape[0], dtype=torch.bool)\n"}
     h = load_harness(harness(tmp_path, files=files, group_filter="drop_all", kl_coef=0.1))

@@ -48,7 +48,7 @@ def _task(args):
 
 
 def _base(args, task):
-    from evotrainer.pretrain import PretrainConfig, pretrain
+    from evotrainer.trainer.pretrain import PretrainConfig, pretrain
     if getattr(args, "model", None):
         from evotrainer.policy.model import resolve_model
         from evotrainer.tasks.keys import split_key
@@ -80,8 +80,8 @@ def _runtime(args):
 
 def cmd_train(args) -> dict:
     from evotrainer.harness import inspect_harness
-    from evotrainer.inner.backends import check_backend
-    from evotrainer.train import TrainingFailed, train_run
+    from evotrainer.trainer.backends import check_backend
+    from evotrainer.trainer.run import TrainingFailed, train_run
     task = _task(args)
     runtime = _runtime(args)
     knobs = inspect_harness(args.harness)  # bad knobs or slot names fail here, before any work
@@ -114,6 +114,7 @@ def cmd_train(args) -> dict:
 
 def cmd_evaluate(args) -> dict:
     """Greedy accuracy and pass@k of a checkpoint, in the evaluator's sandboxed process."""
+    from evotrainer.evaluate.sampled import evaluate_sampled  # the job's target; deferred as every import here (torch)
     from evotrainer.executors import run_in_worker
     from evotrainer.policy.model import resolve_model
     task = _task(args)
@@ -136,7 +137,7 @@ def cmd_evaluate(args) -> dict:
             raise UsageError(f"run '{args.run}' has no split key on record (not started, or older than split keys)")
         key = split_key(started[0].split_key).hex()
     model = str(resolve_model(args.model))
-    r = run_in_worker("evotrainer.evaluate.sampled:evaluate_sampled", dict(
+    r = run_in_worker(evaluate_sampled, dict(
         task=task.spec, level=task.target_level, checkpoint=model, split=args.split, samples=args.samples,
         ks=list(args.k), temperature=args.temperature, policy=_runtime(args).policy.to_dict(), key=key),
         timeout_s=args.timeout, memory_mb=args.memory_mb, reveal=task.data_files())
@@ -197,7 +198,7 @@ def _run_loop(cfg, out: Path) -> dict:
     from evotrainer.evolve.controller import ControlFailed, Controller
     from evotrainer.evolve.report import status
     from evotrainer.live import LiveView
-    from evotrainer.pretrain import PretrainConfig
+    from evotrainer.trainer.pretrain import PretrainConfig
     view = LiveView()
     say = view.say
 
@@ -332,7 +333,7 @@ def cmd_skills_show(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from evotrainer.pretrain import DEFAULT_CACHE, PretrainConfig
+    from evotrainer.trainer.pretrain import DEFAULT_CACHE, PretrainConfig
     p = _Parser(prog="evotrainer", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -476,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(var, "1")
     import transformers
 
-    from evotrainer.pretrain import PretrainFailed
+    from evotrainer.trainer.pretrain import PretrainFailed
     transformers.utils.logging.disable_progress_bar()  # our own progress bars say enough
     out = sys.stdout  # our JSON only: what libraries print there while a command runs (Ray's
     try:              # cluster messages, a tracker's chatter) goes to stderr with the rest

@@ -142,7 +142,7 @@ class BaseConfig:
 
     def pretrain_config(self):
         """The PretrainConfig this section asks for (0: pretrain's own default)."""
-        from evotrainer.pretrain import PretrainConfig
+        from evotrainer.trainer.pretrain import PretrainConfig
         d = PretrainConfig()
         return PretrainConfig(target_acc=self.target_acc, seed=self.seed, warm_start=self.warm_start,
                               max_steps=self.max_steps or d.max_steps, batch_size=self.batch_size or d.batch_size)

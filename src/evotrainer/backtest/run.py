@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from evotrainer.backtest.analysis import BacktestConfig, BacktestReport, analyse
+from evotrainer.backtest.rescore import rescore
 from evotrainer.errors import UsageError
 from evotrainer.evidence.records import evidence_of
 from evotrainer.executors import Warm, run_in_worker
@@ -55,8 +56,7 @@ def backtest(evidence_dir: Path | str, candidate_dir: Path | str, parent_dir: Pa
     legality = check_harness(cand, parent_dir)
     if not legality.legal:
         return BacktestOutcome("illegal", legality.reasons)
-    res = run_in_worker("evotrainer.backtest.rescore:rescore",
-                        {"evidence_dir": str(ev), "harness_dir": str(cand)}, timeout_s=timeout_s, warm=warm,
+    res = run_in_worker(rescore, {"evidence_dir": str(ev), "harness_dir": str(cand)}, timeout_s=timeout_s, warm=warm,
                         reads=(str(ev / "evidence.jsonl"), str(ev / "run.json"), str(cand)))  # not ev's checkpoints
     if not res.ok:
         return BacktestOutcome(res.label, [res.error or res.label], log_tail=res.log_tail)

@@ -131,7 +131,6 @@ def diagnose(path: Path | str, harness_dir: Path | str | None = None, timeout_s:
             if harness_dir is not None:
                 raise UsageError(f"not a harness directory: '{h}' has no knobs.yaml")
             h = None
-        reports.append(run_diagnostics("evotrainer.diagnostics.health:health_of",
-                                       {"evidence_dir": str(d), "harness_dir": None if h is None else str(h)},
+        reports.append(run_diagnostics(health_of, {"evidence_dir": str(d), "harness_dir": None if h is None else str(h)},
                                        h, timeout_s, evidence_files(d)))
     return reports

@@ -7,8 +7,8 @@ so this runs only in a worker process.
 """
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
+from typing import Any, Callable
 
 from evotrainer.diagnostics.spec import DIAGNOSTICS, LAYERS, Diagnostic
 from evotrainer.errors import HarnessFailed
@@ -39,17 +39,16 @@ def evidence_files(evidence_dir: Path | str) -> tuple[str, ...]:
     return tuple(str(Path(evidence_dir, f)) for f in ("evidence.jsonl", "metrics.jsonl"))
 
 
-def run_diagnostics(target: str, kwargs: dict, harness_dir: Path | str | None, timeout_s: float,
+def run_diagnostics(target: Callable[..., Any], kwargs: dict, harness_dir: Path | str | None, timeout_s: float,
                     reads: tuple[str, ...] = ()):
-    """Call `target(**kwargs)` ("module:function"), a computation over a harness's diagnostics.
+    """Call `target(**kwargs)` (a module-level function), a computation over a harness's diagnostics.
 
     With no diagnostics.py in the harness it runs only our own code, in place. Otherwise
     the harness is checked for legality and the call runs in a worker that sees the harness
     and `reads`; a refusal or a failure raises HarnessFailed with its label and the log tail.
     """
     if harness_dir is None or not (Path(harness_dir) / "diagnostics.py").is_file():
-        module, _, name = target.partition(":")
-        return getattr(importlib.import_module(module), name)(**kwargs)
+        return target(**kwargs)
     verdict = check_harness(harness_dir)
     if not verdict.legal:
         raise HarnessFailed("illegal", "; ".join(verdict.reasons))

@@ -63,7 +63,7 @@ def replay(name: str, labelled: list[tuple[Path, str]], harness_dir: Path | str 
             raise UsageError(f"no rollout evidence at '{d}' (expected evidence.jsonl)")
     args = {"harness_dir": None if harness_dir is None else str(harness_dir), "name": name,
             "evidence_dirs": [str(d) for d, _ in labelled]}
-    out = run_diagnostics("evotrainer.diagnostics.replay:replay_values", args, harness_dir, timeout_s,
+    out = run_diagnostics(replay_values, args, harness_dir, timeout_s,
                           tuple(f for d, _ in labelled for f in evidence_files(d)))
     if "error" in out:
         raise UsageError(out["error"])

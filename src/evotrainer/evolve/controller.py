@@ -57,7 +57,7 @@ from evotrainer.harness import REFERENCE, inspect_harness
 from evotrainer.harness.candidate import Candidate, propose_files, vet
 from evotrainer.harness.knobs import load_knobs
 from evotrainer.harness.versions import HarnessRepo
-from evotrainer.inner.backends import check_backend
+from evotrainer.trainer.backends import check_backend
 from evotrainer.labels import AGENT_FAILED, Label
 from evotrainer.lineage import LineageStore, TrialRecord
 from evotrainer.lineage.events import (Event, FinalFinished, GateDecided, GateWaiting, ParentExhausted, RunFinished,

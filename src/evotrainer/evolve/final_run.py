@@ -8,7 +8,7 @@ import json
 from typing import Callable
 
 from evotrainer.evolve.final import compare, extend, schedule, table, winner
-from evotrainer.evolve.replay import Arm, ReplayFailed, replay
+from evotrainer.evolve.retrain import Arm, RetrainFailed, retrain
 from evotrainer.evolve.state import Clock, ControlFailed
 from evotrainer.evolve.training import Training
 from evotrainer.evolve.view import RunView
@@ -39,10 +39,10 @@ def run_final(view: RunView, training: Training, max_depth: int, record: Callabl
                           f"{list(cfg.final_seeds)}, then the evaluator scores them")
     arms = {"reference": Arm((str(training.harness_dir("v0")),), cfg.budget.total_steps), "evolved": arm}
     try:
-        rep = replay(training.task, training.base, arms, cfg.final_seeds, run_dir / "final", cfg.evaluation,
-                     cfg.budget.trial_timeout_s, cfg.workers, training.runtime, cfg.worker_memory_mb,
-                     training.on_progress, training.jobs)  # the executor every training and evaluation job runs on
-    except ReplayFailed as e:
+        rep = retrain(training.task, training.base, arms, cfg.final_seeds, run_dir / "final", cfg.evaluation,
+                      cfg.budget.trial_timeout_s, cfg.workers, training.runtime, cfg.worker_memory_mb,
+                      training.on_progress, training.jobs)  # the executor every training and evaluation job runs on
+    except RetrainFailed as e:
         raise ControlFailed(f"the final comparison: {e}") from None
     comparison = compare(rep.scores["reference"], rep.scores["evolved"])
     result = FinalFinished(label, harnesses, list(cfg.final_seeds), cfg.budget.total_steps, rep.base, comparison,

@@ -80,7 +80,7 @@ def base_checkpoint(cfg: RunConfig, task: Task, model: str | None, on_event: Cal
     if model:  # absolute: a resume may start from another directory
         task.use_key(split_key(key_name(model, model, task)))
         return model
-    from evotrainer.pretrain import pretrain
+    from evotrainer.trainer.pretrain import pretrain
     b = cfg.base
     path, _ = pretrain(task, b.pretrain_config(), require_target=b.require_target,
                        progress=lambda step, loss, acc: on_event(

@@ -3,7 +3,7 @@
 Every training job of a step (a child and its control, every seed; the root and its noise
 replicas) runs in one pool, so they share the cores, and one evaluator scores them all.
 Child and control use the same segment seed per run seed, so they see the same prompts: the
-gain is paired. Each samples with its own stream (train.sampling_seed), so a change with no
+gain is paired. Each samples with its own stream (trainer.jobs.sampling_seed), so a change with no
 effect differs from its control as two runs of one harness do: what the noise replicas measure.
 """
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import Callable, Sequence
 from evotrainer.config import RunConfig
 from evotrainer.evidence import EvidenceStore
 from evotrainer.evolve.progress import Job, Progress, watcher
-from evotrainer.evolve.replay import ReplayFailed, evaluate
+from evotrainer.evolve.retrain import RetrainFailed, evaluate
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import average_last
 from evotrainer.executors import Call, Executor
 from evotrainer.lineage import TrialRecord
 from evotrainer.runtime import Runtime
 from evotrainer.tasks.base import Task
-from evotrainer.train import handed_draws, saved_checkpoints, segment_seed
+from evotrainer.trainer.jobs import handed_draws, saved_checkpoints, segment_seed, train_segment
 
 
 @dataclass
@@ -70,7 +70,7 @@ class Training:
                 # other prompts (data_offset), shared by its child and control
                 seg_seed = segment_seed(seed, 1 if self.restart else sg.depth) + sg.data_offset
                 harness = str(self.harness_dir(sg.version))
-                calls.append(Call("evotrainer.train:train_segment", dict(
+                calls.append(Call(train_segment, dict(
                     task=view, level=self.task.target_level, runtime=self.runtime.to_dict(), harness=harness,
                     base=sg.start.checkpoint(seed) if sg.start.dirs else self.base, out=str(out),
                     seed=seg_seed, steps=self.segment_steps,
@@ -175,12 +175,12 @@ class Training:
         return out
 
     def _evaluator(self, jobs: dict[str, list[str]], clock: Clock) -> dict[str, dict[str, float]]:
-        """Accuracy per checkpoint and split (replay.evaluate: a process with no harness code)."""
+        """Accuracy per checkpoint and split (retrain.evaluate: a process with no harness code)."""
         t = time.time()
         try:
             return evaluate(self.task, jobs, self.cfg.budget.trial_timeout_s,
                             self.runtime, self.cfg.worker_memory_mb, self.jobs)
-        except ReplayFailed as e:
+        except RetrainFailed as e:
             raise ControlFailed(str(e)) from None
         finally:
             clock.eval_s += time.time() - t

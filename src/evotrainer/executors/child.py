@@ -6,12 +6,13 @@ process, not in the user's. The result crosses back as JSON: a value that is not
 data (numbers, strings, lists, dicts) is a crash, never a pickle its caller would run."""
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
 import traceback
 from pathlib import Path
+
+from evotrainer.executors.targets import resolve  # (its package is imported already: this runs as -m)
 
 
 def main(job_dir: str, wait: bool = False) -> int:
@@ -32,8 +33,7 @@ def main(job_dir: str, wait: bool = False) -> int:
         import torch  # every target here uses torch; cap it before the target builds anything
         torch.set_num_threads(job["threads"])
     try:
-        module, _, name = job["target"].partition(":")
-        value = getattr(importlib.import_module(module), name)(**job["kwargs"])
+        value = resolve(job["target"])(**job["kwargs"])
         out = {"label": "ok", "value": value}
     except MemoryError:
         traceback.print_exc()

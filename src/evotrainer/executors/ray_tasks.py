@@ -34,7 +34,7 @@ from typing import Callable
 
 from evotrainer.errors import UsageError
 from evotrainer.executors.pool import Executor
-from evotrainer.executors.worker import Call, WorkerResult
+from evotrainer.executors.worker import Call, NamedCall, WorkerResult
 
 GRACE_S = 60.0      # the node's own deadline past the driver's (a driver that died cannot cancel)
 CANCEL_WAIT_S = 30.0  # how long a force-cancel may take to land before the driver moves on
@@ -47,11 +47,11 @@ def _job(call: dict, timeout_s: float, memory_mb: int | None, threads: int, leve
     its result as plain data. The sandbox level and the hidden paths are the driver's."""
     yield STARTED
     from evotrainer import sandbox
-    from evotrainer.executors.worker import run_all, use_isolation
+    from evotrainer.executors.worker import run_named, use_isolation
     use_isolation(level)  # `namespaces` where this node cannot: refused, the job is a crash
     sandbox.conceal(*concealed)
-    (res,) = run_all([Call(**call)], 1, timeout_s + GRACE_S, memory_mb,
-                     Path(cwd) if cwd and os.path.isdir(cwd) else None, threads=threads)
+    (res,) = run_named([NamedCall(**call)], 1, timeout_s + GRACE_S, memory_mb,
+                       Path(cwd) if cwd and os.path.isdir(cwd) else None, threads=threads)
     yield dataclasses.asdict(res)
 
 
@@ -120,7 +120,8 @@ class RayExecutor(Executor):
 
         def submit(i: int) -> None:
             attempts[i] += 1
-            live[task.remote(dataclasses.asdict(calls[i]), *args)] = [i, None, time.monotonic()]
+            # plain data, the target by name: this node imports it, in the job's worker only
+            live[task.remote(dataclasses.asdict(calls[i].named()), *args)] = [i, None, time.monotonic()]
 
         for i in range(len(calls)):
             submit(i)

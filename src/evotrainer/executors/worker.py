@@ -1,17 +1,18 @@
 """Run untrusted work (harness code, training segments) in a sandboxed worker process.
 
-The controller never imports harness code. `run_in_worker("pkg.module:function", kwargs)`
-starts a fresh Python process in the sandbox (evotrainer.sandbox: its own namespaces, a
-root that holds the Python environment, the call's declared `reads` read-only and its
-`writes` and nothing else, an unprivileged user, limits, an empty environment) and waits
-with a deadline; past it the whole process tree is killed
-with SIGKILL (a thread cannot be stopped, a process can). Memory is watched the same way:
-the caller sums the resident memory of the worker's process tree as it polls and kills it
-past `memory_mb`. (An address-space limit would be simpler, but CUDA reserves far more
-address space than it ever uses and fails to start under one.) Arguments go in and results
-come back as JSON, never pickles: nothing a worker writes is executed by its caller, and
-what it wrote is vetted when it ends (`refused_output`: no links, no special files, every
-checkpoint exactly what save_policy writes). The outcome is labelled:
+The controller never imports harness code. `run_in_worker(function, kwargs)` (a module-level
+function, which the worker imports by its name: targets.py) starts a fresh Python process in
+the sandbox (evotrainer.sandbox: its own namespaces, a root that holds the Python
+environment, the call's declared `reads` read-only and its `writes` and nothing else, an
+unprivileged user, limits, an empty environment) and waits with a deadline; past it the
+whole process tree is killed with SIGKILL (a thread cannot be stopped, a process can).
+Memory is watched the same way: the caller sums the resident memory of the worker's process
+tree as it polls and kills it past `memory_mb`. (An address-space limit would be simpler, but
+CUDA reserves far more address space than it ever uses and fails to start under one.)
+Arguments go in and results come back as JSON, never pickles: nothing a worker writes is
+executed by its caller, and what it wrote is vetted when it ends (`refused_output`: no
+links, no special files, every checkpoint exactly what save_policy writes). The outcome is
+labelled:
 
     ok       the function returned; `value` holds its (JSON) result
     crash    it raised, or the process died, or its output was refused; `log_tail` holds the traceback
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evotrainer import sandbox
+from evotrainer.executors.targets import target_of
 from evotrainer.sandbox import Isolation, Jail
 # the level in force and the tree kill live in the sandbox (programs.py needs them too); named here as before
 from evotrainer.sandbox.processes import isolation, kill_tree, use_isolation  # noqa: F401
@@ -59,17 +61,38 @@ class WorkerResult:
 
 @dataclass(frozen=True)
 class Call:
-    """One job for `run_all`: `target(**kwargs)` in a worker of its own. Besides the Python
+    """One job for `run_all`: `target(**kwargs)` in a worker of its own, `target` a module-level
+    function (targets.target_of; a lambda or a method is refused here). Besides the Python
     environment it sees `reads`, read-only (files, directories, or strings that name them
     such as a task spec; None: every existing path its kwargs name), and `writes`, the
     directories it may write (created for it; one writer at a time, see `_writer_lock`), and
     nothing else. `clean`: empty them first, once no earlier job writes them (a job cut off
     by a kill starts over)."""
-    target: str
+    target: Callable[..., Any]
     kwargs: dict = field(default_factory=dict)
     writes: tuple[str, ...] = ()
     clean: bool = False
     reveal: tuple[str, ...] = ()  # concealed paths (sandbox.conceal) this trusted job reads: the evaluator's
+    reads: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        target_of(self.target)  # a target no worker could import fails here, in the caller
+
+    def named(self) -> NamedCall:
+        """What leaves this process: the Call with its target by name."""
+        return NamedCall(target_of(self.target), self.kwargs, self.writes, self.clean, self.reveal, self.reads)
+
+
+@dataclass(frozen=True)
+class NamedCall:
+    """A Call as plain data, its target named "module:qualname": what crosses a process
+    boundary (a worker's job.json, a Ray task's argument), where the target is imported by
+    the worker that runs it and nowhere before."""
+    target: str
+    kwargs: dict = field(default_factory=dict)
+    writes: tuple[str, ...] = ()
+    clean: bool = False
+    reveal: tuple[str, ...] = ()
     reads: tuple[str, ...] | None = None
 
     def inputs(self, cwd: Path | None = None) -> tuple[str, ...]:
@@ -77,7 +100,7 @@ class Call:
         return tuple(sorted(sandbox.paths_in(self.kwargs if self.reads is None else self.reads, cwd)))
 
 
-def run_in_worker(target: str, kwargs: dict | None = None, timeout_s: float = 600.0,
+def run_in_worker(target: Callable[..., Any], kwargs: dict | None = None, timeout_s: float = 600.0,
                   memory_mb: int | None = 8192, cwd: Path | None = None,
                   on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
                   threads: int | None = None, warm: Warm | None = None, writes: tuple[str, ...] = (),
@@ -97,6 +120,14 @@ def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memor
     `threads` caps each worker's intra-op threads (OMP/MKL and torch), so that `workers`
     processes share the cores instead of oversubscribing them. The first call runs in `warm`
     where it is given and still alive (it was started with its own `cwd` and `threads`)."""
+    return run_named([c.named() for c in calls], workers, timeout_s, memory_mb, cwd, on_poll, poll_s, threads, warm)
+
+
+def run_named(calls: list[NamedCall], workers: int = 1, timeout_s: float = 600.0, memory_mb: int | None = 8192,
+              cwd: Path | None = None, on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
+              threads: int | None = None, warm: Warm | None = None) -> list[WorkerResult]:
+    """`run_all` of calls already named: a Ray task runs its driver's call here, on its node,
+    without importing the target (only the worker does)."""
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     results: list[WorkerResult | None] = [None] * len(calls)
@@ -163,7 +194,7 @@ class _Job:
     """One started worker: its sandboxed process tree, its job directory and its log. Started
     with no call, it is warm: it waits for `give`."""
 
-    def __init__(self, call: Call | None, cwd: Path | None, threads: int | None, timeout_s: float):
+    def __init__(self, call: NamedCall | None, cwd: Path | None, threads: int | None, timeout_s: float):
         self.t0, self.call, self.cwd = time.monotonic(), call, Path(cwd or os.getcwd())
         self.may_read: tuple[str, ...] = ()  # a warm worker's bound on its job's inputs
         self._tmp = tempfile.TemporaryDirectory(prefix="evotrainer-worker-")
@@ -193,11 +224,11 @@ class _Job:
         for f in self.locks:  # the job's copy holds the lock now
             f.close()
 
-    def _write(self, call: Call) -> None:
+    def _write(self, call: NamedCall) -> None:
         (self.dir / "job.json").write_text(json.dumps({"target": call.target, "kwargs": call.kwargs,
                                                        "threads": self.threads, "isolation": isolation().value}))
 
-    def give(self, call: Call) -> _Job | None:
+    def give(self, call: NamedCall) -> _Job | None:
         """A warm worker's job: written, its inputs sent to the sandbox's first process, which
         binds them in, then its stdin closed, which starts it; the deadline counts from here.
         None (the worker discarded) for a call that reads beyond the worker's bound."""

@@ -24,10 +24,10 @@ from evotrainer.harness.filters import DEAD_STD
 from evotrainer.harness.losses import LOG_RATIO_CLAMP, POLICY_LOSSES
 from evotrainer.harness.rollouts import SlotError
 from evotrainer.harness.signal import Signal, harness_signal
-from evotrainer.inner.accumulate import aggregation_weights, chunks
-from evotrainer.inner.levels import LevelPicker
-from evotrainer.inner.logprobs import completion_logprobs
-from evotrainer.inner.optim import lr_at, make_adamw, resume_adamw
+from evotrainer.trainer.accumulate import aggregation_weights, chunks
+from evotrainer.trainer.levels import LevelPicker
+from evotrainer.trainer.logprobs import completion_logprobs
+from evotrainer.trainer.optim import lr_at, make_adamw, resume_adamw
 from evotrainer.policy.config import PolicyConfig
 from evotrainer.policy.generate import Generation, decode, generate, select_rows
 from evotrainer.policy.prompts import encode_prompts, stop_token_ids
@@ -100,7 +100,7 @@ class GRPOTrainer:
         return {"optimizer": self.opt.state_dict(), "steps": self.steps_before + self.step_no}
 
     def resume_optimizer(self, state: dict) -> None:
-        """AdamW goes on from the segment before (inner.optim.resume_adamw)."""
+        """AdamW goes on from the segment before (optim.resume_adamw)."""
         self.steps_before = resume_adamw(self.opt, state, self.k)
 
     # -- one step -----------------------------------------------------------------------

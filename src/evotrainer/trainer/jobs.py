@@ -1,41 +1,33 @@
-"""Training a harness from a checkpoint: the worker side and the `evotrainer train` command.
+"""Training jobs: a segment, or a schedule of them, in a worker process, and what the
+caller hands them and reads back.
 
 `train_segment` runs in a worker process (it loads, and so runs, the harness's code; it
 holds no validation or test data and cannot derive them: the controller hands it its
 training problems as indices, `handed_draws`, and the task's view without held-out rows,
 `Task.train_view`): it trains, and writes to OUT run.json (task, seed,
 group size and token budget the evidence was sampled under), checkpoint/ (Hugging Face
-format, plus optimizer.pt: AdamW's state, which the next segment continues), checkpoints/step-N every `eval_every` steps, metrics.jsonl (one line per step),
+format, plus optimizer.pt: AdamW's state, which the next segment continues), checkpoints/step-N
+every `eval_every` steps (`saved_checkpoints`), metrics.jsonl (one line per step),
 evidence.jsonl (one line per rollout) and harness/ (a copy of the harness that ran).
+`train_schedule` runs several segments in a row, as the final comparison retrains a winner.
 
-`train_run` is the controller side: it checks the harness statically, runs the segment in
-a worker with a hard deadline, then has the evaluator score the base and the saved
-checkpoints in a process of its own (it imports no harness code), and writes summary.json.
+Callers name these functions as job targets (executors.Call), so the controller imports
+this module: what trains (the backends, the policy) is imported inside `train_segment`, in
+the worker only.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
-import time
 from pathlib import Path
-from typing import Callable
 
-from evotrainer.executors import WorkerResult, run_in_worker
 from evotrainer.harness import REFERENCE, inspect_harness
-from evotrainer.inner.backends import check_backend
-from evotrainer.runtime import Runtime
 from evotrainer.tasks import Task
 from evotrainer.tasks.base import train_draws
 
 
 OPTIMIZER_FILE = "optimizer.pt"
-
-
-class TrainingFailed(RuntimeError):
-    def __init__(self, result: WorkerResult, out: Path, stage: str = "training"):
-        self.result = result
-        super().__init__(f"{stage} {result.label}: {result.error} (log tail in {out / 'worker.log'})")
 
 
 def handed_draws(task: Task, harness: str | Path | None, seed: int, steps: int) -> dict[str, list[int]]:
@@ -69,9 +61,9 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
 
     from evotrainer.catalog import get_task
     from evotrainer.harness import load_harness
-    from evotrainer.inner.backends import get_backend
-    from evotrainer.inner.grpo import completion_width
-    from evotrainer.inner.segment import SegmentLog
+    from evotrainer.trainer.backends import get_backend
+    from evotrainer.trainer.grpo import completion_width
+    from evotrainer.trainer.segment import SegmentLog
     from evotrainer.policy import load_policy, save_policy
     from evotrainer.runtime import Runtime
 
@@ -139,73 +131,3 @@ def train_schedule(task: str, level: int | None, harnesses: list[str], base: str
 def saved_checkpoints(out: Path) -> list[Path]:
     """A train directory's checkpoints/step-N, in step order (the final one is checkpoint/)."""
     return sorted(Path(out, "checkpoints").glob("step-*"), key=lambda p: int(p.name[5:]))
-
-
-def _metrics_follower(path: Path, on_step: Callable[[dict], None]) -> Callable[[], None]:
-    """Call on_step for each new line of a growing metrics.jsonl."""
-    seen = [0]
-
-    def poll():
-        if not path.exists():
-            return
-        lines = path.read_text().splitlines()
-        for line in lines[seen[0]:]:
-            if line.strip():
-                on_step(json.loads(line))
-        seen[0] = len(lines)
-    return poll
-
-
-def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed: int = 0,
-              steps: int | None = None, timeout_s: float = 3600.0,
-              on_step: Callable[[dict], None] | None = None, runtime: Runtime | None = None,
-              memory_mb: int | None = 8192, eval_every: int = 25) -> dict:
-    """Train one segment in a worker, then have the evaluator score the base, the checkpoints
-    saved every `eval_every` steps (the caller's schedule: `evotrainer train --eval-every`)
-    and the final one; writes and returns summary.json."""
-    t0 = time.time()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    runtime = runtime or Runtime()
-    knobs = inspect_harness(harness_dir)
-    check_backend(runtime, knobs, str(harness_dir or "the reference harness"), task)
-    steps = knobs.steps if steps is None else steps
-    follow = _metrics_follower(out / "metrics.jsonl", on_step) if on_step else None
-    level = task.target_level  # the spec and this level rebuild the same task in every process
-    harness = str(harness_dir or REFERENCE)
-    view = task.train_view(out.with_name(out.name + ".train-data"))
-    result = run_in_worker("evotrainer.train:train_segment", dict(
-        task=view, level=level, harness=harness,
-        base=str(base), out=str(out), seed=seed, steps=steps, runtime=runtime.to_dict(),
-        draws=handed_draws(task, harness, seed, steps), eval_every=eval_every),
-        timeout_s=timeout_s, memory_mb=memory_mb, on_poll=follow, writes=(str(out),), reads=(harness, str(base), view))
-    (out / "worker.log").write_text(result.log_tail)
-    if not result.ok:
-        raise TrainingFailed(result, out)
-    # the evaluator: a process of its own that loads checkpoints and the verifier only
-    saved = saved_checkpoints(out)
-    jobs = {str(base): ["val", "test"], **{str(c): ["val"] for c in saved}, str(out / "checkpoint"): ["val", "test"]}
-    ev = run_in_worker("evotrainer.evaluate.greedy:evaluate_checkpoints",
-                       dict(task=task.spec, level=level, jobs=jobs, policy=runtime.policy.to_dict(),
-                            key=task.key.hex() if task.key else None),
-                       timeout_s=timeout_s, memory_mb=memory_mb, reveal=task.data_files(),
-                       reads=(*jobs, task.spec, *task.data_files()))
-    if not ev.ok:
-        (out / "worker.log").write_text(ev.log_tail)
-        raise TrainingFailed(ev, out, stage="evaluation")
-    acc = ev.value
-    base_val, base_test = acc[str(base)]["val"], acc[str(base)]["test"]
-    val, test = acc[str(out / "checkpoint")]["val"], acc[str(out / "checkpoint")]["test"]
-    evals = [{"step": 0, "val": base_val}, *({"step": int(c.name[5:]), "val": acc[str(c)]["val"]} for c in saved),
-             {"step": steps, "val": val}]
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    summary = {
-        "task": task.spec, "level": task.target_level, "seed": seed, "steps": steps, "backend": runtime.backend,
-        "harness": str(harness_dir or "reference"), "harness_hash": result.value["harness_hash"],
-        "base": str(base), "base_val": base_val, "base_test": base_test, "val": val, "test": test, "evals": evals,
-        "reward_first": metrics[0]["reward_mean"] if metrics else None,
-        "reward_last": metrics[-1]["reward_mean"] if metrics else None,
-        "seconds": round(time.time() - t0, 1), "worker_seconds": round(result.seconds, 1),
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary

@@ -11,29 +11,28 @@ command check it before any work, so nothing is silently approximated.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable
 
 from evotrainer.errors import UsageError, unknown
-from evotrainer.inner.trl_mapping import trl_refusals
+from evotrainer.trainer.trl_mapping import trl_refusals
 
 
 @dataclass(frozen=True)
 class Backend:
     name: str
-    target: str                                  # "module:function", imported in the worker only
+    run: Callable[..., dict]                     # the signature above; called in the worker that trains
     refusals: Callable[..., list[str]]            # (knobs, runtime) -> what it cannot express
     multi_turn: str = ""                         # why it cannot play environments; "" where it can
 
-    def run(self, *args, **kwargs) -> dict:
-        module, _, fn = self.target.partition(":")
-        return getattr(importlib.import_module(module), fn)(*args, **kwargs)
 
+# The registry is read before any work, by processes that never train (the controller and the
+# `train` command check a harness against it): each backend's trainer is imported inside its
+# entry point, in the worker, and TRL (seconds to import) only where a segment trains with it.
 
 def run_embedded(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
                  runtime, sample_seed: int | None = None) -> dict:
-    from evotrainer.inner.grpo import GRPOTrainer
+    from evotrainer.trainer.grpo import GRPOTrainer
     trainer = GRPOTrainer(model, tok, task, harness, seed=seed, policy=runtime.policy,
                           micro_batch_size=runtime.micro_batch_size, sample_seed=sample_seed)
     if optimizer_state is not None:
@@ -44,12 +43,18 @@ def run_embedded(model, tok, task, harness, seed: int, steps: int, log, optimize
     return trainer.optimizer_state()
 
 
+def run_trl(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
+            runtime, sample_seed: int | None = None) -> dict:
+    from evotrainer.trainer.trl_backend import run_trl as train_with_trl
+    return train_with_trl(model, tok, task, harness, seed, steps, log, optimizer_state, runtime, sample_seed)
+
+
 BACKENDS = {
-    "embedded": Backend("embedded", "evotrainer.inner.backends:run_embedded", lambda knobs, runtime: []),
+    "embedded": Backend("embedded", run_embedded, lambda knobs, runtime: []),
     # TRL's multi-turn path (`environment_factory`, `max_tool_calling_iterations`) parses tool
     # calls with the model's chat template and holds its own environment objects: not yet
     # wired to ours (caps, traces, the harness's action parser), so it is refused, not half-run
-    "trl": Backend("trl", "evotrainer.inner.trl_backend:run_trl", trl_refusals,
+    "trl": Backend("trl", run_trl, trl_refusals,
                    multi_turn="TRL's environment_factory is not wired to evotrainer environments yet "
                               "(caps, traces and the action_parser slot); use backend: embedded"),
 }

@@ -15,7 +15,7 @@ TRL samples, computes the loss and steps the optimizer; the harness enters at fo
   update of a batch) fill the same per-rollout records and per-step metrics as the embedded
   trainer writes, through the same SegmentLog.
 
-What TRL cannot express is refused before training (inner.trl_mapping.trl_refusals).
+What TRL cannot express is refused before training (trl_mapping.trl_refusals).
 Single process only: groups are whole within the one process that trains.
 """
 from __future__ import annotations
@@ -32,10 +32,10 @@ from trl import GRPOConfig, GRPOTrainer
 
 from evotrainer.harness.rollouts import Rollouts
 from evotrainer.harness.signal import Signal, harness_signal
-from evotrainer.inner.grpo import UpdateStats, finish_step
-from evotrainer.inner.levels import LevelPicker
-from evotrainer.inner.optim import lr_at, make_adamw, resume_adamw
-from evotrainer.inner.trl_mapping import LOSS_TYPES, grpo_config_kwargs
+from evotrainer.trainer.grpo import UpdateStats, finish_step
+from evotrainer.trainer.levels import LevelPicker
+from evotrainer.trainer.optim import lr_at, make_adamw, resume_adamw
+from evotrainer.trainer.trl_mapping import LOSS_TYPES, grpo_config_kwargs
 from evotrainer.policy.generate import decode_ids
 from evotrainer.policy.prompts import prompt_token_ids, stop_token_ids
 
@@ -219,7 +219,7 @@ def tracker_files(report_to, out: Path) -> None:
 
 def run_trl(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
             runtime, sample_seed: int | None = None) -> dict:
-    """Backend entry point (inner.backends): train `steps` sampled batches with TRL."""
+    """Backend entry point (backends.py): train `steps` sampled batches with TRL."""
     import transformers
     k = harness.knobs
     transformers.logging.set_verbosity_error()

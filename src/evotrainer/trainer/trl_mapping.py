@@ -13,7 +13,7 @@ must be one TRL has:
 
 KL is TRL's `beta` with its k3 estimator (k2 is refused by name). The entropy bonus is TRL's
 `entropy_coef`, a token mean whatever the loss type, taken per micro-batch: the mean of the
-micro-batches' token means, where ours is one token mean over the whole batch (inner.accumulate).
+micro-batches' token means, where ours is one token mean over the whole batch (accumulate.py).
 So it is the same term as ours only under token_mean and with the batch in one micro-batch;
 anything else is refused.
 """

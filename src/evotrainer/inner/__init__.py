@@ -1,3 +1,0 @@
-from evotrainer.inner.grpo import GRPOTrainer, StepMetrics
-
-__all__ = ["GRPOTrainer", "StepMetrics"]
