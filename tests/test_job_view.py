@@ -4,6 +4,7 @@ import json
 import os
 import pwd
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from evotrainer.evaluate.greedy import evaluate_checkpoints
 from evotrainer.executors import Warm, run_in_worker
 from evotrainer.policy import build_model, build_tokenizer, save_policy
 from evotrainer.sandbox import Isolation, probe
+from evotrainer.sandbox import launch
 from evotrainer.sandbox.launch import _environment_paths
 from evotrainer.trainer.jobs import train_segment
 
@@ -175,3 +177,23 @@ def test_of_a_sys_path_entry_that_holds_the_runs_a_job_sees_only_the_modules(tmp
         bound = {p for p, _ in view(read=(), write=(str(out),))["binds"]}
         assert {str(project / "mytasks"), str(project / "helpers.py"), str(out)} <= bound
         assert not {str(project), str(project / "runs")} & bound
+
+
+def test_a_library_directory_on_a_mount_of_its_own_is_bound_as_that_mount(tmp_path, monkeypatch):
+    """A GPU machine mounts its driver at /usr/local/nvidia, inside /usr, with LD_LIBRARY_PATH
+    naming /usr/local/nvidia/lib (a link to lib64). A bind of /usr does not carry another mount,
+    and the job's root cannot create lib64 inside the read-only /usr, so every CUDA job crashed
+    (seen on an H200): the whole driver mount is bound, where the /usr bind shows its mount point."""
+    usr = tmp_path / "usr"
+    driver = usr / "local" / "nvidia"
+    (driver / "lib64").mkdir(parents=True)
+    (driver / "lib").symlink_to("lib64")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(usr)])  # an environment path: bound read-only
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(driver / "lib"))
+    monkeypatch.setattr(launch, "mount_points", lambda: ["/", str(driver)])
+    seen = launch.view([], [])
+    binds = dict(seen["binds"])
+    assert binds[str(usr)] == "ro" and binds[str(driver)] == "ro" and str(driver / "lib64") not in binds
+    assert (str(driver / "lib"), "lib64") in seen["links"]
+    monkeypatch.setattr(launch, "mount_points", lambda: ["/"])  # one filesystem: the /usr bind carries it
+    assert str(driver) not in dict(launch.view([], [])["binds"])

@@ -76,7 +76,7 @@ def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _mount_points() -> list[str]:
+def mount_points() -> list[str]:
     """Every mount point, outermost first (mountinfo escapes spaces as octal)."""
     with open("/proc/self/mountinfo") as f:
         points = [line.split()[4].encode().decode("unicode_escape") for line in f]
@@ -84,7 +84,7 @@ def _mount_points() -> list[str]:
 
 
 def _read_only_everywhere() -> None:
-    for mp in _mount_points():
+    for mp in mount_points():
         if _within(mp, "/proc"):
             continue  # unshare mounted a fresh /proc for the new PID namespace
         try:

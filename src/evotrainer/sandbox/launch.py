@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evotrainer.errors import UsageError
+from evotrainer.sandbox.inside import mount_points
 
 NOBODY = 65534
 # non-secret variables a job may need (which GPUs; library and module paths, whose directories
@@ -212,6 +213,11 @@ def _environment_paths(outputs=()) -> set[str]:
     return {p for p in paths if os.path.exists(p) and p != "/"}
 
 
+def _mount_of(path: str, mounts: list[str]) -> str:
+    """The mount point `path` lives on (the longest that holds it)."""
+    return max((m for m in mounts if _within(path, m)), key=len, default="/")
+
+
 def _within(path: str, root: str) -> bool:
     """Whether `path` is `root` or lies under it (both absolute, normalised)."""
     return path == root or path.startswith(root.rstrip("/") + "/")
@@ -306,6 +312,13 @@ def view(read, write=(), root: bool = False, cwd: Path | None = None, base: bool
     cwd = Path(cwd or os.getcwd())
     binds: dict[str, object] = {}
     links: dict[str, str] = {}
+    mounts = mount_points()
+    on = functools.partial(_mount_of, mounts=mounts)
+
+    def carried(path: str, by: str) -> bool:
+        """A bind of `by` shows `path`: a bind carries its own mount's files, not those of a mount
+        inside it (a GPU driver's directory mounted under /usr, say)."""
+        return _within(path, by) and on(path) == on(by)
 
     def add(path, how) -> None:
         p = os.path.join(cwd, path)
@@ -313,7 +326,7 @@ def view(read, write=(), root: bool = False, cwd: Path | None = None, base: bool
             return
         links.update(_links_to(p))
         real = os.path.realpath(p)
-        if how == "read" and any(_within(real, q) and binds[q] == "ro" for q in binds):
+        if how == "read" and any(carried(real, q) and binds[q] == "ro" for q in binds):
             return  # the system's files or the environment hold it already
         if os.path.exists(real) and not _holds_scratch(real) and real not in binds:
             binds[real] = how if how != "read" else (_owner_map(real, root) or "ro")
@@ -326,8 +339,14 @@ def view(read, write=(), root: bool = False, cwd: Path | None = None, base: bool
         add(p, "ro")
     for p in read:
         add(p, "read")
+    # a system or library path on a mount of its own inside another bind is bound as that whole
+    # mount: the outer bind shows its mount point, but the job's root cannot create a deeper one
+    for p, how in list(binds.items()):
+        m = on(p)
+        if how == "ro" and m != p and any(q != m and _within(m, q) for q in binds):
+            binds.setdefault(m, binds.pop(p))
     kept = [(p, how) for p, how in binds.items()
-            if how == "rw" or not any(q != p and _within(p, q) and binds[q] == how for q in binds)]
+            if how == "rw" or not any(q != p and carried(p, q) and binds[q] == how for q in binds)]
     devices = sorted(d for pattern in DEVICES for d in glob.glob(f"/dev/{pattern}")) if base else []
     return {"binds": sorted(kept, key=lambda b: (len(b[0]), b[0])), "links": sorted(links.items()), "dev": devices}
 
