@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
-from evotrainer.evolve.report import status  # noqa: E402
+from evotrainer.evolve.status import status  # noqa: E402
 
 
 def bench(config: Path, seeds: int, out: Path) -> dict:

@@ -1,4 +1,4 @@
-"""Does the gate keep a child with no effect at most `gate.alpha` of the time, and does the
+"""Does the gate keep a child with no effect at most `promotion.alpha` of the time, and does the
 final comparison's interval say 'beat' no more often than its level allows?
 
 Two modes:
@@ -51,7 +51,7 @@ for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(var, "1")  # nothing here downloads
 
 from evotrainer.agents.catalog import Proposal  # noqa: E402
-from evotrainer.config import GateConfig, config_from_dict  # noqa: E402
+from evotrainer.config import PromotionConfig, config_from_dict  # noqa: E402
 from evotrainer.evolve.calibration import Rate, old_gate_keeps, simulate_gate, simulate_interval, subset_rate  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
 from evotrainer.evolve.retrain import Arm, retrain  # noqa: E402
@@ -106,7 +106,7 @@ def null_trials(config: Path, harness: Path, runs: int, trials: int, steps: int,
             first = paired_differences(f["val"], f["control_val"])
             rows.append({"run": r, "trial": tr.id, "label": tr.label, "gain": f["gain"], "rule": f.get("rule"),
                          "pairs": len(first) + len(f.get("extra_pairs", [])), "first": first, "null": null,
-                         "old_keep": old_gate_keeps(first, null, min_gain=cfg.gate.min_gain)})
+                         "old_keep": old_gate_keeps(first, null, min_gain=cfg.promotion.min_gain)})
         print(f"  run {r}: {len(rows)} null trials so far, {time.time() - t:.0f} s; noise sd "
               f"{100 * root.fitness.get('noise_sd', 0):.2f} points", flush=True)
     return rows, ctl
@@ -163,7 +163,7 @@ def finals_report(values: list[float]) -> None:
 
 
 def simulated() -> None:
-    cfg = GateConfig()
+    cfg = PromotionConfig()
     print(f"simulated: the real gate on normal noise (sd 2.2 points), alpha {cfg.alpha}, "
           f"{cfg.replicas} replicas, {cfg.extra_pairs} extra pairs at most; 20,000 null trials a row")
     print(f"{'seeds':>5} {'replicas':>8}  {'new gate keeps':>34}  {'old gate keeps':>34}  {'pairs':>5}")
@@ -185,7 +185,7 @@ def simulated() -> None:
 def trials_report(args) -> None:
     rows, ctl = null_trials(args.config, args.harness.resolve(), args.runs, args.trials, args.steps, args.out)
     (args.out / "null_trials.json").write_text(json.dumps(rows, indent=2))
-    alpha = ctl.cfg.gate.alpha
+    alpha = ctl.cfg.promotion.alpha
     keeps = Rate(sum(r["label"] == Label.KEPT for r in rows), len(rows))
     old = Rate(sum(r["old_keep"] for r in rows), len(rows))
     print(f"\nnull trials through the real gate ({args.runs} runs x {args.trials}, {args.steps} steps a segment): "

@@ -31,7 +31,7 @@ for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
 
 from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
-from evotrainer.evolve.report import status  # noqa: E402
+from evotrainer.evolve.status import status  # noqa: E402
 from evotrainer.lineage import LineageStore  # noqa: E402
 from evotrainer.lineage.events import RunStarted  # noqa: E402
 from evotrainer.trainer.pretrain import PretrainFailed  # noqa: E402

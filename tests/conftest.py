@@ -63,7 +63,7 @@ def tiny_run_config(tmp_path, ckpt):
                    f"model: {ckpt}\nsearch: {{skills: {tmp_path / 'skills.sqlite'}}}\n"
                    "budget: {trials: 2, steps_per_segment: 2, total_steps: 6, trial_timeout_s: 120}\n"
                    "evaluation: {every: 1}\n"   # 2-step segments: a checkpoint after step 1 too
-                   "gate: {replicas: 1}\n")     # the least the gate needs with one seed: plumbing, not gains
+                   "promotion: {replicas: 1}\n")     # the least the gate needs with one seed: plumbing, not gains
     return cfg, tmp_path / "run"
 
 

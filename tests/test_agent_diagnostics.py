@@ -36,7 +36,7 @@ def test_a_revised_diagnostic_is_kept_only_if_its_replay_separates_failed_from_h
     raw = yaml.safe_load(cfg_path.read_text()) | {"final_seeds": []}
     raw["budget"]["trials"] = 3
     raw["search"] |= {"selection": "greedy", "escalation": False}
-    raw["gate"] = {"min_gain": 1.0}  # nothing beats its control: larger_groups is a failed version
+    raw["promotion"] = {"min_gain": 1.0}  # nothing beats its control: larger_groups is a failed version
     ctl = Controller(config_from_dict(raw).validate(), run, agent=agent)
     ctl.run()
     t = ctl.store.trials()

@@ -12,17 +12,30 @@ def load(tmp_path, text):
 
 
 def test_a_full_config_loads_with_types(tmp_path):
-    cfg = load(tmp_path, "task: arith\nlevel: 3\npolicy: restart\nseeds: [0, 1, 2]\n"
+    cfg = load(tmp_path, "task: arith\nlevel: 3\nsearch: {mode: restart}\nseeds: [0, 1, 2]\n"
                          "base: {target_acc: 0.1}\nbudget: {trials: 4, wall_clock_s: 600}\n"
-                         "gate: {alpha: 0.05}\nevaluation: {every: 10}\n")
-    assert cfg.policy == "restart" and cfg.seeds == (0, 1, 2) and cfg.base.target_acc == 0.1
-    assert cfg.budget.trials == 4 and cfg.budget.wall_clock_s == 600.0 and cfg.gate.alpha == 0.05
-    assert cfg.evaluation.every == 10 and cfg.evaluation.last_k == 2 and cfg.gate.replicas == 2
+                         "promotion: {alpha: 0.05}\nevaluation: {every: 10}\n")
+    assert cfg.search.restarts and cfg.seeds == (0, 1, 2) and cfg.base.target_acc == 0.1
+    assert cfg.budget.trials == 4 and cfg.budget.wall_clock_s == 600.0 and cfg.promotion.alpha == 0.05
+    assert cfg.evaluation.every == 10 and cfg.evaluation.last_k == 2 and cfg.promotion.replicas == 2
     assert cfg.budget.steps_per_segment == 50  # untouched defaults stay
     assert load(tmp_path, "task: rg:chain_sum\n") == RunConfig(task="rg:chain_sum")
     cfg = load(tmp_path, "task: arith\nagent: llm\nllm: {base_url: 'http://localhost:8000/v1', model: m}\n"
-                         "gates: [design, completion]\ngate_after_failures: 2\n")
-    assert cfg.llm.model == "m" and cfg.llm.repair_turns == 2 and cfg.gates == ("design", "completion")
+                         "approval: {at: [design, completion], after_failures: 2}\n")
+    assert cfg.llm.model == "m" and cfg.llm.repair_turns == 2 and cfg.approval.at == ("design", "completion")
+
+
+def test_keys_that_moved_are_read_where_they_live_now_with_one_line_each(tmp_path, capsys):
+    """A config (or a run directory's config.yaml) written before the renames still runs."""
+    old = load(tmp_path, "task: arith\npolicy: restart\ngate: {alpha: 0.05, replicas: 1}\n"
+                         "gates: [design]\ngate_after_failures: 3\nsearch: {population: 2}\n")
+    new = load(tmp_path, "task: arith\nsearch: {mode: restart, population: 2}\n"
+                         "promotion: {alpha: 0.05, replicas: 1}\napproval: {at: [design], after_failures: 3}\n")
+    assert old == new and old.search.restarts and old.search.population == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert lines == [f"config: '{a}' is now '{b}' (read as that; rename it to silence this line)" for a, b in
+                     [("policy", "search.mode"), ("gate", "promotion"), ("gates", "approval.at"),
+                      ("gate_after_failures", "approval.after_failures")]]
 
 
 @pytest.mark.parametrize("text, words", [
@@ -34,20 +47,22 @@ def test_a_full_config_loads_with_types(tmp_path):
     ("task: arith\nbudget: {steps_per_segment: 500}\n", ["'budget.steps_per_segment' must be <= budget.total_steps"]),
     ("task: arith\nseeds: [0, 0]\n", ["'seeds' must be distinct"]),
     ("task: arith\nseeds: 3\n", ["'seeds' must be a list of integers"]),
-    ("task: arith\npolicy: greedy\n", ["'policy' must be one of continue, restart"]),
+    ("task: arith\nsearch: {mode: greedy}\n", ["'search.mode' must be one of continue, restart"]),
+    ("task: arith\npolicy: restart\nsearch: {mode: restart}\n", ["'policy' and 'search.mode' both given"]),
+    ("task: arith\ngate: {}\npromotion: {}\n", ["'gate' and 'promotion' both given"]),
     ("task: arith\nbudget: {trials: many}\n", ["'budget.trials' must be int, got 'many'"]),
     ("task: arith\nbudget: 3\n", ["'budget' must be a mapping"]),
     ("task: arith\nevaluation: {last_k: 0}\n", ["'evaluation.last_k' must be >= 1"]),
     ("task: arith\nevaluation: {every: -1}\n", ["'evaluation.every' must be >= 0"]),
     ("task: arith\ngate: {last_k: 2}\n", ["'gate.last_k' is now 'evaluation.last_k'"]),
-    ("task: arith\ngate: {z: 2.0}\n", ["'gate.z' is now 'gate.alpha'"]),
-    ("task: arith\ngate: {alpha: 0.7}\n", ["'gate.alpha' must be in (0, 0.5)"]),
-    ("task: arith\nseeds: [0]\ngate: {replicas: 0}\n", ["'gate.replicas' must be >= 1"]),
-    ("task: arith\ngate: {extra_pairs: -1}\n", ["'gate.extra_pairs' must be >= 0"]),
+    ("task: arith\ngate: {z: 2.0}\n", ["'gate.z' is now 'promotion.alpha'"]),
+    ("task: arith\npromotion: {alpha: 0.7}\n", ["'promotion.alpha' must be in (0, 0.5)"]),
+    ("task: arith\nseeds: [0]\npromotion: {replicas: 0}\n", ["'promotion.replicas' must be >= 1"]),
+    ("task: arith\npromotion: {extra_pairs: -1}\n", ["'promotion.extra_pairs' must be >= 0"]),
     ("task: [arith\n", ["malformed YAML"]),
-    ("task: arith\ngates: [design, review]\n", ["'gates' must name points among design, backtest, completion",
-                                                "'review'"]),
-    ("task: arith\ngates: design\n", ["'gates' must be a list of names"]),
+    ("task: arith\napproval: {at: [design, review]}\n",
+     ["'approval.at' must name points among design, backtest, completion", "'review'"]),
+    ("task: arith\napproval: {at: design}\n", ["'approval.at' must be a list of names"]),
     ("task: arith\nagent: gpt\n", ["'agent' must be one of rules, random, llm, command"]),
     ("task: arith\nagent: command\n", ["'command.run' must give the command line"]),
     ("task: arith\nagent: llm\nllm: {repair_turns: -1}\n", ["'llm.repair_turns' must be >= 0"]),

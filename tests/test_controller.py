@@ -74,7 +74,8 @@ def test_restart_mode_trains_every_version_from_the_base_against_its_parent(tiny
     from evotrainer.evolve.controller import Controller
     from evotrainer.evolve.training import Training
     cfg_path, run = tiny_run
-    raw = yaml.safe_load(cfg_path.read_text()) | {"policy": "restart", "final_seeds": []}
+    raw = yaml.safe_load(cfg_path.read_text()) | {"final_seeds": []}
+    raw["search"] |= {"mode": "restart"}
     raw["budget"] |= {"trials": 2}
     ctl = Controller(config_from_dict(raw).validate(), run)
     scored, reading, evaluate = [], [], Training._evaluate

@@ -7,7 +7,7 @@ import pytest
 from evidence_factory import harness, write_train_dir
 from evotrainer.cli import main
 from evotrainer.diagnostics import Evidence, findings, measure
-from evotrainer.diagnostics.evidence import quantile, spearman
+from evotrainer.diagnostics.evidence_view import quantile, spearman
 from evotrainer.diagnostics.health import diagnose
 from evotrainer.diagnostics.load import harness_diagnostics
 from evotrainer.diagnostics.replay import replay, separation_auc

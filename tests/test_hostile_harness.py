@@ -78,7 +78,7 @@ def test_hostile_edits_through_the_loop_fail_inside_the_sandbox(tiny_run, tmp_pa
     from evotrainer.catalog import get_task
     from evotrainer.config import config_from_dict
     from evotrainer.evolve.controller import Controller
-    from evotrainer.evolve.report import status
+    from evotrainer.evolve.status import status
     from evotrainer.lineage import LineageStore
     from evotrainer.tasks.keys import key_dir, split_key
     cfg, run = tiny_run

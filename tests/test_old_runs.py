@@ -16,7 +16,7 @@ import pytest
 from evotrainer.cli import main
 from evotrainer.evolve.final import extend, schedule, winner
 from evotrainer.evolve.population import SelectionConfig
-from evotrainer.evolve.report import lineage_tree, status
+from evotrainer.evolve.status import lineage_tree, status
 from evotrainer.evolve.view import RunView
 from evotrainer.lineage import SCHEMA_VERSION, LineageStore
 from evotrainer.lineage.events import KINDS, decode

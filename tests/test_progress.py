@@ -13,7 +13,7 @@ def test_steps_are_counted_from_metrics_lines_and_reported_when_they_move(tmp_pa
     assert seen[-1].done == 0 and seen[-1].total == 16
     seg.mkdir(parents=True)
     (seg / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
-    for d in (1, 2):  # a schedule's replay writes one directory per segment
+    for d in (1, 2):  # a retrained schedule writes one directory per segment
         (sched / f"segment-{d}").mkdir(parents=True)
         (sched / f"segment-{d}" / "metrics.jsonl").write_text('{"step": 1}\n' * 3)
     poll()

@@ -59,7 +59,7 @@ def run_config(tmp_path, task, model, level=None, backend="embedded", final_seed
     cfg = {"task": task, "model": str(model), "backend": backend, "device": "cpu", "harness": str(root),
            "seeds": [0], "final_seeds": list(final_seeds), "search": {"skills": str(tmp_path / "skills.sqlite")},
            "budget": {"trials": 1, "steps_per_segment": 2, "total_steps": 4, "trial_timeout_s": 300},
-           "gate": {"replicas": 1},  # one replica, the least the gate needs with one seed: plumbing, not gains
+           "promotion": {"replicas": 1},  # one replica, the least the gate needs with one seed: plumbing, not gains
            "evaluation": {"every": 1}}
     if level is not None:
         cfg["level"] = level
@@ -69,7 +69,7 @@ def run_config(tmp_path, task, model, level=None, backend="embedded", final_seed
 
 
 def check_run(run, backend="embedded"):
-    """The run finished its final comparison, every replay trained by `backend`."""
+    """The run finished its final comparison, every retraining done by `backend`."""
     final = json.loads((run / "final.json").read_text())
     assert {"val", "test"} <= set(final["comparison"]) and "evolved" in final["table"]
     segments = list(run.glob("final/*/seed-100/segment-*"))
@@ -120,7 +120,7 @@ def test_a_task_defined_outside_the_package_goes_through_train_and_run(tmp_path,
     # (two steps may already make every greedy answer hold one: val 1.0 at some sampling seeds)
     assert summary["task"] == "my_tasks:AnyDigit"
     assert 0 < sum(m["score_mean"] for m in metrics(out)) and 0 < summary["val"] <= 1
-    run = tmp_path / "run"  # (the final comparison's replay is the trl run's to test)
+    run = tmp_path / "run"  # (the final comparison's retraining is the trl run's to test)
     status = cli("run", run_config(tmp_path, "my_tasks:AnyDigit", ckpt, final_seeds=()), "--out", run, "--json", cwd=here)
     assert status["state"] == "finished" and status["trials"] == 2 and status["task"] == "my_tasks:AnyDigit"
     assert any(m["score_mean"] > 0 for f in run.glob("**/metrics.jsonl") for m in metrics(f.parent))

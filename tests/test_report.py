@@ -11,7 +11,7 @@ import pytest
 
 from conftest import readable, tiny_run_config
 from evotrainer.cli import main
-from test_gates import next_gate, start
+from test_approval import next_gate, start
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # a root's closed network refuses Chromium's own background connections: keep them off

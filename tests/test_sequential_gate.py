@@ -15,7 +15,7 @@ from evotrainer.lineage.events import PairControlFinished
 def test_a_promising_child_trains_an_extra_pair_and_is_decided_on_it(tiny_run, monkeypatch):
     cfg_path, run = tiny_run
     raw = yaml.safe_load(cfg_path.read_text())
-    raw["gate"] = {"replicas": 1, "extra_pairs": 1}
+    raw["promotion"] = {"replicas": 1, "extra_pairs": 1}
     raw["budget"]["trials"] = 1
     raw["final_seeds"] = []
     cfg_path.write_text(yaml.safe_dump(raw))

@@ -125,7 +125,7 @@ def cmd_evaluate(args) -> dict:
         raise UsageError(f"--k values must be in 1..--samples ({args.samples}), got {args.k}")
     key = None
     if args.run is not None:  # that run's held-out problems (its split key)
-        from evotrainer.evolve.report import open_run
+        from evotrainer.evolve.status import open_run
         from evotrainer.lineage.events import RunStarted
         from evotrainer.tasks.keys import split_key
         store = open_run(args.run)
@@ -196,7 +196,7 @@ def cmd_replay(args) -> dict:
 
 def _run_loop(cfg, out: Path) -> dict:
     from evotrainer.evolve.controller import ControlFailed, Controller
-    from evotrainer.evolve.report import status
+    from evotrainer.evolve.status import status
     from evotrainer.live import LiveView
     from evotrainer.trainer.pretrain import PretrainConfig
     view = LiveView()
@@ -222,7 +222,7 @@ def _run_loop(cfg, out: Path) -> dict:
             say(f"{kind.replace('_', ' ')}: {', '.join(f'{k} {v}' for k, v in data.items())}")
         elif kind == "final_started":
             say(f"final comparison: winner {data['winner']} (schedule {' -> '.join(data['schedule'])}) "
-                f"and the reference, replayed from the base on fresh seeds {data['seeds']}")
+                f"and the reference, retrained from the base on fresh seeds {data['seeds']}")
         elif kind == "final_finished":
             say(data["table"])
         elif kind == "gate_waiting":
@@ -256,14 +256,14 @@ def cmd_run(args) -> dict:
 
 def cmd_resume(args) -> dict:
     from evotrainer.config import load_config
-    from evotrainer.evolve.report import open_run
+    from evotrainer.evolve.status import open_run
     open_run(args.run).close()
     st = _run_loop(load_config(args.run / "config.yaml"), args.run)
     return st if args.json else None
 
 
 def cmd_status(args) -> dict:
-    from evotrainer.evolve.report import status
+    from evotrainer.evolve.status import status
     st = status(args.run)
     if args.json:
         return st
@@ -276,7 +276,7 @@ def cmd_status(args) -> dict:
 def cmd_decide(args) -> dict:
     """approve / revise / abort: the decision for the gate a trial waits at."""
     from evotrainer.evolve.approval import submit
-    from evotrainer.evolve.report import open_run
+    from evotrainer.evolve.status import open_run
     store = open_run(args.run)
     try:
         events = store.events()
@@ -286,14 +286,14 @@ def cmd_decide(args) -> dict:
 
 
 def cmd_lineage(args) -> dict:
-    from evotrainer.evolve.report import lineage_tree
+    from evotrainer.evolve.status import lineage_tree
     tree = lineage_tree(args.run)
     print(tree, file=sys.stderr)
     return None
 
 
 def cmd_report(args) -> dict:
-    from evotrainer.evolve.report import open_run
+    from evotrainer.evolve.status import open_run
     from evotrainer.report import write_report
     open_run(args.run).close()  # not a run: one line, exit 2
     return write_report(args.run, args.out, args.engine)

@@ -19,8 +19,6 @@
       use_vllm: false            # sample with vLLM (pip install vllm) instead of transformers' generate
       vllm_mode: colocate        # colocate (in the training process) or server (`trl vllm-serve`)
     harness: null                # root harness directory (default: the reference)
-    policy: continue             # continue: a version trains on from its parent's checkpoint
-                                 # restart: every version retrains from the base (published protocol)
     seeds: [0, 1]                # training seeds, paired across versions
     final_seeds: [100, 101, 102, 103, 104]  # fresh seeds of the final comparison (never used by the
                                  # search); 5: a t interval over 3 has 2 df and misses most real gains
@@ -52,10 +50,13 @@
     command:                     # agent: command, an external coding agent run in a worktree of the parent
       run: null                  # e.g. "my-agent --brief {brief}"; the brief also arrives on stdin
       timeout_s: 900
-    gates: []                    # pause for `evotrainer approve/revise/abort RUN TRIAL` at: design,
+    approval:                    # a person in the loop (evolve/approval.py)
+      at: []                     # pause for `evotrainer approve/revise/abort RUN TRIAL` at: design,
                                  # backtest, completion
-    gate_after_failures: 0       # N > 0: after N failures in a row, gate the next design too
+      after_failures: 0          # N > 0: after N failures in a row, pause at the next design too
     search:
+      mode: continue             # continue: a version trains on from its parent's checkpoint
+                                 # restart: every version retrains from the base (published protocol)
       selection: population      # population (GEAR-style elites) or greedy (keep-or-revert on the best)
       population: 4              # elites kept
       crossover: true            # merge two elites' harness changes when none happened lately
@@ -85,7 +86,7 @@
       every: 25                  # a segment saves a checkpoint for greedy validation every this many
                                  # steps (0: only at its end)
       last_k: 2                  # a segment's fitness: the mean of its last k evaluations, never one number
-    gate:                        # the promotion gate (evolve/gate.py), a sequential test
+    promotion:                   # the promotion gate (evolve/gate.py), a sequential test
       alpha: 0.025               # the rate at which a child with no effect is kept, all looks together
       min_gain: 0.01             # the gain's lower confidence bound must clear this (about 2x the
                                  # sampling error of 500 problems)
@@ -96,13 +97,16 @@
                                  # seeds, one at a time, before it is decided (0: decide on `seeds` alone)
 
 Every key is checked: an unknown one, a wrong type or a negative budget is one line naming
-the key and what is allowed, raised before anything runs.
+the key and what is allowed, raised before anything runs. A key that moved (`policy`, `gate`,
+`gates`, `gate_after_failures` before 0.2) is still read, with one line on stderr saying where
+it lives now; a key whose meaning changed is refused with that line instead.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -116,18 +120,24 @@ from evotrainer.policy.config import PolicyConfig
 from evotrainer.runtime import Runtime
 from evotrainer.sandbox import CHOICES as SANDBOXES
 
-POLICIES = ("continue", "restart")
+MODES = ("continue", "restart")
 AGENTS = ("rules", "random", "llm", "command")
-GATES = ("design", "backtest", "completion")
+APPROVAL_POINTS = ("design", "backtest", "completion")
 TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
 SELECTIONS = ("population", "greedy")
 EXECUTORS = ("local", "ray")
 RAY_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+")
 DEFAULT_SKILLS = str(DATA / "skills.sqlite")  # $XDG_DATA_HOME/evotrainer, default ~/.local/share/evotrainer
-RENAMED = {  # keys that moved: one line saying where
+RENAMED = {  # keys whose meaning changed: refused, with one line saying what replaced them
     "base.checkpoint": "is now the top-level key 'model' (any causal LM directory)",
-    "gate.z": "is now 'gate.alpha', the false-keep rate (z 2.0 was about alpha 0.025)",
+    "gate.z": "is now 'promotion.alpha', the false-keep rate (z 2.0 was about alpha 0.025)",
     "gate.last_k": "is now 'evaluation.last_k' (what the evaluator averages is the run's, not the gate's)",
+}
+MOVED = {  # keys that only moved (one name, one meaning): still read, with one line saying where
+    "policy": "search.mode",                          # `policy/` is the model; this was the search's mode
+    "gate": "promotion",                              # the promotion gate, not a person's approval
+    "gates": "approval.at",                           # the points where a person approves
+    "gate_after_failures": "approval.after_failures",
 }
 
 
@@ -164,7 +174,7 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class GateConfig:
+class PromotionConfig:
     alpha: float = 0.025
     min_gain: float = 0.01
     replicas: int = 2
@@ -196,11 +206,23 @@ class RayConfig:
 
 @dataclass(frozen=True)
 class SearchConfig:
+    mode: str = "continue"
     selection: str = "population"
     population: int = 4
     crossover: bool = True
     escalation: bool = True
     skills: str | None = DEFAULT_SKILLS
+
+    @property
+    def restarts(self) -> bool:
+        """Every version retrains from the base (restart) rather than from its parent's checkpoint."""
+        return self.mode == "restart"
+
+
+@dataclass(frozen=True)
+class ApprovalConfig:
+    at: tuple[str, ...] = ()
+    after_failures: int = 0
 
 
 @dataclass(frozen=True)
@@ -241,7 +263,6 @@ class RunConfig:
     sandbox: str = "auto"
     trl: TRLConfig = field(default_factory=TRLConfig)
     harness: str | None = None
-    policy: str = "continue"
     seeds: tuple[int, ...] = (0, 1)
     final_seeds: tuple[int, ...] = (100, 101, 102, 103, 104)
     workers: int = 0
@@ -250,13 +271,12 @@ class RunConfig:
     agent: str = "rules"
     llm: LLMConfig = field(default_factory=LLMConfig)
     command: CommandConfig = field(default_factory=CommandConfig)
-    gates: tuple[str, ...] = ()
-    gate_after_failures: int = 0
+    approval: ApprovalConfig = field(default_factory=ApprovalConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
     budget: Budget = field(default_factory=Budget)
     evaluation: EvalConfig = field(default_factory=EvalConfig)
-    gate: GateConfig = field(default_factory=GateConfig)
+    promotion: PromotionConfig = field(default_factory=PromotionConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def validate(self) -> "RunConfig":
@@ -270,11 +290,12 @@ class RunConfig:
         except UsageError as e:
             raise UsageError(f"config: {e}") from None
         need(self.sandbox in SANDBOXES, "sandbox", f"must be one of {', '.join(SANDBOXES)}, got '{self.sandbox}'")
-        need(self.policy in POLICIES, "policy", f"must be one of {', '.join(POLICIES)}, got '{self.policy}'")
+        need(self.search.mode in MODES, "search.mode", f"must be one of {', '.join(MODES)}, got '{self.search.mode}'")
         need(self.agent in AGENTS, "agent", f"must be one of {', '.join(AGENTS)}, got '{self.agent}'")
-        bad = [g for g in self.gates if g not in GATES]
-        need(not bad, "gates", f"must name points among {', '.join(GATES)}, got {bad[0] if bad else ''!r}")
-        need(self.gate_after_failures >= 0, "gate_after_failures", f"must be >= 0, got {self.gate_after_failures}")
+        bad = [g for g in self.approval.at if g not in APPROVAL_POINTS]
+        need(not bad, "approval.at", f"must name points among {', '.join(APPROVAL_POINTS)}, got {bad[0] if bad else ''!r}")
+        need(self.approval.after_failures >= 0, "approval.after_failures",
+             f"must be >= 0, got {self.approval.after_failures}")
         if self.agent == "llm":
             need(self.llm.timeout_s > 0, "llm.timeout_s", f"must be > 0, got {self.llm.timeout_s}")
             need(self.llm.max_retries >= 0, "llm.max_retries", f"must be >= 0, got {self.llm.max_retries}")
@@ -316,12 +337,13 @@ class RunConfig:
             need(getattr(b, key) > 0, f"budget.{key}", f"must be > 0, got {getattr(b, key)}")
         need(b.steps_per_segment <= b.total_steps, "budget.steps_per_segment",
              f"must be <= budget.total_steps ({b.total_steps}), got {b.steps_per_segment}")
-        need(0 < self.gate.alpha < 0.5, "gate.alpha", f"must be in (0, 0.5), got {self.gate.alpha}")
-        need(self.gate.min_gain >= 0, "gate.min_gain", f"must be >= 0, got {self.gate.min_gain}")
-        need(self.gate.replicas >= 1 or (self.gate.replicas == 0 and len(self.seeds) >= 2), "gate.replicas",
+        g = self.promotion
+        need(0 < g.alpha < 0.5, "promotion.alpha", f"must be in (0, 0.5), got {g.alpha}")
+        need(g.min_gain >= 0, "promotion.min_gain", f"must be >= 0, got {g.min_gain}")
+        need(g.replicas >= 1 or (g.replicas == 0 and len(self.seeds) >= 2), "promotion.replicas",
              f"must be >= 1 (the gate's null is measured by them), or 0 with 2 or more seeds (the seeds' "
-             f"own spread alone, which has little power), got {self.gate.replicas} with {len(self.seeds)} seed(s)")
-        need(self.gate.extra_pairs >= 0, "gate.extra_pairs", f"must be >= 0, got {self.gate.extra_pairs}")
+             f"own spread alone, which has little power), got {g.replicas} with {len(self.seeds)} seed(s)")
+        need(g.extra_pairs >= 0, "promotion.extra_pairs", f"must be >= 0, got {g.extra_pairs}")
         need(self.evaluation.every >= 0, "evaluation.every", f"must be >= 0 (0: only at the end), got {self.evaluation.every}")
         need(self.evaluation.last_k >= 1, "evaluation.last_k", f"must be >= 1, got {self.evaluation.last_k}")
         from evotrainer.trackers import WANDB_MODES, check
@@ -364,15 +386,43 @@ def load_config(path: Path | str) -> RunConfig:
     return cfg.validate()
 
 
+def moved_keys(raw: dict) -> tuple[dict, list[str]]:
+    """The config with every moved key (MOVED) put where it lives now, and one notice per move.
+    A key whose meaning changed (RENAMED) is refused first, under the name the user wrote."""
+    for old, why in RENAMED.items():
+        section, _, key = old.partition(".")
+        if isinstance(raw.get(section), dict) and key in raw[section]:
+            raise UsageError(f"config: '{old}' {why}")
+    raw, notices = dict(raw), []
+    for old, new in MOVED.items():
+        if old not in raw:
+            continue
+        *sections, key = new.split(".")
+        if not sections and new in raw or sections and isinstance(raw.get(sections[0]), dict) and key in raw[sections[0]]:
+            raise UsageError(f"config: '{old}' and '{new}' both given; '{old}' is the old name of '{new}', keep one")
+        value = raw.pop(old)
+        if sections:
+            section = raw.get(sections[0], {})
+            if not isinstance(section, dict):
+                raise UsageError(f"config: '{sections[0]}' must be a mapping, got {type(section).__name__}")
+            raw[sections[0]] = {**section, key: value}
+        else:
+            raw[new] = value
+        notices.append(f"config: '{old}' is now '{new}' (read as that; rename it to silence this line)")
+    return raw, notices
+
+
 def config_from_dict(raw, cls=RunConfig, prefix: str = ""):
     """Build a (nested) config dataclass from plain data, naming the first bad key."""
     if not isinstance(raw, dict):
         raise UsageError(f"config: '{prefix.rstrip('.') or 'the file'}' must be a mapping, got {type(raw).__name__}")
+    if cls is RunConfig:
+        raw, notices = moved_keys(raw)
+        for line in notices:
+            print(line, file=sys.stderr)
     fields_ = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     for key in raw:
-        if f"{prefix}{key}" in RENAMED:
-            raise UsageError(f"config: '{prefix}{key}' {RENAMED[f'{prefix}{key}']}")
         if key not in fields_:
             raise UsageError(f"config: unknown key '{prefix}{key}'; valid keys: {', '.join(fields_)}")
     missing = [n for n, f in fields_.items() if n not in raw and f.default is dataclasses.MISSING

@@ -26,7 +26,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from evotrainer.diagnostics.evidence import mean, pearson, spearman, std
+from evotrainer.diagnostics.evidence_view import mean, pearson, spearman, std
 from evotrainer.diagnostics.library import format_failure, repetition
 from evotrainer.evidence.records import RolloutRecord
 from evotrainer.harness.filters import DEAD_STD

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evotrainer.diagnostics.evidence import Evidence
+from evotrainer.diagnostics.evidence_view import Evidence
 from evotrainer.diagnostics.library import failure_counts, stop_counts
 from evotrainer.diagnostics.spec import LAYERS, findings, measure, windows
 from evotrainer.errors import UsageError

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from evotrainer.diagnostics.evidence import Evidence, mean, quantile, spearman, std
+from evotrainer.diagnostics.evidence_view import Evidence, mean, quantile, spearman, std
 from evotrainer.diagnostics.spec import diagnostic, register
 from evotrainer.envs.base import ABANDON, ECHO, INVALID, TOKEN_CAP, TURN_CAP
 from evotrainer.evidence.records import RolloutRecord

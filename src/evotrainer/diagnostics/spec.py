@@ -22,7 +22,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Callable, Mapping
 
-from evotrainer.diagnostics.evidence import Evidence
+from evotrainer.diagnostics.evidence_view import Evidence
 from evotrainer.harness.registry import Registry
 
 LAYERS = ("score", "signal", "behavior", "efficiency", "model_state", "code", "agentic", "custom")

@@ -1,4 +1,4 @@
-"""Human gates: the run pauses at a chosen point of a trial until a person decides.
+"""A person's approval: the run pauses at a chosen point of a trial until a person decides.
 
 Points: `design` (the proposal's legal diff, before the backtest), `backtest` (before any
 training), `completion` (the trained child and the promotion gate's verdict, before it is
@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from evotrainer.config import ApprovalConfig
 from evotrainer.errors import UsageError
 from evotrainer.lineage import LineageStore
 from evotrainer.lineage.events import Event, GateDecided, GateWaiting
@@ -36,14 +37,15 @@ class Revise(Exception):
         super().__init__(feedback)
 
 
-def points(gates: tuple[str, ...], after_failures: int, failures_in_a_row: int) -> set[str]:
+def points(approval: ApprovalConfig, failures_in_a_row: int) -> set[str]:
     """Where a trial pauses: the configured points, plus design after `after_failures` failures
     in a row (a person looks before more budget goes; 0 never)."""
-    return set(gates) | ({"design"} if after_failures and failures_in_a_row >= after_failures else set())
+    n = approval.after_failures
+    return set(approval.at) | ({"design"} if n and failures_in_a_row >= n else set())
 
 
 def decision_file(run_dir: Path, trial: int) -> Path:
-    return Path(run_dir) / "gates" / f"trial-{trial}.json"
+    return Path(run_dir) / "approval" / f"trial-{trial}.json"
 
 
 def waiting(events: Sequence[Event]) -> list[GateWaiting]:

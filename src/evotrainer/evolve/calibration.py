@@ -1,6 +1,6 @@
 """How often the gate and the final interval err when nothing changed: pure simulations.
 
-The gate promises that a child with no effect is kept at most `gate.alpha` of the time, and
+The gate promises that a child with no effect is kept at most `promotion.alpha` of the time, and
 the final comparison that its interval covers the true difference at its stated level. Both
 rest on the paired differences being roughly normal with a spread the run measures; these
 simulations draw such differences (null: mean 0) and run the real gate and interval code
@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from scipy import stats as _scipy_stats
 
-from evotrainer.config import GateConfig
+from evotrainer.config import PromotionConfig
 from evotrainer.evolve.gate import gate
 from evotrainer.evolve.stats import bootstrap_ci, mean_se, t_interval
 from evotrainer.labels import Label
@@ -54,7 +54,7 @@ def old_gate_keeps(diffs: Sequence[float], null: Sequence[float], z: float = 2.0
     return gain > max(min_gain, z * se)
 
 
-def gate_run(draw: Callable[[], float], seeds: int, null: Sequence[float], cfg: GateConfig) -> tuple[str, int]:
+def gate_run(draw: Callable[[], float], seeds: int, null: Sequence[float], cfg: PromotionConfig) -> tuple[str, int]:
     """One trial through the real gate: `draw()` gives one seed pair's gain; extra pairs are
     drawn while the gate says `more`. Returns (label, seed pairs used)."""
     child = {s: draw() for s in range(seeds)}
@@ -68,7 +68,7 @@ def gate_run(draw: Callable[[], float], seeds: int, null: Sequence[float], cfg: 
 
 
 def simulate_gate(effect: float | Sequence[float] = 0.0, sd: float = 0.022, seeds: int = 2, replicas: int = 2,
-                  cfg: GateConfig = GateConfig(), trials: int = 20_000, seed: int = 0) -> dict:
+                  cfg: PromotionConfig = PromotionConfig(), trials: int = 20_000, seed: int = 0) -> dict:
     """Trials of a child whose pairs differ from the control by `effect` (one value, or one per
     pair, cycled) plus normal noise of sd `sd`; the null measured from `replicas` x `seeds`
     differences of the same noise. The new gate's keep rate and the old one's, and the mean

@@ -91,7 +91,7 @@ class Controller:
         self.jobs = cfg.job_executor()  # where every training and evaluation job runs: reached now (a
         self.jobs.start()               # Ray cluster that cannot be reached stops the run before it starts)
         # continue mode: segments to the reference's total steps; restart mode: every state is whole
-        self.max_depth = 1 if cfg.policy == "restart" else cfg.budget.total_steps // cfg.budget.steps_per_segment
+        self.max_depth = 1 if cfg.search.restarts else cfg.budget.total_steps // cfg.budget.steps_per_segment
         self.on_event = on_event or (lambda kind, data: None)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.store = LineageStore(self.run_dir / "lineage.sqlite")
@@ -317,13 +317,13 @@ class Controller:
         root = State("v0", 0, {}, {}, {})
         if 0 not in {s.trial for s in self.store.pending()}:
             self.store.begin_trial(TrialStarted(0, "root", "v0"))
-        self.stage(f"trial 0: the root harness v0 trains, with {self.cfg.gate.replicas} noise replica(s)")
+        self.stage(f"trial 0: the root harness v0 trains, with {self.cfg.promotion.replicas} noise replica(s)")
         t0, clock = time.time(), Clock()
         # replicas: the root again on the same problems with other sampling seeds: the spread of
         # a paired difference when nothing changed, the null every gain is tested against
         segments = [Segment("v0", root, 1, self.run_dir / "versions" / "v0")] + [
             Segment("v0", root, 1, self.run_dir / "noise" / f"replica-{i + 1}", replica=i + 1)
-            for i in range(self.cfg.gate.replicas)]
+            for i in range(self.cfg.promotion.replicas)]
         def read(sg: Segment, dirs: dict[int, str]) -> None:  # a replica's evidence is never read
             if sg is segments[0]:
                 self.read_later(sg.version, dirs)
@@ -410,7 +410,7 @@ class Controller:
 
     @property
     def restart(self) -> bool:
-        return self.cfg.policy == "restart"
+        return self.cfg.search.restarts
 
     def _progress(self, p: Progress) -> None:
         """Training steps as they go: shown (`training_progress`), never stored in the lineage."""

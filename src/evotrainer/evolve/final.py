@@ -1,4 +1,4 @@
-"""The final comparison: the winner replayed from the base with fresh seeds, beside the
+"""The final comparison: the winner retrained from the base with fresh seeds, beside the
 reference recipe trained with the same seeds for the same total steps.
 
 Selecting the best of several noisy versions biases its own score upwards (the winner's

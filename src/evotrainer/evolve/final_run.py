@@ -1,4 +1,4 @@
-"""The final comparison, run once at the end of a run: the winner's harness schedule replayed
+"""The final comparison, run once at the end of a run: the winner's harness schedule retrained
 from the base with the run's `final_seeds`, beside the root harness (the reference recipe)
 trained the same total steps with the same seeds (evolve/final.py: why, and its pure parts).
 """
@@ -16,7 +16,7 @@ from evotrainer.lineage.events import Event, FinalFinished, FinalStarted
 
 
 def winner_schedule(view: RunView, training: Training, max_depth: int) -> tuple[str, list[str], Arm]:
-    """The winner ("vN@D"), its harness schedule as versions, and as an arm to replay: in
+    """The winner ("vN@D"), its harness schedule as versions, and as an arm to retrain: in
     continue mode the harness at each depth along its lineage, continued with its own
     harness to the full budget; in restart mode its one harness for the whole budget."""
     win, budget = winner(view.states), training.cfg.budget

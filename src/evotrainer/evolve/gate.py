@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from evotrainer.config import GateConfig
+from evotrainer.config import PromotionConfig
 from evotrainer.evolve.stats import paired_differences, pooled_test
 from evotrainer.labels import Label
 
@@ -43,13 +43,13 @@ class GateDecision:
         return self.label is None
 
 
-def looks(cfg: GateConfig) -> int:
+def looks(cfg: PromotionConfig) -> int:
     """How many times a trial may be judged: on the run's seeds, then after each extra pair."""
     return 1 + cfg.extra_pairs
 
 
 def gate(child: Mapping[int, float], control: Mapping[int, float], blocking: Sequence[str] = (),
-         cfg: GateConfig = GateConfig(), null: Sequence[float] = (),
+         cfg: PromotionConfig = PromotionConfig(), null: Sequence[float] = (),
          extra: Sequence[tuple[float, float]] = ()) -> GateDecision:
     """child, control: validation fitness per run seed (each an average of the last evaluations);
     null: the run's null differences (stats.null_differences); extra: (child, control) fitness

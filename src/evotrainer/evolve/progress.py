@@ -1,7 +1,7 @@
 """Step progress of training workers, read from outside: what `evotrainer run` shows live.
 
 A worker writes one metrics.jsonl line per step and flushes it; the pool polls while it
-waits, so the controller counts those lines (a schedule's replay writes them under
+waits, so the controller counts those lines (a retrained schedule writes them under
 segment-1, segment-2, ...) and reports the sums. Nothing here touches a worker or a file it
 writes; a poll that finds no file yet counts zero.
 """

@@ -80,7 +80,7 @@ def retrain(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int]
                 writes=(str(out),), clean=True,  # a retraining cut off by a kill starts clean
                 reads=(base, view, *arm.harnesses)))
             where.append((name, seed, out / f"segment-{len(arm.harnesses)}"))
-    watch = on_progress and watcher(f"replay of {', '.join(arms)} on seeds {list(seeds)}", [
+    watch = on_progress and watcher(f"retraining {', '.join(arms)} on seeds {list(seeds)}", [
         Job(f"{name} seed {seed}", out.parent, arms[name].steps * len(arms[name].harnesses)) for name, seed, out in where],
         on_progress)
     t = time.time()

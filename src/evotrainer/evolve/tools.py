@@ -41,4 +41,4 @@ class TrialTools:
 
     @property
     def restart(self) -> bool:
-        return self.cfg.policy == "restart"
+        return self.cfg.search.restarts

@@ -45,7 +45,7 @@ class Training:
 
     @property
     def restart(self) -> bool:
-        return self.cfg.policy == "restart"
+        return self.cfg.search.restarts
 
     @property
     def segment_steps(self) -> int:

@@ -254,7 +254,7 @@ class Trial:
         findings = self.tools.findings(child)
         blocking = [f"{f['diagnostic']} = {f['value']:g}" for f in findings if f["blocking"]]
         null, extra = self._null(), []
-        while (decision := gate(child.val, control.val, blocking, self.tools.cfg.gate, null, extra)).more:
+        while (decision := gate(child.val, control.val, blocking, self.tools.cfg.promotion, null, extra)).more:
             self.stage(f"gate: {decision.reasons[0]}")
             pair = self.extra_pair(len(extra) + 1)
             if isinstance(pair, Outcome):
@@ -292,7 +292,7 @@ class Trial:
         (approval.Revise is raised for a revision)."""
         tools = self.tools
         streak = len(history.failures_in_a_row(tools.view.trials))
-        if point not in approval.points(tools.cfg.gates, tools.cfg.gate_after_failures, streak):
+        if point not in approval.points(tools.cfg.approval, streak):
             return "approve"
         d = tools.ask(GateWaiting(self.n, point, self.plan.round or 0, self.plan.intervention, self.plan.hypothesis,
                                 shown))

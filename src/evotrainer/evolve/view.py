@@ -79,7 +79,7 @@ class RunView:
 
     @cached_property
     def states(self) -> list[State]:
-        """Every state a trial may branch from, or the final comparison replay: kept children, then controls."""
+        """Every state a trial may branch from, or the final comparison's retraining: kept children, then controls."""
         return [State.of(t.fitness["state"]) for t in self.kept] + [e.state for e in self.of(ControlFinished)]
 
     def open_states(self, max_depth: int, restart: bool) -> list[State]:

@@ -4,7 +4,7 @@ Slot files (`reward.py`, `group_filter.py`, `advantage.py`, `loss_agg.py`,
 `policy_loss.py`, `curriculum.py`, `action_parser.py`) define plain functions; each public function becomes
 a name the knobs can pick, next to the built-in ones. `diagnostics.py` adds or revises
 diagnostics (evotrainer.diagnostics.load reads it). The reference harness ships in
-the package (`evotrainer/harnesses/reference`) and is the root of every run.
+the package (`evotrainer/recipes/reference`) and is the root of every run.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from evotrainer.harness.losses import KL_ESTIMATORS, LOSS_AGGS, POLICY_LOSSES
 from evotrainer.harness.registry import Registry
 from evotrainer.harness.rewards import REWARDS
 
-REFERENCE = Path(__file__).resolve().parent.parent / "harnesses" / "reference"
+REFERENCE = Path(__file__).resolve().parent.parent / "recipes" / "reference"
 # knob naming the slot -> built-in registry
 SLOTS: dict[str, Registry] = {
     "reward": REWARDS, "group_filter": GROUP_FILTERS, "advantage": ADVANTAGES,

@@ -286,7 +286,7 @@ class FinalFinished(Event):
     total_steps: int
     base: dict                           # the base's own scores
     comparison: dict                     # split -> reference, evolved, difference (mean, ci, level, interval)
-    budgets: dict                        # train_s, eval_s of the replay
+    budgets: dict                        # train_s, eval_s of the retraining
     table: str
 
     def difference(self, split: str) -> dict:

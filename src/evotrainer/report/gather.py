@@ -13,11 +13,11 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evotrainer.diagnostics.evidence import Evidence
+from evotrainer.diagnostics.evidence_view import Evidence
 from evotrainer.diagnostics.health import load_evidence
 from evotrainer.diagnostics.load import harness_diagnostics
 from evotrainer.evolve.progress import seed_metrics
-from evotrainer.evolve.report import open_run, status
+from evotrainer.evolve.status import open_run, status
 from evotrainer.lineage.events import TrialStarted
 from evotrainer.lineage.plan import TrialPlan
 from evotrainer.lineage.store import TrialRecord
@@ -188,7 +188,7 @@ def gather(run_dir: Path | str) -> RunData:
     if final:
         from evotrainer.evolve.final import table as final_table
         table = final_table(final["base"], final["comparison"], final["seeds"])
-    # curves: every version directory on disk (a trial in flight included), then the final replay
+    # curves: every version directory on disk (a trial in flight included), then the final comparison's retraining
     curves = []
     vdirs = sorted((d for d in (run / "versions").glob("*") if d.is_dir()),
                    key=lambda d: (len(d.name), d.name)) if (run / "versions").is_dir() else []

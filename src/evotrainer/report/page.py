@@ -242,7 +242,7 @@ def render(data: RunData, engine: str = "auto") -> str:
         ("Fitness per version", grid([fitness_chart(data.versions)] if trained else [])),
         ("Gate: gains, bars and the noise floor", grid([gate_chart(data.versions, data.noise_sd)] if gated else [])),
         ("Backtest verdicts beside training", backtest_table(data.versions)),
-        ("Training curves", '<p class="muted">mean over seeds per step; dashed: the final replay from the base</p>'
+        ("Training curves", '<p class="muted">mean over seeds per step; dashed: the final comparison, retrained from the base</p>'
          + grid(curve_charts(data))),
         ("Diagnostics over time", '<p class="muted">the built-in diagnostics on consecutive windows of the first '
          'seed\'s rollouts, with their warning and critical thresholds; a harness\'s own diagnostics appear in '

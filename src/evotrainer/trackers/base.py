@@ -5,7 +5,7 @@ from a sandboxed worker: the trackers write files and may want a network, the wo
 do neither):
 
 - `log_steps(series, rows)`: one training job's per-step metrics when its trial ends,
-  series "v1/seed-0" (a final replay's: "final/evolved/seed-100");
+  series "v1/seed-0" (the final comparison's: "final/evolved/seed-100");
 - `log_trial(row, rows)`: one trial's outcome, and every trial's so far (for trackers whose
   tables are written whole);
 - `log_final(result, text)`: the final comparison, as data and as the printed table.

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from evotrainer.config import GateConfig
+from evotrainer.config import PromotionConfig
 from evotrainer.evolve.gate import gate
 from evotrainer.evolve.stats import (average_last, bootstrap_ci, clustered_t_interval, mean_se, paired_differences,
                                      pooled_test, t_interval)
@@ -25,7 +25,7 @@ def test_statistics():
     assert lo < 0 < hi  # a coin flip's interval straddles zero
 
 
-CFG = GateConfig(alpha=0.025, min_gain=0.01, replicas=2, extra_pairs=2)
+CFG = PromotionConfig(alpha=0.025, min_gain=0.01, replicas=2, extra_pairs=2)
 NULL = [0.022, -0.022, 0.022, -0.022]  # 2 replicas x 2 seeds: a noise sd of 2.2 points
 
 
@@ -74,7 +74,7 @@ def test_a_promising_child_gets_its_extra_pairs_and_then_a_decision():
     last = gate(*args, cfg=CFG, null=[0.03, -0.03], extra=[(0.50, 0.50), (0.50, 0.50)])
     assert last.label == "discarded" and "no looks left" in last.reasons[0]
     # no extra pairs configured: decided at once
-    assert gate(*args, cfg=GateConfig(extra_pairs=0), null=[0.03, -0.03]).label == "discarded"
+    assert gate(*args, cfg=PromotionConfig(extra_pairs=0), null=[0.03, -0.03]).label == "discarded"
 
 
 def test_blocking_finding_makes_it_invalid_however_well_it_scores():
@@ -132,7 +132,7 @@ def test_pooled_test_counts_the_null_as_degrees_of_freedom():
 
 
 def test_controller_time_adds_up_sessions_not_the_gap_between_a_kill_and_a_resume():
-    from evotrainer.evolve.report import controller_seconds
+    from evotrainer.evolve.status import controller_seconds
     from evotrainer.lineage import Logged
     from evotrainer.lineage.events import SessionStarted, Stopped
     session, other = SessionStarted(), Stopped("x")

@@ -13,7 +13,7 @@ from evotrainer.cli import main
 from evotrainer.config import config_from_dict
 from evotrainer.evolve.approval import waiting
 from evotrainer.evolve.controller import Controller
-from evotrainer.evolve.report import status
+from evotrainer.evolve.status import status
 from evotrainer.evolve.view import RunView
 from evotrainer.lineage import LineageStore
 from evotrainer.lineage.events import GateDecided, GateWaiting
@@ -45,7 +45,7 @@ def next_gate(run, th, errors, timeout=240):
             store = LineageStore(run / "lineage.sqlite")
             open_ = waiting(store.events())
             store.close()
-            if open_ and not (run / "gates" / f"trial-{open_[0].trial}.json").exists():
+            if open_ and not (run / "approval" / f"trial-{open_[0].trial}.json").exists():
                 return open_[0]
         if not th.is_alive():
             return None
@@ -68,7 +68,7 @@ def test_approve_revise_and_abort_each_do_what_they_say(tiny_run, capsys):
         return dataclasses.replace(CATALOG.get(name)(ctx.knobs, 1), agent="scripted",
                                    usage={"calls": 1, "prompt_tokens": 100, "completion_tokens": 10})
 
-    run, th, errors = start(tiny_run, agent, trials=3, gates=["design", "backtest", "completion"])
+    run, th, errors = start(tiny_run, agent, trials=3, approval={"at": ["design", "backtest", "completion"]})
     # the plan: trial 1 revised at design then approved throughout; trial 2 aborted at design;
     # trial 3 approved to completion and aborted there
     plan = {(1, "design", 0): ("revise", "--feedback", "not the warmup, try the learning rate"),
@@ -116,7 +116,7 @@ def test_failures_in_a_row_escalate_to_a_design_gate(tiny_run, capsys):
                                        intervention=f"more_steps_{ctx.trial}", agent="scripted")
         return dataclasses.replace(CATALOG.get("lower_lr")(ctx.knobs, 1), agent="scripted")
 
-    run, th, errors = start(tiny_run, agent, trials=3, gate_after_failures=2)
+    run, th, errors = start(tiny_run, agent, trials=3, approval={"after_failures": 2})
     g = next_gate(run, th, errors)
     assert (g.trial, g.point) == (3, "design")  # trials 1 and 2 failed without asking anyone
     assert decide(capsys, "abort", run, 3) == 0
@@ -129,11 +129,12 @@ def test_failures_in_a_row_escalate_to_a_design_gate(tiny_run, capsys):
 
 
 def test_gated_points_are_the_configured_ones_plus_design_after_enough_failures():
+    from evotrainer.config import ApprovalConfig
     from evotrainer.evolve.approval import points
-    assert points(("backtest",), 0, 5) == {"backtest"}                  # 0: never escalate to a gate
-    assert points(("backtest",), 2, 1) == {"backtest"}
-    assert points(("backtest",), 2, 2) == {"backtest", "design"}
-    assert points((), 3, 4) == {"design"}
+    assert points(ApprovalConfig(("backtest",), 0), 5) == {"backtest"}                  # 0: never escalate to a gate
+    assert points(ApprovalConfig(("backtest",), 2), 1) == {"backtest"}
+    assert points(ApprovalConfig(("backtest",), 2), 2) == {"backtest", "design"}
+    assert points(ApprovalConfig((), 3), 4) == {"design"}
 
 
 def test_a_run_killed_while_waiting_at_a_gate_resumes_waiting_and_takes_the_decision(tiny_run):
@@ -144,7 +145,7 @@ def test_a_run_killed_while_waiting_at_a_gate_resumes_waiting_and_takes_the_deci
     import subprocess
     import sys
     cfg_path, run = tiny_run
-    raw = yaml.safe_load(cfg_path.read_text()) | {"final_seeds": [], "gates": ["design"], "agent": "rules"}
+    raw = yaml.safe_load(cfg_path.read_text()) | {"final_seeds": [], "approval": {"at": ["design"]}, "agent": "rules"}
     raw["budget"]["trials"] = 1
     cfg_path.write_text(yaml.safe_dump(raw))
     cli = [sys.executable, "-m", "evotrainer.cli"]
@@ -169,4 +170,4 @@ def test_a_run_killed_while_waiting_at_a_gate_resumes_waiting_and_takes_the_deci
     store = LineageStore(run / "lineage.sqlite")
     assert [(e.trial, e.decision) for e in store.events(GateDecided)] == [(1, "approve")]
     assert len(store.events(GateWaiting)) == 1 and store.trials()[1].label in ("kept", "discarded")
-    assert not (run / "gates" / "trial-1.json").exists()
+    assert not (run / "approval" / "trial-1.json").exists()

@@ -29,7 +29,7 @@ def status(run_dir: Path | str) -> dict:
     of = lambda cls: [e for e in events if isinstance(e, cls)]  # noqa: E731
     final, started = of(FinalFinished), (of(RunStarted) or [None])[0]
     wall = controller_seconds(log)
-    # building the base is training too (SFT), and so is the final comparison's replay
+    # building the base is training too (SFT), and so is the final comparison's retraining
     spent = [t.budgets for t in trials] + [f.budgets for f in final]
     train = sum(b.get("train_s", 0.0) for b in spent) + sum(e.base_s for e in of(RunStarted))
     evaluate = sum(b.get("eval_s", 0.0) for b in spent)
