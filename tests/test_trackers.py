@@ -72,8 +72,12 @@ def wandb_history(run_file: Path) -> list[dict]:
 
 
 def test_wandb_offline(tmp_path):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     feed(TRACKERS["wandb"].open(tmp_path, "run", TrackingConfig(wandb_mode="offline")))
+    # run.finish() only tells W&B's service process the run is done: the service flushes the
+    # run's .wandb log when it closes the run's stream, after finish() has returned (a
+    # `evotrainer run` completes it when the process exits). teardown() waits for the service.
+    wandb.teardown()
     run_file, = (tmp_path / "trackers" / "wandb").glob("wandb/offline-run-*/run-*.wandb")
     rows = wandb_history(run_file)
     v1 = [(r["v1/seed-0/step"], round(r["v1/seed-0/reward_mean"], 6)) for r in rows if "v1/seed-0/step" in r]
