@@ -198,14 +198,14 @@ def test_the_trl_backend_reports_to_the_runs_trackers(tmp_path, tiny_qwen):
     pytest.importorskip("trl")
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from harnesses import write_harness
+    from helpers import write_harness
     from evotrainer.catalog import get_task
     from evotrainer.harness import load_harness
     from evotrainer.trainer.backends import get_backend
     from evotrainer.trainer.segment import SegmentLog
     from evotrainer.policy import load_policy
     from evotrainer.runtime import Runtime
-    h = load_harness(write_harness(tmp_path / "h", None))
+    h = load_harness(write_harness(tmp_path / "h"))
     model, tok = load_policy(tiny_qwen)
     log = SegmentLog(tmp_path, 3, 0)
     get_backend("trl").run(model, tok, get_task("arith", 1), h, seed=0, steps=3, log=log, optimizer_state=None,
