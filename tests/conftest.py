@@ -1,5 +1,4 @@
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,18 +16,8 @@ os.environ["XDG_CACHE_HOME"] = str(TEST_HOME / "cache")
 os.environ["XDG_DATA_HOME"] = str(TEST_HOME / "data")
 
 
-from evotrainer.harness import REFERENCE
+from helpers import readable, tiny_run_config
 from evotrainer.policy import build_model, build_tokenizer, save_policy
-
-
-def readable(path):
-    """pytest makes its temporary directories 0700 (and transformers writes weights 0600); a
-    sandboxed job runs as nobody when the tests run as root, so what a job reads must be
-    readable by others, as under umask 022."""
-    os.chmod(path, 0o755)
-    for sub in path.rglob("*"):
-        sub.chmod(sub.stat().st_mode | (0o055 if sub.is_dir() else 0o044))
-    return path
 
 
 @pytest.fixture(autouse=True)
@@ -50,21 +39,6 @@ def ckpt(tmp_path_factory):
 def tiny_run(tmp_path, ckpt):
     """A run config over a small root harness and a random-init base: plumbing, not learning."""
     return tiny_run_config(tmp_path, ckpt)
-
-
-def tiny_run_config(tmp_path, ckpt):
-    root = shutil.copytree(REFERENCE, tmp_path / "root")
-    text = (root / "knobs.yaml").read_text()
-    for old, new in [("prompts_per_step: 64", "prompts_per_step: 4"), ("group_size: 8", "group_size: 4")]:
-        text = text.replace(old, new)
-    (root / "knobs.yaml").write_text(text)
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(f"task: arith\nlevel: 1\nharness: {root}\nseeds: [0]\nfinal_seeds: [100]\n"
-                   f"model: {ckpt}\nsearch: {{skills: {tmp_path / 'skills.sqlite'}}}\n"
-                   "budget: {trials: 2, steps_per_segment: 2, total_steps: 6, trial_timeout_s: 120}\n"
-                   "evaluation: {every: 1}\n"   # 2-step segments: a checkpoint after step 1 too
-                   "promotion: {replicas: 1}\n")     # the least the gate needs with one seed: plumbing, not gains
-    return cfg, tmp_path / "run"
 
 
 @pytest.fixture(scope="session")

@@ -71,16 +71,3 @@ def write_train_dir(path: Path, steps: int = 12, groups: int = 16, G: int = 8, s
     (path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     return path
 
-
-def harness(tmp_path: Path, name: str, knobs: dict | None = None, files: dict | None = None) -> Path:
-    """A copy of the reference harness with knobs replaced and slot files added."""
-    d = tmp_path / name
-    shutil.copytree(REFERENCE, d)
-    text = (d / "knobs.yaml").read_text()
-    for k, v in (knobs or {}).items():
-        lines = [line for line in text.splitlines() if not line.startswith(f"{k}:")]
-        text = "\n".join(lines + [f"{k}: {v}"]) + "\n"
-    (d / "knobs.yaml").write_text(text)
-    for fname, src in (files or {}).items():
-        (d / fname).write_text(src)
-    return d

@@ -1,7 +1,8 @@
 """The rules agent and its catalog on hand-made findings and knobs."""
 import yaml
 
-from evotrainer.agents import CATALOG, AgentContext, Escalation, propose, propose_random, set_knob
+from helpers import agent_context as ctx
+from evotrainer.agents import CATALOG, Escalation, propose, propose_random, set_knob
 from evotrainer.agents.rules import family_of
 from evotrainer.skills import SkillLibrary
 from evotrainer.harness import REFERENCE
@@ -10,11 +11,6 @@ from evotrainer.harness.knobs import Knobs, knobs_from_dict, load_knobs
 REF = load_knobs(REFERENCE / "knobs.yaml")
 DEAD = {"diagnostic": "dead_group_ratio", "severity": "critical", "evidence": "dead_group_ratio = 0.957 (last window)",
         "suggest": "reward: make the reward more continuous (partial credit), most groups share one score"}
-
-
-def ctx(findings, knobs=None, tried=(), **kw):
-    return AgentContext(findings=findings, knobs=knobs or REF, root_knobs=REF, target_level=3,
-                        tried=frozenset(tried), **kw)
 
 
 HACK = {"diagnostic": "reward_score_divergence", "severity": "critical", "evidence": "reward_score_divergence = 0.18",

@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from evidence_factory import harness, write_train_dir
+from evidence_factory import write_train_dir
 from evotrainer.backtest import BacktestConfig, backtest
 import dataclasses
 
 from evotrainer.backtest.analysis import analyse, dead_ratio, off_score_signal, ordering_violations, verdict
 from evotrainer.evidence.records import RolloutRecord
 from evotrainer.cli import main
-from conftest import readable
+from helpers import readable, write_harness
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "harnesses"
 LENGTH_PAY, PARTIAL_CREDIT = EXAMPLES / "length_pay", EXAMPLES / "partial_credit"
@@ -95,28 +95,29 @@ def test_length_reward_is_rejected_though_it_orders_correct_above_wrong(tmp_path
 
 
 def test_reward_against_the_verifier_has_ordering_violations(tmp_path, evidence):
-    out = backtest(evidence, harness(tmp_path, "inv", {"reward": "inverted"}, {"reward.py": INVERTED}))
+    out = backtest(evidence, write_harness(tmp_path / "inv", {"reward.py": INVERTED}, small=False, reward="inverted"))
     assert out.label == "backtest_rejected"
     assert out.report.ordering_violations == out.report.pairs_compared > 0
     assert "ordering violations" in out.reasons[0]
 
 
 def test_truncation_that_cuts_correct_answers_is_rejected(tmp_path, evidence):
-    out = backtest(evidence, harness(tmp_path, "cut", {"max_new_tokens": 3}))
+    out = backtest(evidence, write_harness(tmp_path / "cut", small=False, max_new_tokens=3))
     assert out.label == "backtest_rejected"
     assert out.report.correct_cut_by_truncation == out.report.correct_rollouts > 0  # answers are 4 tokens with the end
     assert "max_new_tokens=3 would cut" in out.reasons[0]
-    ok = backtest(evidence, harness(tmp_path, "cut8", {"max_new_tokens": 8}))
+    ok = backtest(evidence, write_harness(tmp_path / "cut8", small=False, max_new_tokens=8))
     assert ok.label == "passed" and ok.report.correct_cut_by_truncation == 0
 
 
 def test_filter_that_drops_live_groups_is_rejected(tmp_path, evidence):
-    out = backtest(evidence, harness(tmp_path, "f", {"group_filter": "only_dead"}, {"group_filter.py": KEEP_DEAD_ONLY}))
+    out = backtest(evidence, write_harness(tmp_path / "f", {"group_filter.py": KEEP_DEAD_ONLY}, small=False,
+                                         group_filter="only_dead"))
     assert out.label == "backtest_rejected" and "scores disagree" in " ".join(out.reasons)
 
 
 def test_a_knob_a_backtest_cannot_see_passes_with_a_note(tmp_path, evidence):
-    out = backtest(evidence, harness(tmp_path, "lr", {"lr": "1.0e-4"}))
+    out = backtest(evidence, write_harness(tmp_path / "lr", small=False, lr=1e-4))
     assert out.label == "passed" and out.report.unchanged
     assert any("cannot see" in n for n in out.report.notes)
 
@@ -129,7 +130,7 @@ def test_a_knob_a_backtest_cannot_see_passes_with_a_note(tmp_path, evidence):
 ])
 def test_broken_candidate_is_a_labelled_failure_with_its_log(tmp_path, evidence, src, label, expect):
     # a short deadline only where the code never ends: a crash needs time to import torch first
-    out = backtest(evidence, harness(tmp_path, "b", {"reward": "r"}, {"reward.py": src}),
+    out = backtest(evidence, write_harness(tmp_path / "b", {"reward.py": src}, small=False, reward="r"),
                    timeout_s=6 if label == "timeout" else 120)
     assert out.label == label and out.report is None
     assert expect in " ".join(out.reasons) + out.log_tail
@@ -142,13 +143,13 @@ def test_broken_candidate_is_a_labelled_failure_with_its_log(tmp_path, evidence,
     ("import socket\ndef r(x):\n    return x.scores\n", ["socket", "network"]),
 ])
 def test_illegal_candidate_never_runs(tmp_path, evidence, src, words):
-    out = backtest(evidence, harness(tmp_path, "i", {"reward": "r"}, {"reward.py": src}))
+    out = backtest(evidence, write_harness(tmp_path / "i", {"reward.py": src}, small=False, reward="r"))
     assert out.label == "illegal"
     assert all(w in " ".join(out.reasons) for w in words)
 
 
 def test_budget_is_checked_against_the_evidences_own_harness(tmp_path, evidence):
-    out = backtest(evidence, harness(tmp_path, "big", {"group_size": 16}))
+    out = backtest(evidence, write_harness(tmp_path / "big", small=False, group_size=16))
     assert out.label == "illegal" and "compute budget" in out.reasons[0]
 
 

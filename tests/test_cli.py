@@ -1,29 +1,12 @@
 """Bad input: one clear line naming the problem and the valid choices, exit code 2, no traceback."""
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import TEST_HOME
-from evotrainer.cli import main
-from evotrainer.harness import REFERENCE
+from helpers import cli, run_cli, write_harness
 from evotrainer.tasks.keys import key_path
-
-
-def harness_with(tmp_path, knobs_text: str):
-    d = tmp_path / "h"
-    shutil.copytree(REFERENCE, d)
-    (d / "knobs.yaml").write_text(knobs_text)
-    return d
-
-
-def run_cli(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("case, expect", [
@@ -45,7 +28,7 @@ def test_bad_input_gives_one_line_and_exit_code_2(tmp_path, capsys, ckpt, case, 
         "bad_type": "lr: fast\n", "negative": "steps: -3\n", "bad_yaml": "lr: [1, 2\nsteps: 3\n",
     }
     if case in knobs:
-        args += ["--harness", str(harness_with(tmp_path, knobs[case]))]
+        args += ["--harness", str(write_harness(tmp_path / "h", {"knobs.yaml": knobs[case]}))]
     extra = {
         "unknown_task": ["--task", "arithmetic"], "missing_ckpt": ["--model", str(tmp_path / "nope")],
         "no_harness": ["--harness", str(tmp_path)], "unknown_family": ["--task", "rg:no_such_family"],
@@ -80,7 +63,8 @@ def test_a_users_model_task_or_backend_gone_wrong_is_one_line_and_exit_code_2(tm
         (tmp_path / "rows.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n')
         args += ["--task", f"jsonl:{tmp_path / 'rows.jsonl'}"]
     elif case == "trl_refused":
-        args += ["--backend", "trl", "--harness", str(harness_with(tmp_path, "loss_agg: seq_mean_token_sum\n"))]
+        h = write_harness(tmp_path / "h", {"knobs.yaml": "loss_agg: seq_mean_token_sum\n"})
+        args += ["--backend", "trl", "--harness", str(h)]
     elif case == "bad_device":
         args += ["--device", "gpu"]
     code, out, err = run_cli(capsys, *args)
@@ -98,12 +82,8 @@ def test_argparse_errors_are_one_line_too(capsys):
 
 def test_train_command_end_to_end_prints_summary_json_last(tmp_path, ckpt):
     out_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "evotrainer.cli", "train", "--task", "arith", "--steps", "3", "--seed", "1",
-         "--out", str(out_dir), "--model", str(ckpt)],
-        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = cli("train", "--task", "arith", "--steps", 3, "--seed", 1, "--out", out_dir, "--model", ckpt,
+                  timeout=120).json
     for key in ("base_val", "val", "test", "steps", "seconds"):
         assert key in summary
     assert summary["steps"] == 3
@@ -118,12 +98,9 @@ def test_train_command_end_to_end_prints_summary_json_last(tmp_path, ckpt):
 
 
 def test_missing_checkpoint_via_subprocess_has_no_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "evotrainer.cli", "train", "--out", str(tmp_path / "o"),
-                           "--model", str(tmp_path / "missing")], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=120)
-    assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    err = cli("train", "--out", tmp_path / "o", "--model", tmp_path / "missing", code=2, timeout=120).err
+    assert "Traceback" not in err
+    assert err.strip().splitlines() == [err.strip()]
 
 
 def test_skills_list_and_show(tmp_path, capsys):

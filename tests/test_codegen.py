@@ -10,7 +10,7 @@ import pytest
 from evotrainer.catalog import get_task
 from evotrainer.sandbox import Isolation, probe
 from evotrainer.tasks.codegen import FUNCTIONS, HEADER
-from test_sandbox import processes_with
+from helpers import processes_with
 
 
 @pytest.fixture(scope="module")

@@ -2,18 +2,16 @@
 stdin, edits its worktree, writes its proposal; a run records the diff as the patch. A
 command that fails, hangs or changes nothing gets its label."""
 import json
-import shutil
 import sys
 import time
 
 import pytest
 import yaml
 
-from evotrainer.agents import AgentContext, AgentFailed, Proposal
+from helpers import agent_context
+from evotrainer.agents import AgentFailed, Proposal
 from evotrainer.agents.command import CommandAgent
 from evotrainer.config import CommandConfig
-from evotrainer.harness import REFERENCE
-from evotrainer.harness.knobs import load_knobs
 from evotrainer.lineage import LineageStore
 
 AGENT = """
@@ -34,10 +32,7 @@ print("edited knobs.yaml")
 
 @pytest.fixture
 def ctx(tmp_path):
-    h = shutil.copytree(REFERENCE, tmp_path / "parent")
-    k = load_knobs(h / "knobs.yaml")
-    return AgentContext(findings=[], knobs=k, root_knobs=k, target_level=3, parent="v0", harness_dir=h, trial=1,
-                        workdir=tmp_path / "agents")
+    return agent_context(tmp_path=tmp_path, parent="v0", trial=1)
 
 
 def script(tmp_path, body: str) -> str:

@@ -3,32 +3,23 @@ with no lost and no duplicated trial; bad configs are refused before any work.""
 import contextlib
 import json
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from evotrainer.cli import main
-from evotrainer.harness import REFERENCE
 from evotrainer.harness.versions import HarnessRepo
 from evotrainer.evolve.view import RunView
 from evotrainer.lineage import LineageStore
 from evotrainer.lineage.events import TrialResumed
-from conftest import readable
-
-
-def cli(*args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "evotrainer.cli", *map(str, args)], start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+from helpers import readable, start_cli, write_harness
 
 
 def test_sigkill_mid_trial_then_resume_completes_every_trial_once(tiny_run):
     cfg, run = tiny_run
-    p = cli("run", cfg, "--out", run, "--json")
+    p = start_cli("run", cfg, "--out", run, "--json")
     deadline = time.time() + 240
     while time.time() < deadline:  # wait until trial 1 is under way, then kill everything
         db = run / "lineage.sqlite"
@@ -47,7 +38,7 @@ def test_sigkill_mid_trial_then_resume_completes_every_trial_once(tiny_run):
     assert [t.id for t in store.trials()] == [0] and [s.trial for s in store.pending()] == [1]
     store.close()
 
-    r = cli("resume", run, "--json")
+    r = start_cli("resume", run, "--json")
     out, err = r.communicate(timeout=400)
     assert r.returncode == 0, err.decode()[-2000:]
     store = LineageStore(run / "lineage.sqlite")
@@ -202,9 +193,7 @@ def test_unplanted_partial_credit_on_a_longer_target_is_invalid(tmp_path, sft_ba
     closeness to the answer), and only the gate, on the trained evidence, can stop it."""
     from evotrainer.config import config_from_dict
     from evotrainer.evolve.controller import Controller
-    root = shutil.copytree(REFERENCE, tmp_path / "root")
-    text = (root / "knobs.yaml").read_text()
-    (root / "knobs.yaml").write_text(text.replace("prompts_per_step: 64", "prompts_per_step: 16"))
+    root = write_harness(tmp_path / "root", small=False, prompts_per_step=16)
     cfg = config_from_dict({"task": "arith", "level": 3, "harness": str(root), "seeds": [0], "final_seeds": [],
                             "search": {"skills": None},
                             "model": str(sft_base),  # trained on 1-digit sums only

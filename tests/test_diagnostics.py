@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from evidence_factory import harness, write_train_dir
+from evidence_factory import write_train_dir
+from helpers import write_harness
 from evotrainer.cli import main
 from evotrainer.diagnostics import Evidence, findings, measure
 from evotrainer.diagnostics.evidence_view import quantile, spearman
@@ -190,7 +191,7 @@ def answer_count(ev):
 
 def test_harness_adds_and_revises_diagnostics(tmp_path):
     run = write_train_dir(tmp_path / "ref", length_drift=0.9)
-    h = harness(tmp_path, "h", files={"diagnostics.py": REVISED})
+    h = write_harness(tmp_path / "h", {"diagnostics.py": REVISED})
     report = diagnose(run, h)[0]  # has a diagnostics.py: computed in a worker
     diags = {d["name"]: d for d in report["diagnostics"]}
     assert diags["dead_group_ratio"]["thresholds"] == "warning > 0.9, critical > 0.95"
@@ -213,7 +214,8 @@ def test_harness_adds_and_revises_diagnostics(tmp_path):
 def test_broken_or_illegal_diagnostics_are_labelled(tmp_path, src, label, expect):
     run = write_train_dir(tmp_path / "ref", steps=3)
     with pytest.raises(HarnessFailed) as e:
-        diagnose(run, harness(tmp_path, "h", files={"diagnostics.py": src}), timeout_s=6 if label == "timeout" else 120)
+        diagnose(run, write_harness(tmp_path / "h", {"diagnostics.py": src}),
+                 timeout_s=6 if label == "timeout" else 120)
     assert e.value.label == label and expect in str(e.value) + e.value.log_tail
     if label == "crash":
         assert "Traceback" in e.value.log_tail
@@ -237,7 +239,7 @@ def test_replay_keeps_a_diagnostic_that_separates_failed_versions(tmp_path, caps
     labelled = [(d, "kept") for d in held] + [(d, "invalid") for d in bad]
     r = replay("reward_score_divergence", labelled)
     assert r.auc == 1.0 and r.kept
-    const = harness(tmp_path, "h", files={"diagnostics.py": "def constant(ev):\n    return 1.0\n"})
+    const = write_harness(tmp_path / "h", {"diagnostics.py": "def constant(ev):\n    return 1.0\n"})
     r = replay("constant", labelled, const)  # a harness's own diagnostic: replayed in a worker
     assert r.auc == 0.5 and not r.kept
     args = ["replay", "--diagnostic", "reward_length_coupling"] + [f"{d}={lab}" for d, lab in labelled]

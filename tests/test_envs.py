@@ -46,15 +46,13 @@ def test_a_single_turn_task_is_an_environment_with_one_turn():
 
 # ---------------------------------------------------------------- parsers, vault, playing
 
-import shutil  # noqa: E402
-
 import torch  # noqa: E402
-import yaml  # noqa: E402
 
+from helpers import write_harness  # noqa: E402
 from evotrainer.envs import ABANDON, ECHO, FAIL, INVALID, SUCCESS, TOKEN_CAP, TURN_CAP, Environment, Step  # noqa: E402
 from evotrainer.envs.play import as_generation, play  # noqa: E402
 from evotrainer.errors import UsageError  # noqa: E402
-from evotrainer.harness import REFERENCE, load_harness  # noqa: E402
+from evotrainer.harness import load_harness  # noqa: E402
 from evotrainer.harness.actions import json_call, plain  # noqa: E402
 from evotrainer.trainer.grpo import GRPOTrainer  # noqa: E402
 from evotrainer.trainer.backends import check_backend  # noqa: E402
@@ -163,12 +161,9 @@ def test_played_episodes_keep_the_sampled_ids_and_mask_only_them():
 
 
 def test_the_trainer_plays_vault_and_its_records_carry_the_episode(tmp_path):
-    d = tmp_path / "h"
-    shutil.copytree(REFERENCE, d)
-    raw = yaml.safe_load((REFERENCE / "knobs.yaml").read_text())
-    (d / "knobs.yaml").write_text(yaml.safe_dump({**raw, "prompts_per_step": 4, "group_size": 4, "reward": "longer"}))
     # a reward that varies inside groups (policy tokens), so the update has a gradient to apply
-    (d / "reward.py").write_text("def longer(r):\n    return r.lengths.float() + r.turns.float()\n")
+    d = write_harness(tmp_path / "h", {"reward.py": "def longer(r):\n    return r.lengths.float() + r.turns.float()\n"},
+                      reward="longer")
     tok = build_tokenizer()
     model = build_model(len(tok), seed=0)
     before = {k: v.clone() for k, v in model.state_dict().items()}

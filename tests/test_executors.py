@@ -43,7 +43,7 @@ def alive(pid: int) -> bool:
 
 
 def test_timeout_kills_the_whole_process_group():
-    from test_sandbox import processes_with
+    from helpers import processes_with
     marker = f"evotrainer-spin-{time.monotonic_ns()}"
     t0 = time.monotonic()
     r = run_in_worker(worker_targets.spin_with_child, {"marker": marker}, timeout_s=3, cwd=HERE)

@@ -20,7 +20,7 @@ import yaml
 
 from evotrainer.harness.legality import check_harness
 from evotrainer.sandbox import Isolation, probe
-from test_sandbox import processes_with
+from helpers import processes_with
 
 pytestmark = pytest.mark.skipif(probe() is not Isolation.NAMESPACES, reason="needs namespaces")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import worker_targets
+from helpers import write_harness
 from evotrainer.evaluate.greedy import evaluate_checkpoints
 from evotrainer.executors import Warm, run_in_worker
 from evotrainer.policy import build_model, build_tokenizer, save_policy
@@ -45,11 +46,10 @@ def r(x):
 """
 
 
-def harness(d: Path, paths=(), extra: str = "pass") -> Path:
-    d.mkdir(parents=True)
-    (d / "knobs.yaml").write_text("prompts_per_step: 2\ngroup_size: 2\nreward: r\n")
-    (d / "reward.py").write_text(SEEING_REWARD.format(paths=[str(p) for p in paths], extra=extra))
-    return d
+def seeing_harness(d: Path, paths=(), extra: str = "pass") -> Path:
+    """A harness whose reward looks at `paths` (then runs `extra`)."""
+    reward = SEEING_REWARD.format(paths=[str(p) for p in paths], extra=extra)
+    return write_harness(d, {"reward.py": reward}, prompts_per_step=2, group_size=2, reward="r")
 
 
 def train(h: Path, base: Path, out: Path, **kw):
@@ -76,7 +76,8 @@ def test_a_training_job_sees_its_inputs_and_nothing_else_of_the_run_the_cwd_or_h
     hidden = [sibling / "checkpoint", sibling / "checkpoint" / "config.json", sibling / "evidence.jsonl",
               run / "evidence.sqlite", other, other / "evidence.sqlite", work / "notes.txt", *private]
     listed = {work: "runs", run: "harnesses,versions", run / "versions": "v1,v3"}  # the way to its inputs and output
-    h = harness(run / "harnesses" / "v1", [*hidden, *listed, home, base / "config.json", run / "harnesses" / "v1"])
+    h = seeing_harness(run / "harnesses" / "v1",
+                       [*hidden, *listed, home, base / "config.json", run / "harnesses" / "v1"])
     monkeypatch.chdir(work)
     out = run / "versions" / "v3" / "seed-0"
     r = train(h, base, out)
@@ -121,7 +122,7 @@ def test_a_model_only_root_can_read_trains_and_is_scored_without_changing_its_mo
             f.chmod(0o600)
         modes = {f: f.stat().st_mode for f in [model, *model.iterdir()]}
         out = tmp_path / "out"
-        r = train(harness(tmp_path / "h"), model, out)
+        r = train(seeing_harness(tmp_path / "h"), model, out)
         assert r.ok, r.log_tail
         jobs = {str(model): ["val"], str(out / "checkpoint"): ["val"]}
         ev = run_in_worker(evaluate_checkpoints, dict(task="arith", level=1, jobs=jobs),
@@ -155,7 +156,7 @@ def test_a_checkpoint_a_job_planted_a_link_or_a_pickle_in_is_refused_with_a_labe
     # the harness plants it before the trainer saves the final checkpoint into the same directory
     extra = f"os.makedirs(os.path.join(out, 'checkpoint'), exist_ok=True)\n    " \
             f"if not os.listdir(os.path.join(out, 'checkpoint')):\n        {plant}"
-    r = train(harness(tmp_path / "h", extra=extra), ckpt, tmp_path / "out")
+    r = train(seeing_harness(tmp_path / "h", extra=extra), ckpt, tmp_path / "out")
     assert r.label == "crash" and r.error.startswith("its output was refused: ") and why in r.error, r.error
     assert "\n" not in r.error
 

@@ -6,11 +6,11 @@ reference harness); nothing here imports or runs the candidate code.
 import os
 import re
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from helpers import write_harness
 from evotrainer.cli import main
 from evotrainer.errors import UsageError
 from evotrainer.harness.knobs import FIELDS, MEASUREMENT_KEYS
@@ -42,14 +42,9 @@ def parent(tmp_path):
     return shutil.copytree(REFERENCE, tmp_path / "parent")
 
 
-def candidate(tmp_path, files=None, knobs_extra=""):
-    """A copy of the reference harness plus `files` (name -> text) and extra knob lines."""
-    d = shutil.copytree(REFERENCE, tmp_path / "cand")
-    (d / "knobs.yaml").write_text((REFERENCE / "knobs.yaml").read_text() + knobs_extra)
-    for name, text in (files or {}).items():
-        (d / name).parent.mkdir(parents=True, exist_ok=True)
-        (d / name).write_text(textwrap.dedent(text))
-    return d
+def candidate(tmp_path, files=None, **knobs):
+    """A copy of the reference harness (the parent's budget) plus `files` (name -> text) and `knobs`."""
+    return write_harness(tmp_path / "cand", files, small=False, **knobs)
 
 
 def all_reasons(verdict: Verdict) -> str:
@@ -196,13 +191,13 @@ def test_missing_knobs_is_illegal(tmp_path):
 # --------------------------------------------------------------------------- knobs
 
 def test_model_size_knob_is_illegal(tmp_path, parent):
-    reasons = check_harness(candidate(tmp_path, knobs_extra="hidden_size: 256\nlayers: 12\n"), parent).reasons
+    reasons = check_harness(candidate(tmp_path, hidden_size=256, layers=12), parent).reasons
     assert reasons == ["knobs.yaml: knob 'hidden_size' changes the model size, which the run fixes",
                        "knobs.yaml: knob 'layers' changes the model size, which the run fixes"]
 
 
 def test_unknown_knob_is_illegal(tmp_path):
-    assert "unknown knob 'turbo'" in all_reasons(check_harness(candidate(tmp_path, knobs_extra="turbo: true\n")))
+    assert "unknown knob 'turbo'" in all_reasons(check_harness(candidate(tmp_path, turbo=True)))
 
 
 @pytest.mark.parametrize("knob,old,new", [("steps", 300, 600), ("group_size", 8, 16), ("prompts_per_step", 64, 128),
@@ -233,7 +228,7 @@ def test_max_new_tokens_may_only_be_lowered(tmp_path, old, new, legal):
     parent = tmp_path / "p"
     parent.mkdir()
     (parent / "knobs.yaml").write_text(f"max_new_tokens: {old}\n")
-    d = candidate(tmp_path, knobs_extra=f"max_new_tokens: {new}\n")
+    d = candidate(tmp_path, max_new_tokens=new)
     reasons = check_harness(d, parent).reasons
     assert reasons == ([] if legal else [
         f"knobs.yaml: knob 'max_new_tokens' changes the compute budget ({old} -> {new}), which the run fixes"])
@@ -250,15 +245,15 @@ def test_budget_is_compared_with_the_parents_values_not_the_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("key, value, owner", [
-    ("eval_every", "1000", "the checkpoint schedule is the run's (evaluation.every in the run config)"),
-    ("last_k", "1", "how many evaluations fitness averages is the run's (evaluation.last_k in the run config)"),
-    ("evaluation", "{every: 0}", "what the evaluator measures is the run's (evaluation in the run config)"),
+    ("eval_every", 1000, "the checkpoint schedule is the run's (evaluation.every in the run config)"),
+    ("last_k", 1, "how many evaluations fitness averages is the run's (evaluation.last_k in the run config)"),
+    ("evaluation", {"every": 0}, "what the evaluator measures is the run's (evaluation in the run config)"),
 ])
 def test_a_harness_may_not_set_what_the_evaluator_measures(tmp_path, parent, capsys, ckpt, key, value, owner):
     """A harness that saved checkpoints only at its end would be read there while its control is
     an average of earlier ones: the schedule is the run's, and setting it is refused everywhere
     a harness is read, in one line."""
-    d = candidate(tmp_path, knobs_extra=f"{key}: {value}\n")
+    d = candidate(tmp_path, **{key: value})
     why = f"sets '{key}': {owner}, a harness may not change what the evaluator measures"
     assert check_harness(d, parent).reasons == [f"knobs.yaml {why}"]   # the controller's check
     for load in (load_harness, inspect_harness):                       # a worker's and the train command's
@@ -280,14 +275,14 @@ def test_every_knob_is_in_the_audit_of_what_a_harness_may_change():
 
 
 def test_k1_is_refused_as_a_kl_penalty_and_harmless_without_one(tmp_path):
-    d = candidate(tmp_path, knobs_extra="kl_coef: 0.1\nkl_estimator: k1\n")
+    d = candidate(tmp_path, kl_coef=0.1, kl_estimator="k1")
     assert check_harness(d).reasons == [
         "knobs.yaml: knob kl_estimator 'k1' with kl_coef > 0: k1's expected gradient on-policy is zero, so the "
         "penalty would be noise; use kl_estimator: k2 (the KL's own gradient) or k3"]
     with pytest.raises(UsageError, match="kl_estimator 'k1' with kl_coef > 0"):
         load_harness(d)
-    for knobs in ("kl_coef: 0.1\nkl_estimator: k2\n", "kl_estimator: k1\n"):   # k2; k1 with no penalty
-        assert check_harness(candidate(tmp_path / knobs[:4], knobs_extra=knobs)).legal
+    for i, knobs in enumerate(({"kl_coef": 0.1, "kl_estimator": "k2"}, {"kl_estimator": "k1"})):  # k2; k1, no penalty
+        assert check_harness(candidate(tmp_path / str(i), **knobs)).legal
 
 
 def test_bad_knob_value_is_a_reason(tmp_path):

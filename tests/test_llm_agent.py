@@ -3,20 +3,18 @@ the client: a good proposal, malformed JSON, a patch that does not apply, an ill
 syntax error and a reply slower than the timeout each end in the right label; a run goes on
 past every one of them, and its lineage shows hypotheses, patches and token counts."""
 import json
-import shutil
 
 import pytest
 import yaml
 
 from chat_server import ChatServer, Say, proposal
-from evotrainer.agents import AgentContext, AgentFailed, Proposal
+from helpers import agent_context
+from evotrainer.agents import AgentFailed, Proposal
 from evotrainer.agents.brief import specialist_for
 from evotrainer.agents.llm import LLMAgent
 from evotrainer.cli import main
 from evotrainer.config import LLMConfig, config_from_dict
 from evotrainer.errors import UsageError
-from evotrainer.harness import REFERENCE
-from evotrainer.harness.knobs import load_knobs
 from evotrainer.lineage import LineageStore
 from evotrainer.lineage.events import Stopped
 
@@ -28,10 +26,7 @@ GOOD = proposal("drop_dead_groups", [{"file": "knobs.yaml", "search": "group_fil
 
 @pytest.fixture
 def ctx(tmp_path):
-    h = shutil.copytree(REFERENCE, tmp_path / "parent")
-    k = load_knobs(h / "knobs.yaml")
-    return AgentContext(findings=[DEAD], knobs=k, root_knobs=k, target_level=3, parent="v2", harness_dir=h,
-                        lineage="Leaderboard: v2 val 0.120", trial=3, workdir=tmp_path / "agents")
+    return agent_context([DEAD], tmp_path=tmp_path, parent="v2", lineage="Leaderboard: v2 val 0.120", trial=3)
 
 
 @pytest.fixture

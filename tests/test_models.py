@@ -7,7 +7,9 @@ import pytest
 import torch
 from transformers import T5Config
 
+from helpers import DIGITS, write_harness
 from evotrainer.errors import UsageError
+from evotrainer.harness import load_harness
 from evotrainer.harness.losses import seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm, token_mean
 from evotrainer.harness.rollouts import SlotError
 from evotrainer.trainer.accumulate import aggregation_weights
@@ -18,7 +20,6 @@ from evotrainer.policy.generate import decode, filter_logits, generate
 from evotrainer.policy.model import resolve_model
 from evotrainer.policy.prompts import encode_prompts, prompt_token_ids, stop_token_ids
 from test_policy import ScriptedLM, full_forward_logprobs
-from test_trainer import DIGITS, make_harness
 
 
 def test_a_user_model_loads_pads_left_and_is_prompted_through_its_chat_template(tiny_qwen):
@@ -128,8 +129,8 @@ def test_the_trainer_hands_aggregations_a_mask_as_wide_as_the_budget_with_droppe
         def odd_groups(rewards, scores):
             return torch.arange(rewards.shape[0]) % 2 == 1
     """}
-    h = make_harness(tmp_path, {"prompts_per_step": 4, "group_size": 4, "loss_agg": "probe",
-                                "group_filter": "odd_groups", "kl_coef": 0.1}, files)
+    h = load_harness(write_harness(tmp_path / "h", files, prompts_per_step=4, group_size=4, loss_agg="probe",
+                                   group_filter="odd_groups", kl_coef=0.1))
     tok = build_tokenizer()
     tr = GRPOTrainer(build_model(len(tok)), tok, get_task("arith", 1), h, seed=0)
     tr.step()
@@ -148,7 +149,7 @@ def test_micro_batches_accumulate_the_same_gradient_as_the_whole_batch(tmp_path,
     grads = []
     for micro in (0, 3):
         tok = build_tokenizer()
-        h = make_harness(tmp_path / f"m{micro}", knobs, {"reward.py": DIGITS})
+        h = load_harness(write_harness(tmp_path / f"m{micro}", {"reward.py": DIGITS}, **knobs))
         tr = GRPOTrainer(build_model(len(tok)), tok, get_task("arith", 1), h, seed=0, micro_batch_size=micro)
         tr.step()
         grads.append(torch.cat([p.grad.flatten() for p in tr.model.parameters()]))
@@ -171,9 +172,9 @@ def test_clip_fraction_and_approximate_kl_appear_with_several_updates_per_batch(
     out = {}
     for it in (1, 4):
         tok = build_tokenizer()
-        h = make_harness(tmp_path / str(it), {"prompts_per_step": 8, "group_size": 8, "reward": "digit_share",
-                                              "lr": 1e-2, "num_iterations": it, "clip_low": 0.05, "clip_high": 0.05},
-                         {"reward.py": DIGITS})
+        h = load_harness(write_harness(tmp_path / str(it), {"reward.py": DIGITS}, prompts_per_step=8, group_size=8,
+                                       reward="digit_share", lr=1e-2, num_iterations=it, clip_low=0.05,
+                                       clip_high=0.05))
         tr = GRPOTrainer(build_model(len(tok)), tok, get_task("arith", 1), h, seed=0)
         out[it] = tr.step()[0]
     assert out[1].clip_frac == 0 and out[1].approx_kl == pytest.approx(0, abs=1e-7)  # ratio 1 on the only update
@@ -185,7 +186,7 @@ def test_top_k_one_samples_the_greedy_completion(tmp_path):
     from evotrainer.policy import build_model
     from evotrainer.catalog import get_task
     tok = build_tokenizer()
-    h = make_harness(tmp_path, {"prompts_per_step": 2, "group_size": 4, "top_k": 1})
+    h = load_harness(write_harness(tmp_path / "h", prompts_per_step=2, group_size=4, top_k=1))
     tr = GRPOTrainer(build_model(len(tok), seed=2), tok, get_task("arith", 2), h, seed=0)
     rows, gen, texts, _ = tr.sample()
     ids, mask = encode_prompts(tok, [p.prompt for p in rows[::4]])

@@ -11,7 +11,7 @@ import pytest
 
 from evotrainer.sandbox import Isolation, probe
 from evotrainer.sandbox.programs import Outcome, Program, run_programs
-from test_sandbox import processes_with
+from helpers import processes_with
 
 HERE = Path(__file__).parent
 LEVEL = probe()

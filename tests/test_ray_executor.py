@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import readable, tiny_run_config
+from helpers import processes_with, readable, tiny_run_config
 from evotrainer.cli import main
 from evotrainer.config import config_from_dict
 from evotrainer.errors import UsageError
@@ -21,7 +21,6 @@ from evotrainer.evolve.controller import Controller
 from evotrainer.executors import Call
 from evotrainer.sandbox import Isolation, probe
 import worker_targets
-from test_sandbox import processes_with
 
 ray = pytest.importorskip("ray")
 from evotrainer.executors.ray_tasks import RayExecutor  # noqa: E402

@@ -1,35 +1,12 @@
 """A user's model, task and backend through `train` and `run`: worker processes and the
 evaluator included, from the command line as a user runs it."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import yaml
 
-from harnesses import write_harness
-
-DIGITS = """
-    import torch
-
-    def digit_share(r):
-        # share of completion characters that are digits: learnable from a random init
-        return torch.tensor([sum(c.isdigit() for c in t) / max(len(t), 1) for t in r.completions])
-"""
-
-
-def cli(*args, cwd=None, timeout=900):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    proc = subprocess.run([sys.executable, "-m", "evotrainer.cli", *map(str, args)], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=timeout, cwd=cwd, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def harness(tmp_path, name="h", files=None, **knobs):
-    return write_harness(tmp_path / name, files, **knobs)
+from helpers import DIGITS, cli, write_harness
 
 
 def metrics(out):
@@ -39,11 +16,11 @@ def metrics(out):
 @pytest.mark.parametrize("backend", ["embedded", "trl"])
 def test_a_hugging_face_model_trains_with_each_backend_its_reward_rises_and_the_evaluator_scores_it(
         tmp_path, tiny_qwen, backend):
-    h = harness(tmp_path, reward="digit_share", lr=3e-3, prompts_per_step=8, group_size=8,
-                files={"reward.py": DIGITS})
+    h = write_harness(tmp_path / "h", {"reward.py": DIGITS}, reward="digit_share", lr=3e-3, prompts_per_step=8,
+                      group_size=8)
     out = tmp_path / "out"
     summary = cli("train", "--task", "arith", "--level", "2", "--model", tiny_qwen, "--harness", h,
-                  "--backend", backend, "--steps", 30, "--eval-every", 15, "--out", out)
+                  "--backend", backend, "--steps", 30, "--eval-every", 15, "--out", out).json
     rewards = [m["reward_mean"] for m in metrics(out)]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.15, (first, last)
@@ -55,7 +32,7 @@ def test_a_hugging_face_model_trains_with_each_backend_its_reward_rises_and_the_
 
 
 def run_config(tmp_path, task, model, level=None, backend="embedded", final_seeds=(100,)):
-    root = harness(tmp_path, "root")
+    root = write_harness(tmp_path / "root")
     cfg = {"task": task, "model": str(model), "backend": backend, "device": "cpu", "harness": str(root),
            "seeds": [0], "final_seeds": list(final_seeds), "search": {"skills": str(tmp_path / "skills.sqlite")},
            "budget": {"trials": 1, "steps_per_segment": 2, "total_steps": 4, "trial_timeout_s": 300},
@@ -79,7 +56,8 @@ def check_run(run, backend="embedded"):
 
 def test_a_run_completes_with_the_trl_backend(tmp_path, tiny_qwen):
     run = tmp_path / "run"
-    status = cli("run", run_config(tmp_path, "arith", tiny_qwen, level=1, backend="trl"), "--out", run, "--json")
+    cfg = run_config(tmp_path, "arith", tiny_qwen, level=1, backend="trl")
+    status = cli("run", cfg, "--out", run, "--json").json
     assert status["trials"] >= 2 and status["backend"] == "trl"  # the root and one proposal, labelled
     assert status["device"] == "cpu, float32" and status["task"] == "arith"
     check_run(run, backend="trl")
@@ -88,7 +66,6 @@ def test_a_run_completes_with_the_trl_backend(tmp_path, tiny_qwen):
 USER_TASK = '''
 import random
 
-from harnesses import write_harness
 from evotrainer.tasks import Problem, Task
 
 
@@ -112,16 +89,17 @@ def test_a_task_defined_outside_the_package_goes_through_train_and_run(tmp_path,
     here = tmp_path / "project"
     here.mkdir()
     (here / "my_tasks.py").write_text(USER_TASK)
-    h = harness(tmp_path)
+    h = write_harness(tmp_path / "h")
     out = tmp_path / "train"
     summary = cli("train", "--task", "my_tasks:AnyDigit", "--model", ckpt, "--harness", h, "--steps", 2,
-                  "--eval-every", 1, "--out", out, cwd=here)
+                  "--eval-every", 1, "--out", out, cwd=here).json
     # the user's verifier ran in the training worker and in the evaluator: a random policy writes a digit often
     # (two steps may already make every greedy answer hold one: val 1.0 at some sampling seeds)
     assert summary["task"] == "my_tasks:AnyDigit"
     assert 0 < sum(m["score_mean"] for m in metrics(out)) and 0 < summary["val"] <= 1
     run = tmp_path / "run"  # (the final comparison's retraining is the trl run's to test)
-    status = cli("run", run_config(tmp_path, "my_tasks:AnyDigit", ckpt, final_seeds=()), "--out", run, "--json", cwd=here)
+    cfg = run_config(tmp_path, "my_tasks:AnyDigit", ckpt, final_seeds=())
+    status = cli("run", cfg, "--out", run, "--json", cwd=here).json
     assert status["state"] == "finished" and status["trials"] == 2 and status["task"] == "my_tasks:AnyDigit"
     assert any(m["score_mean"] > 0 for f in run.glob("**/metrics.jsonl") for m in metrics(f.parent))
 
@@ -154,15 +132,16 @@ def test_a_jsonl_math_task_scored_by_math_verify_goes_through_train_and_run(tmp_
     data = tmp_path / "fractions.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     model = constant_answer_model(tmp_path / "half", "1/2")
-    h = harness(tmp_path)
+    h = write_harness(tmp_path / "h")
     summary = cli("train", "--task", f"jsonl:{data}?verifier=math", "--model", model, "--harness", h,
-                  "--steps", 2, "--eval-every", 1, "--out", tmp_path / "train")
+                  "--steps", 2, "--eval-every", 1, "--out", tmp_path / "train").json
     assert 0.3 < summary["base_val"] < 0.7 and 0.3 < summary["val"] < 0.7   # the evaluator: math-verify
     assert sum(m["score_mean"] for m in metrics(tmp_path / "train")) > 0   # the training worker: math-verify too
     from evotrainer.catalog import get_task  # the same rows under exact match: "1/2" is never right
     exact = get_task(f"jsonl:{data}")
     assert sum(exact.score(p, "1/2") for p in exact.split("val")) == 0
     run = tmp_path / "run"
-    status = cli("run", run_config(tmp_path, f"jsonl:{data}?verifier=math", model, final_seeds=()), "--out", run, "--json")
+    cfg = run_config(tmp_path, f"jsonl:{data}?verifier=math", model, final_seeds=())
+    status = cli("run", cfg, "--out", run, "--json").json
     assert status["state"] == "finished" and status["trials"] == 2
     assert 0.3 < status["best"]["val"]["0"] < 0.7  # the root, scored by math-verify in the evaluator

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from conftest import readable, tiny_run_config
+from helpers import readable, tiny_run_config
 from evotrainer.cli import main
 from test_approval import next_gate, start
 

@@ -12,26 +12,13 @@ from pathlib import Path
 import pytest
 
 import worker_targets
+from helpers import processes_with
 from evotrainer.executors import run_in_worker
 from evotrainer.sandbox import Isolation, probe
 
 HERE = Path(__file__).parent
 pytestmark = pytest.mark.skipif(probe() is not Isolation.NAMESPACES,
                                 reason="this machine allows no namespaces (the fallback has its own test)")
-
-
-def processes_with(marker: str) -> list[int]:
-    """Live processes whose command line holds `marker` (zombies are gone for this purpose)."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in cmd and state not in ("Z", "X") and int(pid) != os.getpid():
-            out.append(int(pid))
-    return out
 
 
 def test_a_job_sees_no_secret_no_home_and_is_nobody():

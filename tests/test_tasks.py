@@ -260,13 +260,11 @@ def test_unknown_task_names_valid_tasks():
 
 
 def test_handed_draws_cover_the_levels_the_harness_curriculum_can_pick(tmp_path):
-    import shutil
-    from evotrainer.harness import REFERENCE
+    from helpers import write_harness
     from evotrainer.trainer.jobs import handed_draws
     task = get_task("arith", 3)
     assert set(handed_draws(task, None, 1, 5)) == {"3"}  # the reference: fixed at the target level
-    h = shutil.copytree(REFERENCE, tmp_path / "h")
-    (h / "knobs.yaml").write_text((h / "knobs.yaml").read_text() + "train_levels: [2, 3, 9]\n")
+    h = write_harness(tmp_path / "h", small=False, train_levels=[2, 3, 9])
     draws = handed_draws(task, h, 1, 5)
     # 9 is no level of the task: the worker's curriculum check refuses it, the controller does not crash
     assert set(draws) == {"2", "3"} and all(len(ix) == 7 * 64 + 16 for ix in draws.values())

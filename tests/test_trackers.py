@@ -72,8 +72,12 @@ def wandb_history(run_file: Path) -> list[dict]:
 
 
 def test_wandb_offline(tmp_path):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     feed(TRACKERS["wandb"].open(tmp_path, "run", TrackingConfig(wandb_mode="offline")))
+    # run.finish() only tells W&B's service process the run is done: the service flushes the
+    # run's .wandb log when it closes the run's stream, after finish() has returned (a
+    # `evotrainer run` completes it when the process exits). teardown() waits for the service.
+    wandb.teardown()
     run_file, = (tmp_path / "trackers" / "wandb").glob("wandb/offline-run-*/run-*.wandb")
     rows = wandb_history(run_file)
     v1 = [(r["v1/seed-0/step"], round(r["v1/seed-0/reward_mean"], 6)) for r in rows if "v1/seed-0/step" in r]
@@ -194,14 +198,14 @@ def test_the_trl_backend_reports_to_the_runs_trackers(tmp_path, tiny_qwen):
     pytest.importorskip("trl")
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from harnesses import write_harness
+    from helpers import write_harness
     from evotrainer.catalog import get_task
     from evotrainer.harness import load_harness
     from evotrainer.trainer.backends import get_backend
     from evotrainer.trainer.segment import SegmentLog
     from evotrainer.policy import load_policy
     from evotrainer.runtime import Runtime
-    h = load_harness(write_harness(tmp_path / "h", None))
+    h = load_harness(write_harness(tmp_path / "h"))
     model, tok = load_policy(tiny_qwen)
     log = SegmentLog(tmp_path, 3, 0)
     get_backend("trl").run(model, tok, get_task("arith", 1), h, seed=0, steps=3, log=log, optimizer_state=None,

@@ -1,41 +1,18 @@
-import shutil
-import textwrap
-
 import pytest
 import torch
-import yaml
 
+from helpers import DIGITS, write_harness
 from evotrainer.catalog import get_task
-from evotrainer.harness import REFERENCE, load_harness
+from evotrainer.harness import load_harness
 from evotrainer.trainer.grpo import GRPOTrainer
 from evotrainer.harness.rollouts import SlotError
 from evotrainer.policy import build_model, build_tokenizer
 
 
-def make_harness(tmp_path, knobs: dict, files: dict | None = None):
-    d = tmp_path / "h"
-    shutil.copytree(REFERENCE, d)
-    raw = yaml.safe_load((REFERENCE / "knobs.yaml").read_text())
-    raw.update(knobs)
-    (d / "knobs.yaml").write_text(yaml.safe_dump(raw))
-    for name, body in (files or {}).items():
-        (d / name).write_text(textwrap.dedent(body))
-    return load_harness(d)
-
-
-DIGITS = """
-    import torch
-
-    def digit_share(r):
-        # share of completion characters that are digits: learnable from a random init
-        return torch.tensor([sum(c.isdigit() for c in t) / max(len(t), 1) for t in r.completions])
-"""
-
-
 def tiny_trainer(tmp_path, knobs, files=None, seed=0):
     tok = build_tokenizer()
     model = build_model(len(tok), seed=seed)
-    h = make_harness(tmp_path, {"prompts_per_step": 8, "group_size": 8, **knobs}, files)
+    h = load_harness(write_harness(tmp_path / "h", files, **{"prompts_per_step": 8, "group_size": 8, **knobs}))
     return GRPOTrainer(model, tok, get_task("arith", 1), h, seed=seed)
 
 
@@ -134,8 +111,8 @@ def test_resumed_optimizer_continues_adams_moments_and_steps_under_its_own_knobs
         a.step()
     state = a.optimizer_state()
     assert state["steps"] == 3
-    h = make_harness(tmp_path / "child", {"prompts_per_step": 8, "group_size": 8, "reward": "digit_share",
-                                          "lr": 5e-4, "adam_beta2": 0.99, "warmup_steps": 4}, {"reward.py": DIGITS})
+    h = load_harness(write_harness(tmp_path / "child", {"reward.py": DIGITS}, prompts_per_step=8, group_size=8,
+                                   reward="digit_share", lr=5e-4, adam_beta2=0.99, warmup_steps=4))
     b = GRPOTrainer(a.model, a.tok, get_task("arith", 1), h, seed=1)
     b.resume_optimizer(state)
     p = next(a.model.parameters())
@@ -152,7 +129,7 @@ def test_resumed_optimizer_continues_adams_moments_and_steps_under_its_own_knobs
 def test_a_schedule_of_segments_carries_the_optimizer_from_one_to_the_next(tmp_path, ckpt):
     from evotrainer.trainer.jobs import OPTIMIZER_FILE, train_schedule
     assert not (ckpt / OPTIMIZER_FILE).exists()  # the base starts a fresh AdamW
-    h = make_harness(tmp_path, {"prompts_per_step": 2, "group_size": 2})
+    h = load_harness(write_harness(tmp_path / "h", prompts_per_step=2, group_size=2))
     train_schedule("arith", 1, [str(h.path)] * 2, str(ckpt), str(tmp_path / "out"), seed=0, steps=2)
     for d, steps in ((1, 2), (2, 4)):
         state = torch.load(tmp_path / "out" / f"segment-{d}" / "checkpoint" / OPTIMIZER_FILE, weights_only=True)

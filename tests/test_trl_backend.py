@@ -5,7 +5,7 @@ import pytest
 import torch
 import yaml
 
-from harnesses import write_harness
+from helpers import write_harness
 from evotrainer.catalog import get_task
 from evotrainer.errors import UsageError
 from evotrainer.harness import load_harness
@@ -19,10 +19,6 @@ from evotrainer.runtime import Runtime
 trl = pytest.importorskip("trl")
 
 
-def harness(tmp_path, name="h", files=None, **knobs):
-    return write_harness(tmp_path / name, files, **knobs)
-
-
 @pytest.mark.parametrize("knobs, slot", [
     ({"kl_coef": 0.1, "kl_estimator": "k2"}, "kl_estimator 'k2'"),
     ({"loss_agg": "seq_mean_token_sum"}, "loss_agg 'seq_mean_token_sum' has no TRL loss_type"),
@@ -31,7 +27,7 @@ def harness(tmp_path, name="h", files=None, **knobs):
 ])
 def test_what_trl_cannot_express_is_refused_in_one_line_naming_the_slot(tmp_path, knobs, slot):
     files = {"policy_loss.py": "def mine(logp, old_logp, adv, lo, hi):\n    return -adv[:, None] * logp\n"}
-    h = load_harness(harness(tmp_path, files=files, **knobs))
+    h = load_harness(write_harness(tmp_path / "h", files, **knobs))
     check_backend(Runtime("embedded"), h.knobs)  # the embedded trainer takes anything
     with pytest.raises(UsageError) as e:
         check_backend(Runtime("trl"), h.knobs)
@@ -42,11 +38,11 @@ def test_what_trl_cannot_express_is_refused_in_one_line_naming_the_slot(tmp_path
 def test_an_entropy_bonus_under_micro_batches_is_refused_naming_both(tmp_path):
     """TRL's entropy bonus is a token mean per micro-batch, ours one over the batch: they agree
     only when the batch is one micro-batch (4 x 4 = 16 rollouts here)."""
-    knobs = load_harness(harness(tmp_path, entropy_coef=0.01)).knobs
+    knobs = load_harness(write_harness(tmp_path / "h", entropy_coef=0.01)).knobs
     for micro in (0, 16):
         check_backend(Runtime("trl", micro_batch_size=micro), knobs)
     check_backend(Runtime("embedded", micro_batch_size=4), knobs)          # ours accumulates exactly
-    check_backend(Runtime("trl", micro_batch_size=4), load_harness(harness(tmp_path, "plain")).knobs)
+    check_backend(Runtime("trl", micro_batch_size=4), load_harness(write_harness(tmp_path / "plain")).knobs)
     with pytest.raises(UsageError) as e:
         check_backend(Runtime("trl", micro_batch_size=4), knobs)
     assert str(e.value) == (
@@ -68,7 +64,7 @@ def test_same_completions_give_identical_rewards_advantages_and_evidence_in_both
     from evotrainer.trainer.trl_backend import run_trl
     task = get_task("arith", 2)
     # a graded reward and a filter that drops the groups whose rewards are all equal
-    h = load_harness(harness(tmp_path, reward="partial_credit", group_filter="drop_dead", loss_agg=agg))
+    h = load_harness(write_harness(tmp_path / "h", reward="partial_credit", group_filter="drop_dead", loss_agg=agg))
     model, tok = load_policy(tiny_qwen)
     emb = GRPOTrainer(model, tok, task, h, seed=3)
     sampled = {}
@@ -152,7 +148,7 @@ def test_a_batch_whose_groups_the_filter_all_dropped_leaves_the_weights_alone_in
     from evotrainer.trainer.backends import get_backend
     files = {"group_filter.py": "import torch\n\ndef drop_all(rewards, scores):\n"
                                 "    return torch.zeros(rewards.shape[0], dtype=torch.bool)\n"}
-    h = load_harness(harness(tmp_path, files=files, group_filter="drop_all", kl_coef=0.1))
+    h = load_harness(write_harness(tmp_path / "h", files, group_filter="drop_all", kl_coef=0.1))
     for backend in ("embedded", "trl"):
         model, tok = load_policy(tiny_qwen)
         before = [p.detach().clone() for p in model.parameters()]
