@@ -30,24 +30,36 @@ DIGITS = """
 """
 
 
-def write_harness(path: Path, files: dict | None = None, *, small: bool = True, **knobs) -> Path:
+def write_harness(path: Path, files: dict | None = None, *, small: bool = True, rewrite: bool = False,
+                  **knobs) -> Path:
     """A copy of the reference harness at `path`, with `knobs` set and slot `files` (name ->
     source, dedented) added; a "knobs.yaml" in `files` replaces the knobs file whole.
 
     small: a test's batch of 4 prompts x 4 (16 rollouts a step, not 512); False keeps the
     reference's 64 x 8, which evidence written at the reference shape and budget checks
-    against a parent compare with. Each knob is set on its own line, the file's comments and
-    order kept: agents and legality checks read that text."""
+    against a parent compare with.
+
+    The bytes matter, not only the values: a training job's sampling seed hashes the harness
+    files (sampling_seed in trainer/jobs.py), so a test whose check rides on one draw keeps the
+    bytes it was written against. By default each knob is set on its own line, the reference's
+    comments and order kept (agents and legality checks read that text); rewrite=True writes
+    knobs.yaml as one sorted mapping without comments, as test_real_use's harnesses always were."""
     shutil.copytree(REFERENCE, path)
-    lines = (path / "knobs.yaml").read_text().splitlines()
-    for k, v in (({"prompts_per_step": 4, "group_size": 4} if small else {}) | knobs).items():
-        line = f"{k}: " + yaml.safe_dump(v, default_flow_style=True).removesuffix("...\n").strip()
-        at = [i for i, old in enumerate(lines) if old.startswith(f"{k}:")]
-        if at:
-            lines[at[0]] = line
-        else:
-            lines.append(line)
-    (path / "knobs.yaml").write_text("\n".join(lines) + "\n")
+    knobs = ({"prompts_per_step": 4, "group_size": 4} if small else {}) | knobs
+    text = (path / "knobs.yaml").read_text()
+    if rewrite:
+        text = yaml.safe_dump(yaml.safe_load(text) | knobs)
+    else:
+        lines = text.splitlines()
+        for k, v in knobs.items():
+            line = f"{k}: " + yaml.safe_dump(v, default_flow_style=True).removesuffix("...\n").strip()
+            at = [i for i, old in enumerate(lines) if old.startswith(f"{k}:")]
+            if at:
+                lines[at[0]] = line
+            else:
+                lines.append(line)
+        text = "\n".join(lines) + "\n"
+    (path / "knobs.yaml").write_text(text)
     for name, body in (files or {}).items():
         (path / name).parent.mkdir(parents=True, exist_ok=True)
         (path / name).write_text(textwrap.dedent(body))

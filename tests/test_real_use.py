@@ -8,6 +8,9 @@ import yaml
 
 from helpers import DIGITS, cli, write_harness
 
+# rewrite=True: the bytes these harnesses always had; a job's sampling seed hashes them, and the
+# checks on what two steps of training reach were written against those draws
+
 
 def metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -16,8 +19,8 @@ def metrics(out):
 @pytest.mark.parametrize("backend", ["embedded", "trl"])
 def test_a_hugging_face_model_trains_with_each_backend_its_reward_rises_and_the_evaluator_scores_it(
         tmp_path, tiny_qwen, backend):
-    h = write_harness(tmp_path / "h", {"reward.py": DIGITS}, reward="digit_share", lr=3e-3, prompts_per_step=8,
-                      group_size=8)
+    h = write_harness(tmp_path / "h", {"reward.py": DIGITS}, rewrite=True, reward="digit_share", lr=3e-3,
+                      prompts_per_step=8, group_size=8)
     out = tmp_path / "out"
     summary = cli("train", "--task", "arith", "--level", "2", "--model", tiny_qwen, "--harness", h,
                   "--backend", backend, "--steps", 30, "--eval-every", 15, "--out", out).json
@@ -32,7 +35,7 @@ def test_a_hugging_face_model_trains_with_each_backend_its_reward_rises_and_the_
 
 
 def run_config(tmp_path, task, model, level=None, backend="embedded", final_seeds=(100,)):
-    root = write_harness(tmp_path / "root")
+    root = write_harness(tmp_path / "root", rewrite=True)
     cfg = {"task": task, "model": str(model), "backend": backend, "device": "cpu", "harness": str(root),
            "seeds": [0], "final_seeds": list(final_seeds), "search": {"skills": str(tmp_path / "skills.sqlite")},
            "budget": {"trials": 1, "steps_per_segment": 2, "total_steps": 4, "trial_timeout_s": 300},
@@ -89,7 +92,7 @@ def test_a_task_defined_outside_the_package_goes_through_train_and_run(tmp_path,
     here = tmp_path / "project"
     here.mkdir()
     (here / "my_tasks.py").write_text(USER_TASK)
-    h = write_harness(tmp_path / "h")
+    h = write_harness(tmp_path / "h", rewrite=True)
     out = tmp_path / "train"
     summary = cli("train", "--task", "my_tasks:AnyDigit", "--model", ckpt, "--harness", h, "--steps", 2,
                   "--eval-every", 1, "--out", out, cwd=here).json
@@ -132,7 +135,7 @@ def test_a_jsonl_math_task_scored_by_math_verify_goes_through_train_and_run(tmp_
     data = tmp_path / "fractions.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     model = constant_answer_model(tmp_path / "half", "1/2")
-    h = write_harness(tmp_path / "h")
+    h = write_harness(tmp_path / "h", rewrite=True)
     summary = cli("train", "--task", f"jsonl:{data}?verifier=math", "--model", model, "--harness", h,
                   "--steps", 2, "--eval-every", 1, "--out", tmp_path / "train").json
     assert 0.3 < summary["base_val"] < 0.7 and 0.3 < summary["val"] < 0.7   # the evaluator: math-verify
