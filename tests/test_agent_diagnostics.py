@@ -3,6 +3,7 @@ earlier versions and kept only if it separates the failed ones from those that h
 diagnostics-only change trains nothing, and its version's health report carries the new findings."""
 import dataclasses
 
+import pytest
 import yaml
 
 from evotrainer.agents import Proposal
@@ -26,6 +27,7 @@ def diag(name: str, source: str) -> Proposal:
                     agent="scripted")
 
 
+@pytest.mark.slow
 def test_a_revised_diagnostic_is_kept_only_if_its_replay_separates_failed_from_held_up(tiny_run):
     def agent(ctx):
         if ctx.trial == 1:

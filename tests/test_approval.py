@@ -6,6 +6,7 @@ import dataclasses
 import threading
 import time
 
+import pytest
 import yaml
 
 from evotrainer.agents.catalog import CATALOG
@@ -59,6 +60,7 @@ def decide(capsys, *args) -> int:
     return rc
 
 
+@pytest.mark.slow
 def test_approve_revise_and_abort_each_do_what_they_say(tiny_run, capsys):
     seen = []
 
@@ -109,6 +111,7 @@ def test_approve_revise_and_abort_each_do_what_they_say(tiny_run, capsys):
                                                                for t in trials[1:]) == 400
 
 
+@pytest.mark.slow
 def test_failures_in_a_row_escalate_to_a_design_gate(tiny_run, capsys):
     def agent(ctx):  # twice more training steps than the budget (illegal), then a legal idea
         if ctx.trial < 3:
@@ -137,6 +140,7 @@ def test_gated_points_are_the_configured_ones_plus_design_after_enough_failures(
     assert points(ApprovalConfig((), 3), 4) == {"design"}
 
 
+@pytest.mark.slow
 def test_a_run_killed_while_waiting_at_a_gate_resumes_waiting_and_takes_the_decision(tiny_run):
     """SIGKILL while the run waits; the decision is sent while nothing runs; `resume` shows the
     gate again, reads the decision, records it once and finishes the trial."""

@@ -80,6 +80,7 @@ def test_argparse_errors_are_one_line_too(capsys):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "invalid int value" in err
 
 
+@pytest.mark.slow
 def test_train_command_end_to_end_prints_summary_json_last(tmp_path, ckpt):
     out_dir = tmp_path / "run"
     summary = cli("train", "--task", "arith", "--steps", 3, "--seed", 1, "--out", out_dir, "--model", ckpt,

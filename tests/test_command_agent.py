@@ -66,6 +66,7 @@ def test_a_command_that_fails_hangs_or_changes_nothing_gets_its_label(tmp_path, 
         assert not list((ctx.workdir).rglob("late"))
 
 
+@pytest.mark.slow
 def test_a_run_with_the_command_agent_records_its_diff_and_hypothesis(tiny_run, tmp_path):
     from evotrainer.config import config_from_dict
     from evotrainer.evolve.controller import Controller

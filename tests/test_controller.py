@@ -17,6 +17,7 @@ from evotrainer.lineage.events import TrialResumed
 from helpers import readable, start_cli, write_harness
 
 
+@pytest.mark.slow
 def test_sigkill_mid_trial_then_resume_completes_every_trial_once(tiny_run):
     cfg, run = tiny_run
     p = start_cli("run", cfg, "--out", run, "--json")
@@ -58,6 +59,7 @@ def test_sigkill_mid_trial_then_resume_completes_every_trial_once(tiny_run):
     assert "evolved - reference, test" in final["table"]
 
 
+@pytest.mark.slow
 def test_restart_mode_trains_every_version_from_the_base_against_its_parent(tiny_run, monkeypatch):
     import yaml
 
@@ -143,6 +145,7 @@ def fixed_keys():
         yield
 
 
+@pytest.mark.slow
 def test_planted_length_reward_is_stopped_by_the_backtest_and_without_it_by_the_gate(tiny_run, sft_base):
     import yaml
 
@@ -186,6 +189,7 @@ def test_planted_length_reward_is_stopped_by_the_backtest_and_without_it_by_the_
     assert "+def length_pay(r):" in t1.patch  # the exact proposal stays in the lineage
 
 
+@pytest.mark.slow
 def test_unplanted_partial_credit_on_a_longer_target_is_invalid(tmp_path, sft_base):
     """Measured on the prototype: per-digit partial credit on a target longer than anything the base
     saw raises its shaped reward while exact match stays 0. Nobody plants it here: the rules
@@ -218,6 +222,7 @@ def test_unplanted_partial_credit_on_a_longer_target_is_invalid(tmp_path, sft_ba
     assert "v1" not in {s.version for s in RunView.read(ctl.store).states}  # never a parent, never the winner
 
 
+@pytest.mark.slow
 def test_a_sibling_that_would_train_the_same_is_recorded_equivalent_and_costs_no_budget(tiny_run):
     """drop_dead and score_spread filter the same groups under a binary reward (the score is
     the reward): the second is recognised from its backtest on the parent's rollouts and never

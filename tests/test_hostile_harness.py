@@ -22,7 +22,8 @@ from evotrainer.harness.legality import check_harness
 from evotrainer.sandbox import Isolation, probe
 from helpers import processes_with
 
-pytestmark = pytest.mark.skipif(probe() is not Isolation.NAMESPACES, reason="needs namespaces")
+pytestmark = [pytest.mark.skipif(probe() is not Isolation.NAMESPACES, reason="needs namespaces"),
+              pytest.mark.slow]  # through the loop
 
 IMPORTS = "import torch\nfrom torch.utils.collect_env import run as sh\n\n\n"
 SLOTS = {  # slot -> (its file, the function's first line, its last)

@@ -112,6 +112,7 @@ def test_a_warm_worker_sees_the_inputs_of_the_job_it_is_given_and_no_more(tmp_pa
     assert r.ok and r.value[str(b / "rows.jsonl")] == "read: rows of b" and r.value["job"] != job_dir
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="jobs run as nobody only when the controller is root")
 def test_a_model_only_root_can_read_trains_and_is_scored_without_changing_its_modes(tmp_path):
     model = Path(tempfile.mkdtemp(prefix="evotrainer-root-only-"))  # 0700, root's, as mktemp -d makes it

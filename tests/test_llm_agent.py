@@ -141,6 +141,7 @@ def _knob_edit(search: str, replace: str, name: str):
     return reply
 
 
+@pytest.mark.slow
 def test_a_run_with_the_llm_agent_goes_on_past_every_failure_and_its_lineage_shows_why(tiny_run, serve, capsys):
     bad_json = Say("{'name': 'single quotes are not JSON'}")
     no_match = Say(proposal("lr", [{"file": "knobs.yaml", "search": "lr: 0.5", "replace": "lr: 0.25"}]))
@@ -182,6 +183,7 @@ def test_a_run_with_the_llm_agent_goes_on_past_every_failure_and_its_lineage_sho
     store.close()
 
 
+@pytest.mark.slow
 def test_an_endpoint_that_keeps_failing_stops_the_run_instead_of_spending_the_budget(tiny_run, serve):
     from evotrainer.config import config_from_dict
     from evotrainer.evolve.controller import Controller

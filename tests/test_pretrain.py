@@ -9,6 +9,7 @@ from evotrainer.policy import load_policy
 from evotrainer.tasks.keys import key_path, split_key
 
 
+@pytest.mark.slow
 def test_pretrain_is_cached_and_deterministic(tmp_path):
     task = get_task("arith", 2)
     cfg = PretrainConfig(max_steps=4, check_every=2, probe_size=8, batch_size=16, target_acc=1.0)
@@ -33,6 +34,7 @@ def test_pretrain_is_cached_and_deterministic(tmp_path):
     assert path3 != path
 
 
+@pytest.mark.slow
 def test_pretrain_stops_at_the_target_accuracy(tmp_path):
     task = get_task("arith", 1)
     # 1-digit sums are learnt quickly; a low target stops long before max_steps
@@ -63,6 +65,7 @@ def test_sft_stuck_below_half_the_target_after_patience_restarts_from_a_new_init
     assert once["attempts"] == 1
 
 
+@pytest.mark.slow
 def test_a_task_may_stop_sft_on_sampled_accuracy_and_its_bases_get_their_own_key(tmp_path):
     """RL samples, so a multi-turn task's SFT stop can read accuracy as sampled (vault: a base
     probed 37% greedy was right 0.6% of the time at temperature 1). The probe really samples at

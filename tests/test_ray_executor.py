@@ -147,6 +147,7 @@ def lineage(run: Path) -> dict:
     return {"trials": trials, "events": kinds, "files": files}
 
 
+@pytest.mark.slow
 def test_a_run_on_ray_records_the_same_lineage_as_on_the_local_pool(tmp_path, ckpt, capsys, monkeypatch):
     cfg_path, _ = tiny_run_config(readable(tmp_path), ckpt)
     raw = yaml.safe_load(cfg_path.read_text())

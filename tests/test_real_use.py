@@ -11,6 +11,8 @@ from helpers import DIGITS, cli, write_harness
 # rewrite=True: the bytes these harnesses always had; a job's sampling seed hashes them, and the
 # checks on what two steps of training reach were written against those draws
 
+pytestmark = pytest.mark.slow  # each test trains or runs the loop from the command line
+
 
 def metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

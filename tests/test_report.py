@@ -21,7 +21,8 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "-
 
 @pytest.fixture(scope="module")
 def gated_run(tmp_path_factory, ckpt):
-    """A tiny run of one trial paused at its completion gate (reported there), then let finish."""
+    """A tiny run of one trial paused at its completion gate (reported there), then let finish:
+    a whole loop, so every test that reads it is marked slow."""
     d = readable(tmp_path_factory.mktemp("reported"))
     cfg, run = tiny_run_config(d, ckpt)
     events = []
@@ -98,6 +99,7 @@ def test_the_browser_check_sees_a_network_request(tmp_path):
     assert offline(requests) == ["http://example.invalid/x.png"]
 
 
+@pytest.mark.slow
 def test_report_of_a_finished_run_renders_offline_with_tree_curves_and_final_table(gated_run, tmp_path, capsys):
     pytest.importorskip("plotly")
     run, _, _ = gated_run
@@ -121,6 +123,7 @@ def test_report_of_a_finished_run_renders_offline_with_tree_curves_and_final_tab
     assert colours > 50 and ink > 0.02, (colours, ink)
 
 
+@pytest.mark.slow
 def test_report_without_plotly_draws_static_svg(gated_run, tmp_path, capsys):
     run, _, _ = gated_run
     html_file = tmp_path / "plain.html"
@@ -135,6 +138,7 @@ def test_report_without_plotly_draws_static_svg(gated_run, tmp_path, capsys):
     assert colours > 20 and ink > 0.02, (colours, ink)
 
 
+@pytest.mark.slow
 def test_report_of_a_run_in_progress(gated_run, tmp_path):
     """Written while trial 1 waited at its gate: the root is in the tree, trial 1 is in flight
     (its node and row say so, its curves are on disk), and there is no final comparison yet."""
@@ -148,6 +152,7 @@ def test_report_of_a_run_in_progress(gated_run, tmp_path):
     assert "1 in flight" in live.read_text()
 
 
+@pytest.mark.slow
 def test_the_runs_trackers_hold_its_steps_trials_and_final_table(gated_run):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -181,6 +186,7 @@ def test_the_runs_trackers_hold_its_steps_trials_and_final_table(gated_run):
     assert runs["v0/seed-0"].data.tags["mlflow.parentRunId"] == runs[run.name].info.run_id
 
 
+@pytest.mark.slow
 def test_the_live_view_shows_each_stage_and_a_bar_per_training_worker(gated_run):
     """The run's own events, replayed into the live view `evotrainer run` draws."""
     import io

@@ -2,6 +2,7 @@
 (child and control on new problems) before it is decided, and the record says so."""
 import json
 
+import pytest
 import yaml
 
 from evotrainer.config import load_config
@@ -10,6 +11,8 @@ from evotrainer.evolve.controller import Controller
 from evotrainer.evolve.gate import GateDecision, gate
 from evotrainer.lineage import LineageStore
 from evotrainer.lineage.events import PairControlFinished
+
+pytestmark = pytest.mark.slow  # a Controller loop
 
 
 def test_a_promising_child_trains_an_extra_pair_and_is_decided_on_it(tiny_run, monkeypatch):

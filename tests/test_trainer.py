@@ -16,6 +16,7 @@ def tiny_trainer(tmp_path, knobs, files=None, seed=0):
     return GRPOTrainer(model, tok, get_task("arith", 1), h, seed=seed)
 
 
+@pytest.mark.slow
 def test_short_run_raises_mean_reward(tmp_path):
     tr = tiny_trainer(tmp_path, {"reward": "digit_share", "lr": 3e-3}, {"reward.py": DIGITS})
     rewards = [tr.step()[0].reward_mean for _ in range(40)]
