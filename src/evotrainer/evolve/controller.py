@@ -42,7 +42,7 @@ from evotrainer.config import RunConfig
 from evotrainer.errors import UsageError
 from evotrainer.evolve import approval, history, plan, search, setup
 from evotrainer.evolve.diagnosis import worst_findings
-from evotrainer.evolve.final_run import run_final
+from evotrainer.evolve.final_run import run_final, winner_schedule
 from evotrainer.evolve.plan import TrialPlan
 from evotrainer.evolve.population import SelectionConfig
 from evotrainer.evolve.progress import Progress, seed_metrics
@@ -180,6 +180,11 @@ class Controller:
                 self.trackers.steps(f"final/{arm}/{d.name}", seed_metrics(d))
         self.trackers.final(result.to_json(), result.table)
         return result
+
+    def winner_schedule(self):
+        """The winner ("vN@D"), its harness schedule as versions, and as an arm to retrain
+        (final_run.winner_schedule on the lineage as it is now): what the benchmarks replay."""
+        return winner_schedule(self._look(), self.training, self.max_depth)
 
     def _setup(self) -> None:
         """The run's config copy, harness repository, base and split key (evolve/setup.py)."""

@@ -1,0 +1,274 @@
+"""The search suite: which search finds what a recipe misses, on several tasks, at equal trials.
+
+Every strategy runs a task's config unchanged (its base, gate, trial budget and steps); only
+the search differs:
+
+    random       a uniformly random move of the search space, greedy selection
+    greedy       keep-or-revert on one path (the autoresearch loop), rules agent
+    population   GEAR's population of elites, parent score, crossover; a fixed controller
+    evolving     the same population, its controller revised from the lineage every few trials
+
+and two references, trained from the same base for the same steps:
+
+    default      the config's root harness (the recipe a user starts from)
+    tuned        the best of a hand sweep a careful engineer would run (SWEEP): learning rate
+                 x0.5 / x1 / x2, reward binary / partial credit, group size G / 2G at equal
+                 rollouts per step (prompts halve): 12 recipes, each trained from the base on two
+                 sweep seeds; the best mean validation accuracy wins
+
+Each strategy searches `--replicates` times (replicate r uses search seeds [2r, 2r+1], the
+same for every strategy, so replicates pair). Every winner, and both references, is then
+replayed from the base on `--seeds` fresh seeds no search saw (identical schedules once).
+The table gives each strategy's held-out test gain over each reference with a 95% t
+interval over the replicates (bench/search_efficiency.py's clustered interval: the replicate
+is the independent draw), trials to the first kept version, and the changes each winner
+holds; then the evolving controller minus greedy, paired by replicate and seed. The
+landscape lists every trained trial's gain over its control by move, across all searches:
+where nothing was found it shows what was tried and how close it came.
+
+Every search and the sweep of a task share one segment cache (`cache.dir`), so a harness
+that two arms train on the same seeds (the root, a first move both searches pick) trains
+once; each search's record counts segments trained and reused.
+
+    .venv/bin/python bench/search_suite.py --tasks arith3-weak        # one task (~3 h on 2 cores)
+    .venv/bin/python bench/search_suite.py --merge                    # the report of every finished task
+
+A finished search, sweep or replay under --out is read back, not redone.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+    os.environ.setdefault(var, "1")  # nothing here downloads
+
+from evotrainer.agents import set_knob  # noqa: E402
+from evotrainer.config import config_from_dict  # noqa: E402
+from evotrainer.evolve.controller import Controller  # noqa: E402
+from evotrainer.evolve.retrain import Arm  # noqa: E402
+from evotrainer.harness.knobs import load_knobs  # noqa: E402
+from search_efficiency import _ci, _ms, arm_key, replays  # noqa: E402
+
+SUITE = ROOT / "bench" / "configs" / "suite"
+NO_SKILLS = {"skills": None}  # skills are the transfer issue's: every strategy starts without a library
+STRATEGIES = {
+    "random": {"agent": "random", "search": {"selection": "greedy", "crossover": False, "escalation": False}},
+    "greedy": {"agent": "rules", "search": {"selection": "greedy", "crossover": False, "escalation": False}},
+    "population": {"agent": "rules", "search": {"selection": "population", "controller": "fixed"}},
+    "evolving": {"agent": "rules", "search": {"selection": "population", "controller": "evolving"}},
+}
+SWEEP_SEEDS = [50, 51]  # the tuned reference's sweep: seeds no search and no replay uses
+FRESH = 300             # first fresh replay seed
+
+
+def sweep_recipes(knobs) -> dict[str, dict]:
+    """The hand sweep: learning rate x reward x group size, one dict of knob changes each."""
+    out = {}
+    for lr_name, factor in (("lr0.5", 0.5), ("lr1", 1.0), ("lr2", 2.0)):
+        for reward in ("binary", "partial_credit"):
+            for g_name, g in (("g1", 1), ("g2", 2)):
+                if g == 2 and knobs.prompts_per_step < 2:
+                    continue
+                change = {"lr": round(knobs.lr * factor, 10), "reward": reward}
+                if g == 2:  # equal rollouts per step, as the catalog's larger_groups does
+                    change |= {"group_size": knobs.group_size * 2, "prompts_per_step": knobs.prompts_per_step // 2}
+                out[f"{lr_name}-{reward}-{g_name}"] = change
+    return out
+
+
+def config(raw: dict, strategy: str, r: int, out: Path) -> dict:
+    raw = copy.deepcopy(raw)
+    s = STRATEGIES[strategy]
+    raw["agent"] = s["agent"]
+    raw["seeds"] = [2 * r, 2 * r + 1]
+    raw["final_seeds"] = []  # the bench replays every winner itself, on shared fresh seeds
+    raw["search"] = {**raw.get("search", {}), **s["search"], **NO_SKILLS}
+    raw["cache"] = {"dir": str(out / "segment-cache")}
+    return raw
+
+
+def search(raw: dict, strategy: str, r: int, out: Path) -> dict:
+    """One search (or its record, if it finished before)."""
+    run = out / f"{strategy}-r{r}"
+    done = run / "search.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    cfg = config_from_dict(config(raw, strategy, r, out)).validate()
+    t = time.time()
+    ctl = Controller(cfg, run, on_event=lambda kind, d: kind == "trial_finished" and print(
+        f"    {strategy} r{r} trial {d['trial']}: {d['intervention']} {d['label']}", flush=True))
+    ctl.run()
+    label, versions, arm = ctl.winner_schedule()
+    trials = ctl.store.trials()
+    by_version = {t.version: t for t in trials if t.version}
+    rec = {"strategy": strategy, "replicate": r, "seeds": cfg.seeds, "winner": label,
+           "holds": holds(by_version, versions[-1]), "harnesses": list(arm.harnesses), "steps": arm.steps,
+           "base": ctl.base, "seconds": round(time.time() - t),
+           "first_kept": next((t.id for t in trials if t.parents and t.label == "kept"), None),
+           "trials": [{"id": t.id, "intervention": t.intervention, "label": t.label, "parents": t.parents,
+                       "gain": t.fitness.get("gain")} for t in trials],
+           "segments": segment_counts(trials)}
+    done.write_text(json.dumps(rec, indent=2))
+    return rec
+
+
+def holds(by_version: dict, version: str) -> list[str]:
+    """The changes a version holds: its own move and its ancestors' (both sides of a crossover)."""
+    t = by_version.get(version)
+    if t is None or not t.parents:
+        return []
+    own = [] if t.intervention == "crossover" else [t.intervention]
+    return sorted(set(own).union(*(holds(by_version, p) for p in t.parents)))
+
+
+def segment_counts(trials) -> dict[str, int]:
+    """Segments trained and reused from the cache over a search's trials."""
+    out = {"trained": 0, "reused": 0}
+    for t in trials:
+        for k in out:
+            out[k] += int(t.budgets.get(f"segments_{k}", 0))
+    return out
+
+
+def tuned(raw: dict, root: Path, base: str, out: Path) -> tuple[str, Arm, dict]:
+    """The tuned reference: every sweep recipe from the base on the sweep seeds; the best by
+    mean validation accuracy."""
+    cfg = config_from_dict(config(raw, "greedy", 0, out)).validate()
+    knobs_text = (root / "knobs.yaml").read_text()
+    recipes = sweep_recipes(load_knobs(root / "knobs.yaml"))
+    arms = {}
+    for name, change in recipes.items():
+        d = out / "sweep" / "harnesses" / name
+        if not d.exists():
+            d.mkdir(parents=True)
+            for f in root.iterdir():
+                if f.is_file():
+                    (d / f.name).write_bytes(f.read_bytes())
+            text = knobs_text
+            for k, v in change.items():
+                text = set_knob(text, k, v)
+            (d / "knobs.yaml").write_text(text)
+        arms[name] = Arm((str(d),), cfg.budget.total_steps)
+    scores = replays(cfg, arms, base, SWEEP_SEEDS, out / "sweep")
+    val = {name: statistics.fmean(scores[name][s]["val"] for s in SWEEP_SEEDS) for name in arms}
+    best = max(val, key=lambda n: (val[n], n))
+    return best, arms[best], val
+
+
+def landscape(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Every trained trial's gain over its control, by move, over all searches of a task."""
+    by_move: dict[str, list[tuple[float, str]]] = {}
+    for recs in runs.values():
+        for rec in recs:
+            for t in rec["trials"]:
+                if t["parents"] and t["gain"] is not None:
+                    by_move.setdefault(t["intervention"], []).append((t["gain"], t["label"]))
+    return {m: {"n": len(v), "mean_gain": statistics.fmean(g for g, _ in v), "best_gain": max(g for g, _ in v),
+                "kept": sum(1 for _, lab in v if lab == "kept")} for m, v in sorted(by_move.items())}
+
+
+def bench_task(config_path: Path, strategies: list[str], replicates: int, seeds: list[int], out: Path) -> dict:
+    raw = yaml.safe_load(config_path.read_text())
+    out = out / config_path.stem
+    runs = {s: [] for s in strategies}
+    for r in range(replicates):  # replicate by replicate, so a bench cut short leaves paired searches
+        for s in strategies:
+            runs[s].append(search(raw, s, r, out))
+    first = runs[strategies[0]][0]
+    base, root = first["base"], out / f"{strategies[0]}-r0" / "harnesses" / "v0"
+    cfg = config_from_dict(config(raw, "greedy", 0, out)).validate()
+    tuned_name, tuned_arm, sweep_val = tuned(raw, root, base, out)
+    arms = {"default": Arm((str(root),), cfg.budget.total_steps), "tuned": tuned_arm}
+    for rec in (rec for s in strategies for rec in runs[s]):
+        rec["arm"] = arm_key(rec["harnesses"], rec["steps"])
+        arms.setdefault(rec["arm"], Arm(tuple(rec["harnesses"]), rec["steps"]))
+    scores = replays(cfg, arms, base, seeds, out)
+    result = {"config": config_path.stem, "task": f"{cfg.task} level {cfg.level}", "trials": cfg.budget.trials,
+              "total_steps": cfg.budget.total_steps, "seeds": seeds, "runs": runs, "scores": scores,
+              "tuned": {"recipe": tuned_name, "sweep_val": sweep_val}, "landscape": landscape(runs)}
+    (out / "result.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _test(result: dict, arm: str) -> list[float]:
+    return [result["scores"][arm][str(s) if str(s) in result["scores"][arm] else s]["test"] for s in result["seeds"]]
+
+
+def gains(result: dict, strategy: str, against: list[float]) -> list[list[float]]:
+    """Winner minus a reference on each fresh seed, one row per replicate."""
+    return [[a - b for a, b in zip(_test(result, rec["arm"]), against)] for rec in result["runs"][strategy]]
+
+
+def table(result: dict) -> str:
+    default, tuned_ = _test(result, "default"), _test(result, "tuned")
+    strategies = list(result["runs"])
+    reps = len(result["runs"][strategies[0]])
+    lines = [f"## {result['config']}: {result['task']}, {result['trials']} trials, {result['total_steps']} steps; "
+             f"{reps} search replicates x {len(result['seeds'])} fresh seeds", "",
+             f"Test accuracy % of each winner replayed from the base (mean ± sd over replicates; references over "
+             f"seeds). Tuned reference: `{result['tuned']['recipe']}`, the best of {len(result['tuned']['sweep_val'])} "
+             f"swept recipes on 2 sweep seeds. Gains: mean and 95% t interval over the replicates.", "",
+             "| strategy | test % | − default | − tuned | trials to first kept | winners hold | segments trained / reused |",
+             "|---|---|---|---|---|---|---|",
+             f"| default | {_ms([100 * x for x in default])} | – | {_ci([[a - b for a, b in zip(default, tuned_)]])} "
+             "| – | – | – |",
+             f"| tuned | {_ms([100 * x for x in tuned_])} | {_ci([[a - b for a, b in zip(tuned_, default)]])} | – "
+             "| – | – | – |"]
+    for s in strategies:
+        recs = result["runs"][s]
+        test = [100 * statistics.fmean(_test(result, rec["arm"])) for rec in recs]
+        kept = ", ".join(str(rec["first_kept"]) if rec["first_kept"] is not None else "none" for rec in recs)
+        hold = "; ".join(" + ".join(rec["holds"]) or "root" for rec in recs)
+        seg = (sum(rec["segments"]["trained"] for rec in recs), sum(rec["segments"]["reused"] for rec in recs))
+        lines.append(f"| {s} | {_ms(test)} | {_ci(gains(result, s, default))} | {_ci(gains(result, s, tuned_))} "
+                     f"| {kept} | {hold} | {seg[0]} / {seg[1]} |")
+    if "evolving" in result["runs"] and "greedy" in result["runs"]:
+        ev, gr = result["runs"]["evolving"], result["runs"]["greedy"]
+        rows = [[a - b for a, b in zip(_test(result, e["arm"]), _test(result, g["arm"]))] for e, g in zip(ev, gr)]
+        lines += ["", f"Evolving controller − greedy, paired by replicate and seed: {_ci(rows)} test points."]
+    lines += ["", "Landscape (every trained trial's gain over its control, validation points):", "",
+              "| move | tried | mean gain | best gain | kept |", "|---|---|---|---|---|"]
+    for move, v in result["landscape"].items():
+        lines.append(f"| {move} | {v['n']} | {100 * v['mean_gain']:+.1f} | {100 * v['best_gain']:+.1f} | {v['kept']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", nargs="+", default=sorted(c.stem for c in SUITE.glob("*.yaml")),
+                   help="suite configs (names under bench/configs/suite, or paths)")
+    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    p.add_argument("--replicates", type=int, default=3, help="searches per strategy, on different search seeds")
+    p.add_argument("--seeds", type=int, default=5, help="fresh seeds every winner and reference is replayed on")
+    p.add_argument("--out", type=Path, default=ROOT / "bench-runs" / "search-suite")
+    p.add_argument("--merge", action="store_true", help="only print the report of the tasks finished under --out")
+    args = p.parse_args()
+    import transformers
+    transformers.logging.disable_progress_bar()  # the bench prints its own lines
+    if not args.merge:
+        seeds = list(range(FRESH, FRESH + args.seeds))
+        for name in args.tasks:
+            path = Path(name) if name.endswith(".yaml") else SUITE / f"{name}.yaml"
+            print(f"# {path.stem}: {', '.join(args.strategies)}", flush=True)
+            print("\n" + table(bench_task(path, args.strategies, args.replicates, seeds, args.out)) + "\n", flush=True)
+    results = [json.loads(f.read_text()) for f in sorted(args.out.glob("*/result.json"))]
+    report = "# Search suite\n\n" + "\n\n".join(table(r) for r in results) + "\n"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "report.md").write_text(report)
+    print(report)
+
+
+if __name__ == "__main__":
+    main()
