@@ -11,7 +11,9 @@ files and a seed) that each return `Proposal`s changing one variable:
   The group size halves coupled with prompts per step (rollouts per step stay equal), the
   other direction being the catalog's `larger_groups`.
 - structural: each slot knob to every implementation its registry offers other than the
-  current one, the parent's own slot file included (read as an AST, never imported).
+  current one, the parent's own slot file included (read as an AST, never imported). A
+  move that makes the same change as a catalog entry is left out by the rules agent
+  (rules.space_moves), so a change is tried once, under the catalog's name.
 - composed rewards: a weighted sum of typed parts (verifier score, partial credit, length,
   format), rendered from a `RewardSpec` into a function appended to the parent's
   `reward.py`, with `reward:` set to it. The one variable is the reward. A parent whose
