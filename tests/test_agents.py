@@ -3,7 +3,7 @@ import yaml
 
 from helpers import agent_context as ctx
 from evotrainer.agents import CATALOG, Escalation, propose, propose_random, set_knob
-from evotrainer.agents.rules import family_of
+from evotrainer.agents.rules import candidates, family_of, space_moves
 from evotrainer.skills import SkillLibrary
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.knobs import Knobs, knobs_from_dict, load_knobs
@@ -31,7 +31,10 @@ def test_dead_groups_get_partial_credit_with_the_evidence_in_the_hypothesis():
 
 
 def test_tried_ideas_are_skipped_and_the_agent_moves_to_the_next_family():
-    p = propose(ctx([DEAD], tried={"partial_credit"}))
+    # the finding's family goes on with the search space's moves after the catalog's
+    assert propose(ctx([DEAD], tried={"partial_credit"})).intervention == "mix_score1_partial0p5"
+    reward = {p.intervention for p in candidates(ctx([DEAD])) if p.family == "reward"}
+    p = propose(ctx([DEAD], tried=reward))
     assert p.intervention == "drop_dead"  # reward spent: the fixed order's next family
 
 
@@ -50,7 +53,8 @@ def test_every_proposal_is_one_legal_knob_change_and_the_catalog_runs_dry():
         knobs_from_dict({**yaml.safe_load((REFERENCE / "knobs.yaml").read_text()), **p.knobs})  # valid knob values
         tried.add(p.intervention)
     # the reference already pays the verifier score and trains on one level
-    assert tried == set(CATALOG.names()) - {"binary_reward", "frontier_curriculum"}
+    assert tried & set(CATALOG.names()) == set(CATALOG.names()) - {"binary_reward", "frontier_curriculum"}
+    assert tried - set(CATALOG.names()) == {p.intervention for p in space_moves(ctx([]))}  # then the space's
 
 
 def test_set_knob_keeps_comments_and_order():
@@ -71,7 +75,7 @@ def test_the_skill_library_reorders_the_rules_by_what_the_same_finding_led_to(tm
     p = propose(ctx([DEAD], skills=lib.skills(), task="arith"))
     assert p.intervention == "clip_higher"           # held before on this signature
     # the measured loser goes last, not out: with everything else tried it is still proposed
-    others = set(CATALOG.names()) - {"partial_credit"}
+    others = (set(CATALOG.names()) | {p.intervention for p in candidates(ctx([DEAD]))}) - {"partial_credit"}
     assert propose(ctx([DEAD], tried=others - {"drop_dead"}, skills=lib.skills(), task="arith")).intervention \
         == "drop_dead"
     assert propose(ctx([DEAD], tried=others, skills=lib.skills(), task="arith")).intervention == "partial_credit"

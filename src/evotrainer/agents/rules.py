@@ -1,21 +1,26 @@
 """The rules agent: offline and deterministic. Findings in, one intervention out.
 
 It reads the parent's health-report findings worst first, maps each to the intervention
-family its suggestion names ("reward: ...", "group_filter: ..."), and lists every catalog
-entry that applies and was not tried from this parent yet: the families the findings
-name first, then the rest in a fixed order, so it always has a next idea until the
-catalog is spent (None). The skill library then reorders that list by what the same
-findings led to before (`skills.rank`), and an escalation (three failures in a row)
-switches layer and prefers subtracting.
+family its suggestion names ("reward: ...", "group_filter: ..."), and lists every move
+that applies and was not tried from this parent yet, from the catalog's named entries and
+the search space around them (agents/space.py): for each family the findings name, the
+catalog's moves then the space's; then the catalog's moves of every other family in a
+fixed order, and last the space's (without a finding to point at a family, the named,
+literature-backed changes are the better first tries). The space is finite per parent, so
+the agent always has a next idea until both are spent (None). The skill library then
+reorders that list by what the same findings led to before (`skills.rank`), and an
+escalation (three failures in a row) switches layer and prefers subtracting.
 """
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from evotrainer.agents.catalog import CATALOG, FAMILY, Proposal, revert
+from evotrainer.agents.edits import harness_files
+from evotrainer.agents.space import Parent, space
 from evotrainer.skills import Skill, rank, signature
 from evotrainer.harness.knobs import Knobs
 
@@ -65,17 +70,17 @@ def candidates(ctx: AgentContext) -> list[Proposal]:
     """Every applicable, untried intervention in rule order, each naming the finding it answers."""
     esc = ctx.escalation
     findings = [f for f in ctx.findings if not esc or f.get("diagnostic") not in esc.ignore]
-    families = [f for f in (family_of(x.get("suggest", "")) for x in findings) if f]
-    order = list(dict.fromkeys(families + list(FAMILY_ORDER)))
+    named = list(dict.fromkeys(f for f in (family_of(x.get("suggest", "")) for x in findings) if f))
+    rest = [f for f in FAMILY_ORDER if f not in named]
+    catalog, around = catalog_moves(ctx), space_moves(ctx)
+    order = [(fam, moves) for fam in named for moves in (catalog, around)] + \
+        [(fam, catalog) for fam in rest] + [(fam, around) for fam in rest]
     out = []
-    for family in order:
-        for name, fam in FAMILY.items():
-            if fam != family or name in ctx.tried:
+    for family, moves in order:
+        why = next((x for x in findings if family_of(x.get("suggest", "")) == family), None)
+        for p in moves:
+            if p.family != family or p.intervention in ctx.tried:
                 continue
-            p = CATALOG.get(name)(ctx.knobs, ctx.target_level)
-            if p is None:
-                continue
-            why = next((x for x in findings if family_of(x.get("suggest", "")) == family), None)
             if why is not None:  # the finding this answers is the evidence of the hypothesis
                 p = replace(p, hypothesis=f"{p.hypothesis} (evidence: {why['evidence']})", trigger=signature(why))
             out.append(p)
@@ -84,6 +89,31 @@ def candidates(ctx: AgentContext) -> list[Proposal]:
             out = [p for p in revert(ctx.knobs, ctx.root_knobs) if p.intervention not in ctx.tried] + out
         out = [p for p in out if p.family not in esc.avoid] or out
     return out
+
+
+def catalog_moves(ctx: AgentContext) -> list[Proposal]:
+    """Every catalog entry that applies to the parent, tried or not, in the catalog's order."""
+    return [p for name in FAMILY if (p := CATALOG.get(name)(ctx.knobs, ctx.target_level)) is not None]
+
+
+def space_moves(ctx: AgentContext) -> list[Proposal]:
+    """The search space's moves for the parent, less any that makes a change a catalog entry
+    (tried or not) or an earlier move already makes: one change is one trial, under the
+    catalog's name where it has one (the space's `entropy_coef_on` is the catalog's
+    `entropy_bonus`)."""
+    files = harness_files(ctx.harness_dir) if ctx.harness_dir is not None else {}
+    seen, out = {_change(p) for p in catalog_moves(ctx)}, []
+    for p in space(Parent(ctx.knobs, ctx.target_level, files, ctx.seed)):
+        if _change(p) not in seen:
+            seen.add(_change(p))
+            out.append(p)
+    return out
+
+
+def _change(p: Proposal) -> tuple:
+    """What a proposal does to the harness, comparable: its knob values and file contents."""
+    return (tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in p.knobs.items())),
+            tuple(sorted(p.files.items())))
 
 
 def propose(ctx: AgentContext) -> Proposal | None:
@@ -99,7 +129,8 @@ def propose(ctx: AgentContext) -> Proposal | None:
 
 
 def propose_random(ctx: AgentContext) -> Proposal | None:
-    """The random single-variable baseline: any applicable untried intervention, uniformly."""
+    """The random single-variable baseline: any applicable untried intervention of the catalog
+    and the search space, uniformly (so most draws are the space's: it is the larger)."""
     cands = candidates(replace(ctx, findings=(), skills=(), escalation=None))
     if not cands:
         return None
