@@ -1,4 +1,6 @@
 """Selection, promotion and crossover on hand-made populations (pure functions)."""
+import math
+
 import pytest
 
 from evotrainer.evolve.population import (Child, Elite, SelectionConfig, crossover_due, mates, merge,
@@ -112,3 +114,54 @@ def test_mates_are_elites_with_something_the_first_lacks():
     first = e("a", 0.5, {"p"})
     pop = [first, e("sub", 0.6, set()), e("same", 0.4, {"p"}), e("near", 0.3, {"p", "q"}), e("far", 0.2, {"r"})]
     assert [x.version for x in mates(pop, first)] == ["far", "near"]
+
+
+def test_a_spent_parent_pays_the_exhausted_penalty():
+    a, b = e("a", 0.5), e("b", 0.5)
+    base = parent_scores([a, b], [], trial=9, cfg=CFG)
+    # the agent had nothing left for a's harness at another depth
+    s = parent_scores([a, b], [], trial=9, cfg=CFG, exhausted={"a"})
+    assert s[b.key] == base[b.key] and base[a.key] - s[a.key] == pytest.approx(CFG.exhausted)
+    # its last three children failed (no gain measured: never trained), one more than b's two
+    kids = [Child(t, (a.key,), None, failed=True) for t in (1, 2, 3)] + \
+           [Child(t, (b.key,), None, failed=True) for t in (4, 5)]
+    s = parent_scores([a, b], kids, trial=30, cfg=CFG)
+    explore = CFG.exploration * (math.sqrt(math.log(7) / 4) - math.sqrt(math.log(7) / 3))  # a: 3 children, b: 2
+    assert s[a.key] - s[b.key] == pytest.approx(explore - CFG.exhausted)
+    # a kept child ends the streak: no penalty
+    s = parent_scores([a, b], kids + [Child(6, (a.key,), 0.0)], trial=30, cfg=CFG)
+    assert s[a.key] - s[b.key] == pytest.approx(CFG.exploration * (math.sqrt(math.log(8) / 5)
+                                                                   - math.sqrt(math.log(8) / 3)))
+
+
+def test_temperature_zero_is_the_argmax_and_a_draw_repeats_for_its_seed():
+    pop = [e("a", 0.50), e("b", 0.49), e("c", 0.48)]
+    best = select_parent(pop, [], 1, CFG)
+    assert best.version == "a" and select_parent(pop, [], 1, CFG, temperature=0.0, seed="x") == best
+    draws = [select_parent(pop, [], 1, CFG, temperature=0.01, seed=f"parent 0 {n}").version for n in range(40)]
+    assert draws == [select_parent(pop, [], 1, CFG, temperature=0.01, seed=f"parent 0 {n}").version
+                     for n in range(40)]                    # a resume draws the same parents
+    assert set(draws) == {"a", "b", "c"} and draws.count("a") > draws.count("c")
+    cold = {select_parent(pop, [], 1, CFG, temperature=1e-4, seed=n).version for n in range(20)}
+    assert cold == {"a"}                                    # cold: the argmax again
+
+
+def test_lean_is_the_smallest_diff_from_the_reference_that_keeps_most_of_the_gain():
+    best = e("best", 0.50, {"p", "q", "r"})
+    most = e("most", 0.47, {"p", "q"})       # 85% of the best's 0.20 over the reference
+    least = e("least", 0.45, {"p"})          # 75%: smaller, but gives up too much
+    far = e("far", 0.31, {"z"})
+    pop = roles([best, most, least, far], CFG, reference=0.30)
+    assert {x.version: x.role for x in pop}["most"] == "lean"
+    # 70% is enough for the smallest one
+    pop = roles([best, most, least, far], SelectionConfig(capacity=4, lean_share=0.7), reference=0.30)
+    assert {x.version: x.role for x in pop}["least"] == "lean"
+    # no reference: only a near-tie of the best (within near_tie) is lean
+    assert "lean" not in {x.role for x in roles([best, most, least, far], CFG)}
+
+
+def test_a_pair_already_crossed_is_tried_after_every_fresh_mate():
+    first = e("a", 0.5, {"p"})
+    pop = [first, e("far", 0.2, {"r"}), e("near", 0.3, {"p", "q"})]
+    assert [x.version for x in mates(pop, first)] == ["far", "near"]
+    assert [x.version for x in mates(pop, first, {frozenset({"a", "far"}): 1})] == ["near", "far"]

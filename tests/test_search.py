@@ -10,7 +10,7 @@ from evotrainer.agents import CATALOG
 from evotrainer.config import config_from_dict
 from evotrainer.evolve.controller import Controller, State
 from evotrainer.evolve.plan import of_agent
-from evotrainer.lineage.events import CrossoverConflict, Escalated, TrialStarted
+from evotrainer.lineage.events import ControlFinished, CrossoverConflict, Escalated, TrialStarted
 from evotrainer.skills import SkillLibrary
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.knobs import load_knobs
@@ -77,6 +77,42 @@ def test_crossover_merges_two_elites_changes_and_skips_a_conflicting_pair(ctl):
                             "discarded", fitness={"gain": 0.0}), None, p)
     assert look(ctl) and ctl._crossover(6, v1) is None
     assert ctl.view.elites([State("v5", 3, {}, {0: 0.0}, {})])[0].changes == {"partial_credit", "clip_higher"}
+
+
+def test_a_pair_whose_gains_come_from_the_same_ancestor_change_is_not_crossed():
+    from evotrainer.evolve.history import gains_beyond, repeats_ancestor
+
+    def rec(n, parents, label="kept", gain=0.03, intervention="x"):
+        return TrialRecord(n, f"v{n}", parents, "rules", "crossover" if len(parents) > 1 else intervention, 2, "",
+                           "-", "", label, fitness={"gain": gain})
+    trials = [TrialRecord(0, "v0", [], "-", "root", 1, "", "-", "", "kept"),
+              rec(1, ["v0"], gain=0.05), rec(2, ["v1"]), rec(3, ["v1"]), rec(4, ["v0"]), rec(5, ["v2", "v4"]),
+              rec(6, ["v1"], gain=0.0), rec(7, ["v1"], label="discarded", gain=0.04)]
+    assert [t.id for t in gains_beyond(trials, "v5", "v0")] == [1, 2, 4, 5]
+    assert repeats_ancestor(trials, "v1", "v2")          # v1 is the ancestor: it owns nothing beyond itself
+    assert not repeats_ancestor(trials, "v2", "v3")      # each kept a gain of its own beyond v1
+    assert not repeats_ancestor(trials, "v2", "v4")      # ... beyond v0
+    assert repeats_ancestor(trials, "v5", "v4")          # v5 already merged v4's line
+    assert repeats_ancestor(trials, "v6", "v2")          # kept with no measured gain: nothing of its own
+    assert repeats_ancestor(trials, "v7", "v2")          # never kept
+
+
+def test_crossover_refuses_a_state_of_the_ancestor_with_its_own_descendant(ctl):
+    root = State.of(ctl.store.trials()[0].fitness["state"])
+    v1 = add(ctl, 1, root, "partial_credit", "kept", val=0.20, gain=0.05)
+    v2 = add(ctl, 2, v1, "clip_higher", "kept", val=0.30, gain=0.04)
+    add(ctl, 3, v1, "drop_dead", "discarded", val=0.10, gain=-0.01)
+    add(ctl, 4, v2, "entropy_bonus", "discarded", val=0.20, gain=-0.01)
+    later = State("v1", 3, {0: "x"}, {0: 0.25}, {0: 0.0})   # v1 trained on: v1's harness, deeper
+    ctl.store.append(ControlFinished(later))
+    look(ctl)
+    assert {e.key for e in ctl.view.population(ctl.selection)} >= {("v1", 3), ("v2", 3)}
+    # v2 carries what v1 lacks, but its gains beyond their common ancestor v1 are v2's own: merging
+    # them gives back v2's harness, a crossover in name only
+    assert ctl._crossover(5, later) is None
+    v5 = add(ctl, 5, root, "dr_grpo", "kept", val=0.22, gain=0.02)   # a line of its own from the root
+    look(ctl)
+    assert ctl._crossover(6, later).mate.version == v5.version
 
 
 def test_three_failures_in_a_row_escalate_once_roll_back_and_subtract(ctl):

@@ -267,7 +267,11 @@ def cmd_status(args) -> dict:
     st = status(args.run)
     if args.json:
         return st
+    revisions = st.pop("controller_revisions", [])  # one line each, below
     print("\n".join(f"{k}: {v}" for k, v in st.items()), file=sys.stderr)
+    for r in revisions:
+        print(f"controller r{r['revision']} after trial {r['after']}: {'; '.join(r['changes'])} (because "
+              f"{r['reason']}; cites trials {', '.join(map(str, r['cites']))})", file=sys.stderr)
     if (args.run / "final.md").exists():
         print((args.run / "final.md").read_text(), file=sys.stderr)
     return None

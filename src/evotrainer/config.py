@@ -61,6 +61,9 @@
       population: 4              # elites kept
       crossover: true            # merge two elites' harness changes when none happened lately
       escalation: true           # after 3 failures in a row: subtract, switch layer, roll back
+      controller: fixed          # fixed: the search's policy as above, all run long; evolving: revised
+                                 # every revise_every trials from the lineage (evolve/search_policy.py)
+      revise_every: 3
       skills: ~/.local/share/evotrainer/skills.sqlite   # the skill library (null: none; the
                                  # default follows $XDG_DATA_HOME where it is set)
     base:                        # the built-in tiny model's SFT base (when no `model` is given)
@@ -125,6 +128,7 @@ AGENTS = ("rules", "random", "llm", "command")
 APPROVAL_POINTS = ("design", "backtest", "completion")
 TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
 SELECTIONS = ("population", "greedy")
+CONTROLLERS = ("fixed", "evolving")
 EXECUTORS = ("local", "ray")
 RAY_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+")
 DEFAULT_SKILLS = str(DATA / "skills.sqlite")  # $XDG_DATA_HOME/evotrainer, default ~/.local/share/evotrainer
@@ -212,6 +216,8 @@ class SearchConfig:
     crossover: bool = True
     escalation: bool = True
     skills: str | None = DEFAULT_SKILLS
+    controller: str = "fixed"    # the search's own policy: fixed, or evolving (evolve/search_policy.py)
+    revise_every: int = 3        # an evolving controller's trials between revisions
 
     @property
     def restarts(self) -> bool:
@@ -315,6 +321,9 @@ class RunConfig:
         need(self.search.selection in SELECTIONS, "search.selection",
              f"must be one of {', '.join(SELECTIONS)}, got '{self.search.selection}'")
         need(self.search.population >= 1, "search.population", f"must be >= 1, got {self.search.population}")
+        need(self.search.controller in CONTROLLERS, "search.controller",
+             f"must be one of {', '.join(CONTROLLERS)}, got '{self.search.controller}'")
+        need(self.search.revise_every >= 1, "search.revise_every", f"must be >= 1, got {self.search.revise_every}")
         need(self.workers >= 0, "workers", f"must be >= 0 (0: one per core), got {self.workers}")
         need(self.executor in EXECUTORS, "executor", f"must be one of {', '.join(EXECUTORS)}, got '{self.executor}'")
         if self.executor == "ray":

@@ -58,6 +58,9 @@ class AgentContext:
     feedback: str = ""                      # a person's words from a gate (`evotrainer revise`)
     trial: int = 0
     workdir: Path | None = None             # where the agent may keep its transcript and worktree
+    # an evolving search controller's weights per intervention family (evolve/search_policy.py;
+    # none: every family alike, the fixed order)
+    family_weights: Mapping[str, float] = field(default_factory=dict)
 
 
 def family_of(suggestion: str) -> str | None:
@@ -66,12 +69,26 @@ def family_of(suggestion: str) -> str | None:
     return head if head in FAMILY_ORDER else None
 
 
+def by_weight(families: Sequence[str], weights: Mapping[str, float]) -> list[str]:
+    """`families` with the heavier first, a stable sort: equal weights (or none) keep their order."""
+    return sorted(families, key=lambda f: -weights.get(f, 1.0))
+
+
+def draw(cands: Sequence[Proposal], weights: Mapping[str, float], seed: int) -> Proposal:
+    """One candidate at random, each as likely as its family's weight (no weights: uniformly,
+    the draw the random agent always made)."""
+    rng = random.Random(seed)
+    if not weights:
+        return rng.choice(cands)
+    return rng.choices(cands, [weights.get(p.family, 1.0) for p in cands])[0]
+
+
 def candidates(ctx: AgentContext) -> list[Proposal]:
     """Every applicable, untried intervention in rule order, each naming the finding it answers."""
     esc = ctx.escalation
     findings = [f for f in ctx.findings if not esc or f.get("diagnostic") not in esc.ignore]
     named = list(dict.fromkeys(f for f in (family_of(x.get("suggest", "")) for x in findings) if f))
-    rest = [f for f in FAMILY_ORDER if f not in named]
+    rest = [f for f in by_weight(FAMILY_ORDER, ctx.family_weights) if f not in named]  # findings lead
     catalog, around = catalog_moves(ctx), space_moves(ctx)
     order = [(fam, moves) for fam in named for moves in (catalog, around)] + \
         [(fam, catalog) for fam in rest] + [(fam, around) for fam in rest]
@@ -134,4 +151,4 @@ def propose_random(ctx: AgentContext) -> Proposal | None:
     cands = candidates(replace(ctx, findings=(), skills=(), escalation=None))
     if not cands:
         return None
-    return replace(random.Random(ctx.seed).choice(cands), agent="random")
+    return replace(draw(cands, ctx.family_weights, ctx.seed), agent="random")

@@ -22,9 +22,15 @@ trials are redone under their number and with the plan they started with
 into a view (evolve/view.py) that the search's decisions (evolve/search.py) and the trial
 itself work from; a trial is given that view and the few services it needs (evolve/tools.py).
 
+The search's own policy (frontier, selection temperature, crossover timing, when to roll
+back, the weights of intervention families) is the config's all run long, or, with
+`search.controller: evolving`, revised every few trials from the lineage before the parent
+is chosen (evolve/search_policy.py), each revision recorded before it is relied on.
+
 Run directory: config.yaml, lineage.sqlite, evidence.sqlite, harness-repo/ (git, one
 tag per version), harnesses/vN (checkouts), versions/vN/seed-S and controls/vN-dD/seed-S
-(train directories).
+(train directories), controller/policy.yaml and policy-rN.yaml (an evolving controller's
+policy, each revision).
 """
 from __future__ import annotations
 
@@ -40,12 +46,13 @@ import yaml
 from evotrainer.agents import AgentContext, AgentFailed, Escalation, Proposal, make_agent, set_knob
 from evotrainer.config import RunConfig
 from evotrainer.errors import UsageError
-from evotrainer.evolve import approval, history, plan, search, setup
+from evotrainer.evolve import approval, history, plan, search, search_policy, setup
 from evotrainer.evolve.diagnosis import worst_findings
 from evotrainer.evolve.final_run import run_final, winner_schedule
 from evotrainer.evolve.plan import TrialPlan
 from evotrainer.evolve.population import SelectionConfig
 from evotrainer.evolve.progress import Progress, seed_metrics
+from evotrainer.evolve.search_policy import ControllerPolicy
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import noise_floor
 from evotrainer.evolve.tools import TrialTools
@@ -82,7 +89,7 @@ class Controller:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.agent, self.run_backtests = agent or make_agent(cfg), run_backtests
         self.gate_poll_s = gate_poll_s
-        self.selection = SelectionConfig(capacity=cfg.search.population)
+        self.initial_policy = ControllerPolicy.initial(cfg.search)  # the search's policy until revised
         self.task = get_task(cfg.task, cfg.level)
         self.runtime = cfg.runtime().validate(here=cfg.executor == "local")
         # a user's model: a local directory every worker loads (checked now: bad input stops here)
@@ -152,6 +159,7 @@ class Controller:
             if time.time() > t_end:
                 self._record(Stopped("wall-clock budget spent"))
                 return
+            self._revise()
             parent = self._select_parent(n)
             if parent is None:
                 self._record(Stopped("no state has segments or untried interventions left"))
@@ -197,6 +205,9 @@ class Controller:
             started = self.store.events(RunStarted)
         self.base = started[0].base
         setup.use_key(self.task, started[0])
+        if self.evolving:  # the policy files, from the lineage (a kill may have cut off the last one)
+            search_policy.write_files(self.run_dir / "controller", self.initial_policy,
+                                      RunView.read(self.store).revisions)
         self.training = Training(self.cfg, self.task, self.runtime, self.base, self.run_dir, self._harness_dir,
                                  self._progress, self.stage, self.jobs)
 
@@ -207,20 +218,46 @@ class Controller:
         self.view = RunView.read(self.store)
         return self.view
 
+    @property
+    def evolving(self) -> bool:
+        return self.cfg.search.controller == "evolving"
+
+    @property
+    def policy(self) -> ControllerPolicy:
+        """The search's policy as the current view has it: the latest revision's where evolving."""
+        return search_policy.current(self.view.revisions, self.initial_policy) if self.evolving else self.initial_policy
+
+    @property
+    def selection(self) -> SelectionConfig:
+        return SelectionConfig(capacity=self.policy.frontier)
+
+    def _revise(self) -> None:
+        """An evolving controller's revision of its policy where one is due: recorded (and
+        read back) before the trial relies on it, then written to RUN/controller/."""
+        if not self.evolving:
+            return
+        view = self.view
+        revised = search_policy.decide(self.policy, view.trials, view.plans, view.revisions)
+        if revised is None:
+            return
+        self._record(revised)
+        search_policy.write_files(self.run_dir / "controller", self.initial_policy, self._look().revisions)
+
     def _select_parent(self, n: int) -> State | None:
         view = self.view
         return search.choose_parent(view, n, view.open_states(self.max_depth, self.restart), self.cfg.search,
-                                    self.selection, self._escalation)
+                                    self.selection, self._escalation, self.policy, f"parent {self.cfg.seeds[0]} {n}")
 
     def _crossover(self, n: int, parent: State) -> TrialPlan | None:
         return search.crossover(self.view, n, parent, self.cfg.search, self.selection, self._harness_files,
-                                self.store.append)  # a conflict is recorded, not shown
+                                self.store.append, self.policy)  # a conflict is recorded, not shown
 
     def _escalation(self) -> Escalation | None:
         """The escalation for the current view (search.escalation), decided and recorded once per view."""
         if self._escalated is None or self._escalated[0] is not self.view:
             self._escalated = (self.view, search.escalation(self.view, self.cfg.search, self.cfg.budget.trial_timeout_s,
-                                                            self._record, self.store.append))
+                                                            self._record, self.store.append,
+                                                            self.policy.revert_after))
         return self._escalated[1]
 
     def _propose(self, n: int, parent: State, feedback: str = "", rejected: tuple[str, ...] = (),
@@ -235,7 +272,8 @@ class Controller:
                            target_level=self.task.target_level, task=self.cfg.task, tried=frozenset(tried),
                            skills=self._skills(), escalation=self._escalation(), seed=1000 * self.cfg.seeds[0] + n,
                            parent=parent.version, harness_dir=self._harness_dir(parent.version),
-                           lineage=history.view(trials), feedback=feedback, trial=n, workdir=self.run_dir / "agents")
+                           lineage=history.view(trials), feedback=feedback, trial=n, workdir=self.run_dir / "agents",
+                           family_weights=self.policy.family_weights if self.evolving else {})
         try:
             p = self.agent(ctx)
         except Exception as e:  # noqa: BLE001 (an agent's own failure is a label, never the run's end)

@@ -42,20 +42,42 @@ def changes(trials: Iterable) -> dict[str, frozenset[str]]:
     return out
 
 
+def ancestors(trials: Iterable, v: str) -> list[str]:
+    """`v` and every version it descends from (first parents and crossover mates), nearest first."""
+    parents = {t.version: t.parents for t in trials if t.version}
+    out, todo = [], [v]
+    while todo:
+        x = todo.pop(0)
+        if x not in out:
+            out.append(x)
+            todo += parents.get(x, [])
+    return out
+
+
 def common_ancestor(trials: Iterable, a: str, b: str) -> str:
     """The nearest version both `a` and `b` descend from (first parents and crossover mates)."""
-    parents = {t.version: t.parents for t in trials if t.version}
+    trials = list(trials)
+    of_b = set(ancestors(trials, b))
+    return next(v for v in ancestors(trials, a) if v in of_b)
 
-    def ancestors(v: str) -> list[str]:
-        out, todo = [], [v]
-        while todo:
-            x = todo.pop(0)
-            if x not in out:
-                out.append(x)
-                todo += parents.get(x, [])
-        return out
-    of_b = set(ancestors(b))
-    return next(v for v in ancestors(a) if v in of_b)
+
+def gains_beyond(trials: Iterable, version: str, base: str) -> list:
+    """The kept trials with a measured gain (> 0) that made the versions `version` descends from
+    (itself included) and `base` does not: the gains `version` owns beyond `base`."""
+    trials = list(trials)
+    own = set(ancestors(trials, version)) - set(ancestors(trials, base))
+    return [t for t in sorted(trials, key=lambda t: t.id)
+            if t.version in own and t.parents and t.label == Label.KEPT and (t.fitness.get("gain") or 0.0) > 0]
+
+
+def repeats_ancestor(trials: Iterable, a: str, b: str) -> bool:
+    """Whether the gains of `a` and `b` come from the same ancestor change: beyond their common
+    ancestor, one of them owns no kept gain (it is that ancestor, or a state of it further
+    trained, or carries only changes that gained nothing), so their merge only repeats what
+    the ancestor and the other side already measured."""
+    trials = list(trials)
+    base = common_ancestor(trials, a, b)
+    return not gains_beyond(trials, a, base) or not gains_beyond(trials, b, base)
 
 
 def surfaces(trials: Iterable, families: Mapping[int, str] | None = None) -> dict[str, str]:
@@ -76,7 +98,8 @@ def children(trials: Iterable, plans: Mapping[int, TrialPlan]) -> list[Child]:
         if not t.parents or plan is None or t.label == Label.EQUIVALENT:
             continue
         keys = [plan.parent.key] + ([plan.mate.key] if plan.mate else [])
-        out.append(Child(t.id, tuple(keys), t.fitness.get("gain"), crossover=t.intervention == CROSSOVER))
+        out.append(Child(t.id, tuple(keys), t.fitness.get("gain"), crossover=t.intervention == CROSSOVER,
+                         failed=t.label in FAILED))
     return out
 
 

@@ -15,12 +15,20 @@ hand-made populations.
              + fitness_w * (fitness - best fitness)   ours: GEAR's elites are all strong; ours fill
                                                       up with weak early states, whose children's
                                                       gains must not outweigh being far behind
+             - exhausted, if e is spent               its version was exhausted at another depth (the
+                                                      agent had nothing left for that harness), or its
+                                                      last `exhaust_after` children all failed
+
+The parent is the argmax of the score (temperature 0), or drawn from a softmax of the scores
+at a temperature with a seeded generator (the evolving controller's policy: exploring when
+the search stalls), so a resumed run draws the same parent again.
 """
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Sequence
+from typing import Collection, Iterable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,7 @@ class Child:
     parents: tuple[tuple[str, int], ...]   # (version, depth) of the first parent, then the second
     gain: float | None                     # validation gain over the control (None: never trained)
     crossover: bool = False
+    failed: bool = False                   # it gave no state to build on (labels.FAILED)
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,9 @@ class SelectionConfig:
     capacity: int = 4             # elites kept
     replace_margin: float = 0.01  # a newcomer replaces the best only when it beats it by this much
     near_tie: float = 0.01        # within this of the weakest, a more novel newcomer replaces it
+    exhausted: float = 0.02       # penalty for a spent parent: about a failed child's lost gain
+    exhaust_after: int = 3        # children failed in a row that make a parent spent
+    lean_share: float = 0.8       # "most of the gain": the share of the best's gain over the reference
 
 
 def jaccard_distance(a: frozenset, b: frozenset) -> float:
@@ -77,10 +89,21 @@ def usage(children: Iterable[Child]) -> dict[tuple[str, int], tuple[float, float
     return out
 
 
+def failing(children: Iterable[Child]) -> dict[tuple[str, int], int]:
+    """Per parent state: how many of its latest children (as first parent) failed in a row."""
+    out: dict[tuple[str, int], int] = {}
+    for c in sorted(children, key=lambda c: c.trial):
+        first = c.parents[0]
+        out[first] = out.get(first, 0) + 1 if c.failed else 0
+    return out
+
+
 def parent_scores(elites: Sequence[Elite], children: Sequence[Child], trial: int,
-                  cfg: SelectionConfig = SelectionConfig(), recent_parents: Sequence[frozenset] = ()) -> dict:
-    """The parent score of each elite (by key) before trial `trial`."""
-    used = usage(children)
+                  cfg: SelectionConfig = SelectionConfig(), recent_parents: Sequence[frozenset] = (),
+                  exhausted: Collection[str] = ()) -> dict:
+    """The parent score of each elite (by key) before trial `trial`; `exhausted`: versions the
+    agent had nothing left for at some depth (ParentExhausted), a penalty at every other depth."""
+    used, streaks = usage(children), failing(children)
     total = len(children)
     top = max((e.fitness for e in elites), default=0.0)
     scores = {}
@@ -92,21 +115,32 @@ def parent_scores(elites: Sequence[Elite], children: Sequence[Child], trial: int
         novelty = (sum(jaccard_distance(e.changes, r) for r in recent_parents) / len(recent_parents)
                    if recent_parents else 1.0)
         density = sum(1 for o in elites if o.surface == e.surface and o.key != e.key)
+        spent = e.version in exhausted or streaks.get(e.key, 0) >= cfg.exhaust_after
         scores[e.key] = (mean_gain + explore - recency + cfg.novelty * novelty
-                         + cfg.coverage / math.sqrt(density + 1) + cfg.fitness * (e.fitness - top))
+                         + cfg.coverage / math.sqrt(density + 1) + cfg.fitness * (e.fitness - top)
+                         - (cfg.exhausted if spent else 0.0))
     return scores
 
 
 def select_parent(elites: Sequence[Elite], children: Sequence[Child], trial: int,
-                  cfg: SelectionConfig = SelectionConfig(), recent_parents: Sequence[frozenset] = ()) -> Elite | None:
-    """The elite with the highest parent score (fitness, then depth, then name break ties)."""
+                  cfg: SelectionConfig = SelectionConfig(), recent_parents: Sequence[frozenset] = (),
+                  exhausted: Collection[str] = (), temperature: float = 0.0, seed: int | str = 0) -> Elite | None:
+    """The elite with the highest parent score (fitness, then depth, then name break ties); at a
+    temperature > 0, one drawn with probability proportional to exp(score / temperature), by a
+    generator seeded with `seed` (the same seed, the same draw: a resume repeats the choice)."""
     if not elites:
         return None
-    s = parent_scores(elites, children, trial, cfg, recent_parents)
-    return max(elites, key=lambda e: (round(s[e.key], 12), e.fitness, e.depth, e.version))
+    s = parent_scores(elites, children, trial, cfg, recent_parents, exhausted)
+    ranked = sorted(elites, key=lambda e: (round(s[e.key], 12), e.fitness, e.depth, e.version), reverse=True)
+    if temperature <= 0:
+        return ranked[0]
+    top = s[ranked[0].key]  # shifted by the best score: exp never overflows
+    weights = [math.exp((s[e.key] - top) / temperature) for e in ranked]
+    return random.Random(seed).choices(ranked, weights)[0]
 
 
-def promote(pop: Sequence[Elite], new: Elite, cfg: SelectionConfig = SelectionConfig()) -> tuple[list[Elite], str]:
+def promote(pop: Sequence[Elite], new: Elite, cfg: SelectionConfig = SelectionConfig(),
+            reference: float | None = None) -> tuple[list[Elite], str]:
     """The population after `new` asks to join, and what happened:
 
     fill            there is room;
@@ -114,30 +148,39 @@ def promote(pop: Sequence[Elite], new: Elite, cfg: SelectionConfig = SelectionCo
     replace_weakest it beats the weakest;
     diverse         a near-tie of the weakest (within `near_tie`) that is further from the others;
     rejected        none of these.
+
+    `reference`: the reference harness's fitness, what the roles measure gains from.
     """
     pop = [e for e in pop if e.key != new.key]
     if len(pop) < cfg.capacity:
-        return roles(pop + [new], cfg), "fill"
+        return roles(pop + [new], cfg, reference), "fill"
     best = max(pop, key=lambda e: e.fitness)
     weakest = min(pop, key=lambda e: (e.fitness, e.depth))
     if new.fitness > best.fitness + cfg.replace_margin:
-        return roles([new if e is best else e for e in pop], cfg), "replace_best"
+        return roles([new if e is best else e for e in pop], cfg, reference), "replace_best"
     if new.fitness > weakest.fitness:
-        return roles([new if e is weakest else e for e in pop], cfg), "replace_weakest"
+        return roles([new if e is weakest else e for e in pop], cfg, reference), "replace_weakest"
     others = [e for e in pop if e is not weakest]
     if weakest.fitness - new.fitness <= cfg.near_tie and _spread(new, others) > _spread(weakest, others):
-        return roles([new if e is weakest else e for e in pop], cfg), "diverse"
+        return roles([new if e is weakest else e for e in pop], cfg, reference), "diverse"
     return list(pop), "rejected"
 
 
-def roles(pop: Sequence[Elite], cfg: SelectionConfig = SelectionConfig()) -> list[Elite]:
-    """best: the fittest; lean: the fewest changes within `near_tie` of the best (if not the
-    best); diverse: the furthest from the rest; the others: member."""
+def roles(pop: Sequence[Elite], cfg: SelectionConfig = SelectionConfig(),
+          reference: float | None = None) -> list[Elite]:
+    """best: the fittest; lean (GEAR): the smallest diff from the reference (fewest changes)
+    that keeps most of the gain, fewer changes than the best and at least `lean_share` of the
+    best's gain over `reference` (or within `near_tie` of the best; with no reference, that
+    alone); diverse: the furthest from the rest; the others: member."""
     if not pop:
         return []
     best = max(pop, key=lambda e: (e.fitness, e.depth))
-    near = [e for e in pop if e is not best and best.fitness - e.fitness <= cfg.near_tie
-            and len(e.changes) < len(best.changes)]
+
+    def keeps_most(e: Elite) -> bool:
+        near = best.fitness - e.fitness <= cfg.near_tie
+        gain = best.fitness - reference if reference is not None else 0.0
+        return near or gain > 0 and e.fitness - reference >= cfg.lean_share * gain
+    near = [e for e in pop if e is not best and len(e.changes) < len(best.changes) and keeps_most(e)]
     lean = min(near, key=lambda e: (len(e.changes), -e.fitness), default=None)
     rest = [e for e in pop if e is not best and e is not lean]
     diverse = max(rest, key=lambda e: _spread(e, [o for o in pop if o is not e]), default=None)
@@ -191,7 +234,11 @@ def crossover_due(ops: Sequence[str], window: int = 4, min_rate: float = 0.25) -
     return "crossover" not in ops[-window:] or ops.count("crossover") / len(ops) < min_rate
 
 
-def mates(pop: Sequence[Elite], first: Elite) -> list[Elite]:
-    """Elites whose changes `first` lacks (a crossover would add something), most different first."""
+def mates(pop: Sequence[Elite], first: Elite, crossed: Mapping[frozenset[str], int] | None = None) -> list[Elite]:
+    """Elites whose changes `first` lacks (a crossover would add something), most different
+    first; a pair already crossed (`crossed`: pair of versions -> crossovers, either order)
+    after every fresh one, the least crossed first: retrying a pair is the last resort."""
+    crossed = crossed or {}
     out = [e for e in pop if e.key != first.key and e.changes - first.changes]
-    return sorted(out, key=lambda e: (-jaccard_distance(e.changes, first.changes), -e.fitness, e.version))
+    return sorted(out, key=lambda e: (crossed.get(frozenset((first.version, e.version)), 0),
+                                      -jaccard_distance(e.changes, first.changes), -e.fitness, e.version))

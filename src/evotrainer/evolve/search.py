@@ -7,10 +7,17 @@ decisions, as functions of a view of the run (evolve/view.py) and the search's s
     escalation   three failures in a row change what the agent is asked (and roll back)
     crossover    when one is due (population.crossover_due): the parent's harness merged
                  with an elite's that carries changes the parent lacks, against their common
-                 ancestor; a pair whose changes conflict is recorded and skipped, never guessed
+                 ancestor; a pair whose changes conflict is recorded and skipped, never guessed;
+                 a pair whose gains come from the same ancestor change (history.repeats_ancestor)
+                 and a pair already crossed in this order are skipped, a pair crossed the other
+                 way round is tried after every fresh one
+
+"three" and the crossover timing, the frontier and the selection temperature are the
+controller's policy (evolve/search_policy.py): fixed, or revised as the run goes.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable
 
 from evotrainer.agents import Escalation
@@ -18,6 +25,7 @@ from evotrainer.config import SearchConfig
 from evotrainer.evolve import history, plan
 from evotrainer.evolve.diagnosis import misleads
 from evotrainer.evolve.population import SelectionConfig, crossover_due, mates, merge, select_parent
+from evotrainer.evolve.search_policy import ControllerPolicy
 from evotrainer.evolve.view import RunView
 from evotrainer.lineage.events import CrossoverConflict, Escalated, Event
 from evotrainer.lineage.plan import TrialPlan
@@ -27,9 +35,11 @@ Harness = Callable[[str], tuple[dict, dict[str, str]]]  # version -> its knobs a
 
 
 def choose_parent(view: RunView, n: int, open_: list[State], search: SearchConfig, selection: SelectionConfig,
-                  escalation: Callable[[], Escalation | None]) -> State | None:
+                  escalation: Callable[[], Escalation | None], policy: ControllerPolicy = ControllerPolicy(),
+                  seed: int | str = 0) -> State | None:
     """The parent of trial `n` among the open states. `escalation` is asked only where the
-    choice depends on it (it records its decision the first time it is asked)."""
+    choice depends on it (it records its decision the first time it is asked); `seed` draws
+    the parent where the policy's temperature is above 0 (the same seed, the same parent)."""
     best = max(open_, key=lambda s: (s.mean_val, s.depth, s.version), default=None)
     if best is None or search.selection == "greedy":
         return best
@@ -42,22 +52,25 @@ def choose_parent(view: RunView, n: int, open_: list[State], search: SearchConfi
     plans = view.plans
     recent = [e.changes for e in view.elites([plans[t.id].parent for t in view.trials[-selection.recent:]
                                               if t.id in plans])]
-    pick = select_parent(elites, history.children(view.trials, plans), n, selection, recent)
+    pick = select_parent(elites, history.children(view.trials, plans), n, selection, recent, view.exhausted,
+                         policy.temperature, seed)
     return by_key[pick.key] if pick else best
 
 
 def crossover(view: RunView, n: int, parent: State, search: SearchConfig, selection: SelectionConfig,
-              harness: Harness, record: Callable[[Event], None]) -> TrialPlan | None:
+              harness: Harness, record: Callable[[Event], None],
+              policy: ControllerPolicy = ControllerPolicy()) -> TrialPlan | None:
     """A crossover plan for trial `n` from `parent` where one is due, else None; a conflicting
     pair is `record`ed (CrossoverConflict) and the next mate is tried."""
     if search.selection != "population" or not search.crossover:
         return None
-    if not crossover_due(history.operations(view.trials)):
+    if not crossover_due(history.operations(view.trials), policy.crossover_window, policy.crossover_min_rate):
         return None
-    crossed = {(p.parent.version, p.mate.version) for p in view.plans.values() if p.mate}
+    pairs = [(p.parent.version, p.mate.version) for p in view.plans.values() if p.mate]
     (first,) = view.elites([parent])
-    for mate in mates(view.population(selection), first):
-        if (parent.version, mate.version) in crossed:
+    for mate in mates(view.population(selection), first, Counter(map(frozenset, pairs))):
+        if (parent.version, mate.version) in pairs or history.repeats_ancestor(view.trials, parent.version,
+                                                                                mate.version):
             continue
         base = history.common_ancestor(view.trials, parent.version, mate.version)
         (bk, bf), (pk, pf), (mk, mf) = (harness(v) for v in (base, parent.version, mate.version))
@@ -71,15 +84,16 @@ def crossover(view: RunView, n: int, parent: State, search: SearchConfig, select
 
 
 def escalation(view: RunView, search: SearchConfig, timeout_s: float, record: Callable[[Event], None],
-               note: Callable[[Event], None]) -> Escalation | None:
-    """Three failures in a row (EvoTrainer): leave their layers, subtract first, roll back, and
-    check the diagnostics that prompted them (replayed over this run's versions; one that does
-    not separate failed versions from kept ones is ignored). Decided once per streak and
-    `record`ed (Escalated), so a resume reuses it; a replay that cannot run is `note`d."""
+               note: Callable[[Event], None], revert_after: int = 3) -> Escalation | None:
+    """Three failures in a row (EvoTrainer; `revert_after`, the policy's): leave their layers,
+    subtract first, roll back, and check the diagnostics that prompted them (replayed over
+    this run's versions; one that does not separate failed versions from kept ones is
+    ignored). Decided once per streak and `record`ed (Escalated), so a resume reuses it; a
+    replay that cannot run is `note`d."""
     if not search.escalation:
         return None
     streak = history.failures_in_a_row(view.trials)
-    if len(streak) < 3:
+    if len(streak) < revert_after:
         return None
     last = streak[-1].id
     decided = view.escalation_after(last)

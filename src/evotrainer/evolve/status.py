@@ -8,8 +8,8 @@ from typing import Sequence
 from evotrainer.errors import UsageError
 from evotrainer.evolve.approval import waiting
 from evotrainer.lineage import LineageStore, Logged
-from evotrainer.lineage.events import (Escalated, FinalFinished, RunFinished, RunStarted, SessionStarted, Stopped,
-                                       TrialStarted)
+from evotrainer.lineage.events import (ControllerRevised, Escalated, FinalFinished, RunFinished, RunStarted,
+                                       SessionStarted, Stopped, TrialStarted)
 
 
 def open_run(run_dir: Path | str) -> LineageStore:
@@ -55,6 +55,9 @@ def status(run_dir: Path | str) -> dict:
         "noise_sd": next((t.fitness.get("noise_sd") for t in trials if t.id == 0), None),
         "escalations": len(of(Escalated)),
         "crossovers": sum(t.intervention == "crossover" for t in trials),
+        # an evolving search controller's revisions of its policy, each with the trials it cites
+        # (a run with none, as every run before them, shows no key: its status reads as it did)
+        **({"controller_revisions": [revision(e) for e in of(ControllerRevised)]} if of(ControllerRevised) else {}),
         "agent_tokens": _tokens([(p.usage if p else None) or {} for p in latest.values()]),
         "waiting": [{"trial": e.trial, "point": e.point, "intervention": e.intervention} for e in waiting(events)],
         "state": "finished" if events and isinstance(events[-1], (FinalFinished, RunFinished, Stopped))
@@ -67,6 +70,11 @@ def status(run_dir: Path | str) -> dict:
         # (while a trial is in flight its training is not counted yet, so this reads high)
         "framework_overhead": round(1 - (train + evaluate) / wall, 4) if wall > 0 else None,
     }
+
+
+def revision(e: ControllerRevised) -> dict:
+    """A revision of the search controller's policy as status and the report show it."""
+    return {"revision": e.revision, "after": e.after, "changes": e.changes, "reason": e.reason, "cites": e.cites}
 
 
 def _tokens(usages: list[dict]) -> dict:

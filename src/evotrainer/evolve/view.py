@@ -17,8 +17,8 @@ from evotrainer.evolve import history
 from evotrainer.evolve.population import Elite, SelectionConfig, promote
 from evotrainer.labels import Label
 from evotrainer.lineage import LineageStore, TrialRecord
-from evotrainer.lineage.events import (ControlFinished, Escalated, Event, FinalFinished, PairControlFinished,
-                                       ParentExhausted, RunStarted, TrialFinished, TrialStarted)
+from evotrainer.lineage.events import (ControlFinished, ControllerRevised, Escalated, Event, FinalFinished,
+                                       PairControlFinished, ParentExhausted, RunStarted, TrialFinished, TrialStarted)
 from evotrainer.lineage.plan import TrialPlan
 from evotrainer.lineage.state import State
 
@@ -97,6 +97,16 @@ class RunView:
         done = [e.val for e in self.of(PairControlFinished) if (e.version, e.depth, e.pair) == (version, depth, pair)]
         return done[-1] if done else None
 
+    @cached_property
+    def revisions(self) -> list[ControllerRevised]:
+        """The search controller's policy revisions, oldest first (evolve/search_policy.py)."""
+        return self.of(ControllerRevised)
+
+    @cached_property
+    def exhausted(self) -> frozenset[str]:
+        """Versions the agent had nothing left for, at some depth (ParentExhausted)."""
+        return frozenset(e.version for e in self.of(ParentExhausted))
+
     def escalation_after(self, trial: int) -> Escalated | None:
         """The escalation decided for the streak of failures ending at `trial`, if recorded."""
         return next((e for e in self.of(Escalated) if e.after == trial), None)
@@ -118,6 +128,8 @@ class RunView:
                   for e in self.of(ControlFinished, TrialFinished)
                   if isinstance(e, ControlFinished) or e.trial in kept]
         pop: list[Elite] = []
+        root_val = (self.root.fitness.get("val") if self.root else None) or {}
+        reference = sum(root_val.values()) / len(root_val) if root_val else None  # roles measure gains from it
         for elite in self.elites(states):
-            pop, _ = promote(pop, elite, selection)
+            pop, _ = promote(pop, elite, selection, reference)
         return pop

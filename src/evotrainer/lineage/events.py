@@ -215,6 +215,21 @@ class CrossoverConflict(Event):
     conflicts: list[str]
 
 
+@stored_as("controller_revised")
+@dataclass(frozen=True)
+class ControllerRevised(Event):
+    """The search controller's policy revised (search.controller: evolving), decided once after
+    trial `after` and read back by a resume. `policy` is the whole new policy as plain data
+    (evolve/search_policy.py reads it); `changes` says what moved, `reason` why, in words, and
+    `cites` the trials whose outcomes are the evidence."""
+    revision: int                        # 1, 2, ...: revision 0 is the run's starting policy
+    after: int                           # the last finished trial it read
+    policy: dict
+    changes: list[str]                   # "frontier 4 -> 5", "weight reward 1 -> 1.5"
+    reason: str
+    cites: list[int]
+
+
 @stored_as("replay_failed")
 @dataclass(frozen=True)
 class DiagnosticReplayFailed(Event):

@@ -182,6 +182,19 @@ def findings_table(versions: list[Version]) -> str:
             "<th>suggests</th></tr>" + "".join(rows) + "</table>")
 
 
+def controller_table(st: dict) -> str:
+    """The search controller's revisions of its policy (search.controller: evolving), each with
+    what changed, why, and the trials whose outcomes it cites."""
+    rows = [f"<tr><td>r{r['revision']}</td><td>{r['after']}</td><td>{esc('; '.join(r['changes']))}</td>"
+            f"<td>{esc(r['reason'])}</td><td>{esc(', '.join(map(str, r['cites'])))}</td></tr>"
+            for r in st.get("controller_revisions") or []]
+    if not rows:
+        return '<p class="muted">no revision: the search ran on its starting policy (search.controller: fixed, ' \
+               'or too few trials yet)</p>'
+    return ('<table id="controller"><tr><th>revision</th><th>after trial</th><th>what changed</th><th>why</th>'
+            "<th>trials cited</th></tr>" + "".join(rows) + "</table>")
+
+
 def final_section(data: RunData) -> str:
     if not data.final:
         return '<p class="muted" id="final-table">no final comparison yet (the run is in progress or stopped before it)</p>'
@@ -242,6 +255,9 @@ def render(data: RunData, engine: str = "auto") -> str:
         ("Fitness per version", grid([fitness_chart(data.versions)] if trained else [])),
         ("Gate: gains, bars and the noise floor", grid([gate_chart(data.versions, data.noise_sd)] if gated else [])),
         ("Backtest verdicts beside training", backtest_table(data.versions)),
+        ("Search controller", '<p class="muted">the search\'s own policy (frontier, selection temperature, '
+         'crossover rate, when to roll back, family weights), revised from the lineage; RUN/controller/ keeps '
+         'each revision</p>' + controller_table(data.status)),
         ("Training curves", '<p class="muted">mean over seeds per step; dashed: the final comparison, retrained from the base</p>'
          + grid(curve_charts(data))),
         ("Diagnostics over time", '<p class="muted">the built-in diagnostics on consecutive windows of the first '

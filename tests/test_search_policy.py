@@ -1,0 +1,201 @@
+"""The evolving search controller: its policy, the rules that revise it on hand-made trial
+histories, its lineage event and files, the config key, and the agents' use of its family
+weights (pure functions; nothing trains here but the one slow run at the end)."""
+import dataclasses
+
+import pytest
+import yaml
+
+from evotrainer.agents.rules import FAMILY_ORDER, by_weight, candidates, draw, propose_random
+from evotrainer.config import config_from_dict
+from evotrainer.errors import UsageError
+from evotrainer.evolve.search_policy import (FAMILIES, FRONTIER, TEMPERATURE, WEIGHT, ControllerPolicy, current,
+                                             decide, revise, write_files)
+from evotrainer.lineage import LineageStore, TrialRecord
+from evotrainer.lineage.events import ControllerRevised
+from helpers import agent_context
+
+ROOT = TrialRecord(0, "v0", [], "-", "root", 1, "", "-", "", "kept")
+
+
+def rec(n, parent, intervention, label, gain=None):
+    return TrialRecord(n, f"v{n}", [parent], "rules", intervention, 2, "", "-", "", label,
+                       fitness={} if gain is None else {"gain": gain})
+
+
+def test_nothing_is_revised_before_revise_every_trials():
+    policy = ControllerPolicy()
+    two = [ROOT, rec(1, "v0", "drop_dead", "discarded"), rec(2, "v0", "dr_grpo", "discarded")]
+    assert revise(policy, two, {}) is None
+    assert revise(policy, two + [rec(3, "v0", "clip_higher", "discarded")], {}) is not None
+    # counted from the last revision: trials up to 3 were read already
+    assert revise(policy, two + [rec(3, "v0", "clip_higher", "discarded"), rec(4, "v0", "seq_mean", "discarded")],
+                  {}, since=3) is None
+    # `equivalent` trials cost no budget and count for nothing
+    same = [ROOT] + [rec(n, "v0", "drop_dead", "equivalent") for n in (1, 2, 3)]
+    assert revise(policy, same, {}) is None
+
+
+def test_a_family_that_keeps_winning_gets_more_weight_and_a_failing_one_less():
+    trials = [ROOT, rec(1, "v0", "clip_higher", "kept", 0.05), rec(2, "v1", "drop_dead", "discarded", -0.01),
+              rec(3, "v1", "entropy_bonus", "kept", 0.02), rec(4, "v3", "dr_grpo", "discarded", -0.02)]
+    rev = revise(ControllerPolicy(), trials, {})
+    w = rev.policy.family_weights
+    assert w["exploration"] == 1.5                    # kept 2 of 2: Beta(3, 1) mean 0.75 over the prior's 0.5
+    assert w["group_filter"] == w["signal"] == 0.67   # kept 0 of 1
+    assert w["reward"] == 1.0                         # untried: the prior
+    assert "weight exploration 1 -> 1.5" in rev.changes and "exploration kept 2 of 2 (trials 1, 3)" in rev.reason
+    assert {1, 2, 3, 4} <= set(rev.cites)
+    # the rules agent now tries exploration changes before the fixed order's first families
+    assert candidates(agent_context())[0].family != "exploration"
+    assert candidates(agent_context(family_weights=w))[0].family == "exploration"
+
+
+def test_a_streak_of_failures_grows_the_frontier_and_the_temperature_within_bounds():
+    policy, trials, since, seen = ControllerPolicy(), [ROOT], 0, []
+    names = ["drop_dead", "dr_grpo", "clip_higher", "seq_mean", "entropy_bonus", "raise_lr"]
+    for n in range(1, 61):
+        trials.append(rec(n, "v0", names[n % len(names)], "discarded", -0.01))
+        rev = revise(policy, trials, {}, since)
+        if rev is not None:
+            policy, since = rev.policy, n
+            seen.append(rev)
+    first = seen[0]
+    assert first.changes[-2:] == ("temperature 0 -> 0.005", "frontier 4 -> 5")
+    assert "nothing kept in trials 1, 2, 3" in first.reason and first.cites == (1, 2, 3)
+    assert policy.frontier == FRONTIER[1] and policy.temperature == TEMPERATURE[1]
+    assert all(WEIGHT[0] <= policy.family_weights[f] <= WEIGHT[1] for f in FAMILIES)  # no family dies
+    assert min(policy.family_weights.values()) == WEIGHT[0]
+    # bounded moves: never more than one elite or one temperature step per revision
+    frontiers = [4] + [r.policy.frontier for r in seen]
+    assert all(0 <= b - a <= 1 for a, b in zip(frontiers, frontiers[1:]))
+
+
+def test_a_branch_that_keeps_improving_narrows_and_cools_the_search():
+    hot = ControllerPolicy(frontier=5, temperature=0.01)
+    trials = [ROOT, rec(1, "v0", "partial_credit", "kept", 0.05), rec(2, "v1", "drop_dead", "discarded"),
+              rec(3, "v1", "clip_higher", "kept", 0.03)]
+    rev = revise(hot, trials, {})
+    assert (rev.policy.frontier, rev.policy.temperature) == (4, 0.005)
+    assert "a branch keeps improving (kept trials 1, 3" in rev.reason
+    # two kept trials on separate branches are not one branch improving
+    apart = [ROOT, rec(1, "v0", "partial_credit", "kept", 0.05), rec(2, "v0", "drop_dead", "discarded"),
+             rec(3, "v0", "clip_higher", "kept", 0.03)]
+    assert (revise(hot, apart, {}).policy.frontier, revise(hot, apart, {}).policy.temperature) == (5, 0.01)
+    # the floor holds
+    low = ControllerPolicy(frontier=2, temperature=0.0, family_weights=revise(hot, trials, {}).policy.family_weights)
+    assert revise(low, trials, {}) is None
+
+
+def test_crossovers_and_subtractions_that_pay_are_done_more_and_sooner():
+    cross = lambda n, label: TrialRecord(n, f"v{n}", ["v1", "v2"], "crossover", "crossover", 2, "", "-", "", label)  # noqa: E731
+    trials = [ROOT, rec(1, "v0", "partial_credit", "kept", 0.05), rec(2, "v0", "drop_dead", "discarded"),
+              rec(3, "v0", "clip_higher", "discarded"), rec(4, "v0", "seq_mean", "discarded"), cross(5, "kept"),
+              rec(6, "v5", "revert_reward", "kept", 0.01), cross(7, "kept"), rec(8, "v7", "revert_lr", "kept", 0.01)]
+    rev = revise(ControllerPolicy(), trials, {})
+    assert rev.policy.crossover_min_rate == 0.38         # kept 2 of 2 (0.75) against 3 of 6 (0.5): 0.25 x 1.5
+    assert rev.policy.revert_after == 2                  # subtractions kept 2 of 2
+    assert "crossover min rate 0.25 -> 0.38" in rev.changes and "revert after 3 -> 2" in rev.changes
+    assert {5, 6, 7, 8} <= set(rev.cites)
+
+
+def test_a_revision_is_an_event_that_round_trips_and_the_policy_files_keep_each_one(tmp_path):
+    trials = [ROOT] + [rec(n, "v0", "drop_dead", "discarded") for n in (1, 2, 3)]
+    initial = ControllerPolicy(frontier=3)
+    first = decide(initial, trials, {}, [])
+    assert (first.revision, first.after) == (1, 3) and first.cites == [1, 2, 3]
+    assert decide(current([first], initial), trials, {}, [first]) is None   # decided once: not due again
+    store = LineageStore(tmp_path / "lineage.sqlite")
+    store.append(first)
+    (back,) = store.events(ControllerRevised)
+    assert back == first and current([back], initial) == ControllerPolicy.from_json(first.policy)
+    assert current([back], initial).frontier == 4 and current([], initial) == initial
+    store.close()
+    write_files(tmp_path / "controller", initial, [back])
+    assert yaml.safe_load((tmp_path / "controller" / "policy-r0.yaml").read_text()) == initial.to_json()
+    text = (tmp_path / "controller" / "policy.yaml").read_text()
+    assert text == (tmp_path / "controller" / "policy-r1.yaml").read_text()
+    assert text.startswith("# revision 1 after trial 3: ") and yaml.safe_load(text) == back.policy
+    # a policy from a newer writer: its unknown keys are passed over, missing ones take the default
+    assert ControllerPolicy.from_json({"frontier": 6, "mood": "bold"}) == ControllerPolicy(frontier=6)
+
+
+def test_search_controller_is_fixed_by_default_and_a_bad_value_is_refused_naming_the_choices():
+    assert config_from_dict({"task": "arith"}).validate().search.controller == "fixed"
+    with pytest.raises(UsageError, match=r"'search.controller' must be one of fixed, evolving, got 'bogus'"):
+        config_from_dict({"task": "arith", "search": {"controller": "bogus"}}).validate()
+    with pytest.raises(UsageError, match=r"'search.revise_every' must be >= 1"):
+        config_from_dict({"task": "arith", "search": {"revise_every": 0}}).validate()
+    cfg = config_from_dict({"task": "arith", "search": {"population": 6, "revise_every": 2}}).validate()
+    assert ControllerPolicy.initial(cfg.search) == ControllerPolicy(frontier=6, revise_every=2)
+
+
+def test_family_weights_reorder_what_the_agents_try_but_findings_still_lead():
+    assert by_weight(FAMILY_ORDER, {}) == list(FAMILY_ORDER)            # no weights: the fixed order
+    heavy = {"exploration": 2.0, "reward": 0.25}
+    order = by_weight(FAMILY_ORDER, heavy)
+    assert order[0] == "exploration" and order[-1] == "reward"
+    assert [f for f in order if f not in heavy] == [f for f in FAMILY_ORDER if f not in heavy]  # stable
+    finding = {"diagnostic": "dead_group_ratio", "severity": "critical", "value": 0.8, "thresholds": "",
+               "suggest": "reward: give partial credit", "evidence": "80% of groups all wrong"}
+    first = candidates(agent_context([finding], family_weights=heavy))[0]
+    assert first.family == "reward"                                     # the finding's family first
+    assert candidates(agent_context(family_weights=heavy))[0].family == "exploration"
+
+
+def test_the_random_agent_draws_by_family_weight_and_as_before_without_weights():
+    ctx = agent_context(seed=7)
+    cands = candidates(dataclasses.replace(ctx, findings=()))
+    assert propose_random(ctx).intervention == draw(cands, {}, 7).intervention   # uniform: rng.choice as always
+    only = {f: (1.0 if f == "exploration" else 1e-9) for f in FAMILIES}
+    picks = {draw(cands, only, s).family for s in range(20)}
+    assert picks == {"exploration"}
+    assert draw(cands, only, 3) == draw(cands, only, 3)
+
+
+def test_status_and_the_report_show_each_revision_with_the_trials_it_cites(tmp_path, capsys):
+    from evotrainer.evolve.status import status
+    from evotrainer.report.gather import gather
+    from evotrainer.report.page import render
+    from helpers import run_cli
+    trials = [ROOT] + [rec(n, "v0", "drop_dead", "discarded") for n in (1, 2, 3)]
+    revised = decide(ControllerPolicy(), trials, {}, [])
+    run = tmp_path / "run"
+    run.mkdir()
+    store = LineageStore(run / "lineage.sqlite")
+    for t in trials:  # as a run records them: a validation score each
+        store.finish_trial(dataclasses.replace(t, fitness={"val": {0: 0.1}, "test": {0: 0.1}}))
+    store.append(revised)
+    store.close()
+    (shown,) = status(run)["controller_revisions"]
+    assert shown == {"revision": 1, "after": 3, "changes": revised.changes, "reason": revised.reason,
+                     "cites": [1, 2, 3]}
+    page = render(gather(run), engine="svg")
+    assert '<table id="controller">' in page and "frontier 4 -&gt; 5" in page and "<td>1, 2, 3</td>" in page
+    code, _, err = run_cli(capsys, "status", run)
+    assert code == 0 and "controller r1 after trial 3: " in err and "cites trials 1, 2, 3" in err
+
+
+@pytest.mark.slow
+def test_an_evolving_controller_records_a_revision_citing_trials_in_a_tiny_run(tiny_run):
+    """The loop itself: revise_every 1 and two trials, so the second trial's parent is chosen
+    under a revised policy that cites the first trial; the report and status show it."""
+    from evotrainer.evolve.controller import Controller
+    from evotrainer.evolve.status import status
+    from evotrainer.report.gather import gather
+    from evotrainer.report.page import render
+    cfg_path, run = tiny_run
+    raw = yaml.safe_load(cfg_path.read_text()) | {"final_seeds": []}
+    raw["search"] |= {"controller": "evolving", "revise_every": 1}
+    Controller(config_from_dict(raw).validate(), run).run()
+    store = LineageStore(run / "lineage.sqlite")
+    (revised,) = store.events(ControllerRevised)
+    assert [t.id for t in store.trials()] == [0, 1, 2]
+    store.close()
+    assert (revised.revision, revised.after, revised.cites) == (1, 1, [1]) and revised.changes and revised.reason
+    assert yaml.safe_load((run / "controller" / "policy.yaml").read_text()) == revised.policy
+    assert (run / "controller" / "policy-r0.yaml").exists()
+    (shown,) = status(run)["controller_revisions"]
+    assert shown["cites"] == [1] and shown["changes"] == revised.changes
+    page = render(gather(run), engine="svg")
+    assert "Search controller" in page and revised.reason.split(":")[0] in page
