@@ -14,7 +14,7 @@ escalation (three failures in a row) switches layer and prefers subtracting.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
