@@ -24,7 +24,7 @@ itself work from; a trial is given that view and the few services it needs (evol
 
 Run directory: config.yaml, lineage.sqlite, evidence.sqlite, harness-repo/ (git, one
 tag per version), harnesses/vN (checkouts), versions/vN/seed-S and controls/vN-dD/seed-S
-(train directories).
+(train directories), cache/ (the segment cache, unless the config points elsewhere).
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ from evotrainer.evolve.diagnosis import worst_findings
 from evotrainer.evolve.final_run import run_final
 from evotrainer.evolve.plan import TrialPlan
 from evotrainer.evolve.population import SelectionConfig
+from evotrainer.evolve.segment_cache import SegmentCache
 from evotrainer.evolve.progress import Progress, seed_metrics
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import noise_floor
@@ -192,8 +193,9 @@ class Controller:
             started = self.store.events(RunStarted)
         self.base = started[0].base
         setup.use_key(self.task, started[0])
+        cache = self.cfg.cache_dir(self.run_dir)
         self.training = Training(self.cfg, self.task, self.runtime, self.base, self.run_dir, self._harness_dir,
-                                 self._progress, self.stage, self.jobs)
+                                 self._progress, self.stage, self.jobs, SegmentCache(cache) if cache else None)
 
     # ------------------------------------------------------------------ states and proposals
 
