@@ -100,6 +100,13 @@ def test_a_lost_race_with_other_content_leaves_the_directory_unmarked(tmp_path):
     assert (cache.entry("k1") / "checkpoint" / "model.bin").read_text() == "first"
 
 
+def test_the_jobs_that_train_beside_reused_ones_keep_the_whole_batchs_threads():
+    from evotrainer.executors import LocalPool
+    pool = LocalPool()
+    assert pool.part_of(4).threads(1) == pool.threads(4) and pool.part_of(1).threads(1) == pool.threads(1)
+    assert LocalPool(3).part_of(8) == LocalPool(3)
+
+
 # ---------------------------------------------------------------------------- the config
 
 
@@ -211,3 +218,24 @@ def test_two_runs_sharing_a_cache_train_a_segment_once_and_record_the_same_fitne
     assert first == second == off
     assert first_counts["trained"] > 0 and first_counts["trained"] + first_counts["reused"] == off_counts["trained"]
     assert second_counts == {"trained": 0, "reused": off_counts["trained"]} and off_counts["reused"] == 0
+
+
+# ---------------------------------------------------------------------------- retraining arms
+
+
+@pytest.mark.slow
+def test_a_second_arm_that_repeats_a_harness_reuses_it(tmp_path, ckpt):
+    from evotrainer.catalog import get_task
+    from evotrainer.config import EvalConfig
+    from evotrainer.evolve.retrain import Arm, retrain
+    task, cache = get_task("arith", 1), SegmentCache(tmp_path / "cache")
+    same = Arm((str(write_harness(tmp_path / "h")),), 2)
+    other = Arm((str(write_harness(tmp_path / "h2", temperature=0.7)),), 2)
+
+    def arms(out: str, **named):
+        return retrain(task, str(ckpt), named, [100], tmp_path / out, EvalConfig(every=1), 120, cache=cache)
+    first = arms("one", reference=same)
+    assert (first.trained, first.reused) == (1, 0)
+    second = arms("two", reference=same, evolved=other)  # a benchmark's next arm: the reference again
+    assert (second.trained, second.reused) == (1, 1)
+    assert second.scores["reference"] == first.scores["reference"] and second.base == first.base

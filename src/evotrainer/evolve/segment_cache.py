@@ -33,8 +33,12 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from evotrainer import __version__
+
+if TYPE_CHECKING:  # the runtime's module imports torch: a key is computed without it
+    from evotrainer.runtime import Runtime
 
 KEY_FILE = "segment.key"   # in a train directory: the entry its content is exactly
 MANIFEST = "MANIFEST"      # in an entry: relative path -> size of every file
@@ -59,9 +63,8 @@ class SegmentInputs:
 
 @dataclass(frozen=True)
 class ScoreInputs:
-    """Everything an evaluator score of a cached checkpoint depends on."""
-    entry: str            # the segment key whose entry holds the checkpoint
-    checkpoint: str       # its path inside the entry: checkpoint, checkpoints/step-N
+    """Everything an evaluator score of a checkpoint depends on."""
+    checkpoint: str       # its identity: "segment:KEY/checkpoint", "segment:KEY/checkpoints/step-N", "files:DIGEST"
     split: str
     task: str
     level: int | None
@@ -76,10 +79,53 @@ def digest(inputs: SegmentInputs | ScoreInputs) -> str:
     return hashlib.sha256(f"{type(inputs).__name__}:{blob}".encode()).hexdigest()
 
 
-segment_key = digest
+def segment_key(inputs: SegmentInputs) -> str:
+    return digest(inputs)
 
 
-def numbers(runtime, local: bool, threads: int | None) -> dict:
+def chain_keys(start: str, harnesses: list[str], seeds: list[int], draws: list[str],
+               **same) -> list[str]:
+    """The keys of a schedule of segments, each from the last one's checkpoint: one per
+    harness digest, with its segment seed and draws digest (`same`: the other SegmentInputs)."""
+    keys = []
+    for harness, seed, d in zip(harnesses, seeds, draws):
+        keys.append(segment_key(SegmentInputs(start=start, harness=harness, seed=seed, draws=d, **same)))
+        start = f"segment:{keys[-1]}"
+    return keys
+
+
+def checkpoint_identity(checkpoint: Path) -> str | None:
+    """A checkpoint of a train directory that holds a cache entry exactly, by the entry's key and
+    its path inside it (its scores can be cached); None for any other."""
+    checkpoint = Path(checkpoint)
+    train_dir = checkpoint.parent if checkpoint.name == "checkpoint" else checkpoint.parent.parent
+    marker = train_dir / KEY_FILE
+    if not marker.is_file():
+        return None
+    return f"segment:{marker.read_text().strip()}/{checkpoint.relative_to(train_dir).as_posix()}"
+
+
+def cached_scores(cache: "SegmentCache | None", jobs: dict[str, list[str]], identity: Callable[[str], str | None],
+                  inputs: Callable[[str, str], ScoreInputs], evaluate: Callable[[dict], dict]) -> dict:
+    """Accuracy per checkpoint and split (`jobs`: checkpoint -> splits): from the cache where a
+    checkpoint with an identity was scored before on every split asked, from `evaluate` for the
+    rest (then cached). `inputs(identity, split)` is what its score depends on."""
+    ids = {c: identity(c) for c in jobs} if cache else {}
+    known = {}
+    for c, ident in ids.items():
+        got = {split: cache.score(inputs(ident, split)) for split in jobs[c]} if ident else {}
+        if got and None not in got.values():
+            known[c] = got
+    todo = {c: splits for c, splits in jobs.items() if c not in known}
+    acc = evaluate(todo) if todo else {}
+    for c, splits in todo.items():
+        if ids.get(c):
+            for split in splits:
+                cache.store_score(inputs(ids[c], split), acc[c][split])
+    return known | acc
+
+
+def numbers(runtime: Runtime, local: bool, threads: int | None) -> dict:
     """The runtime settings that change a job's numbers (a Runtime's, as a dict): on this
     machine the device and dtype as they resolve here (`auto` is one thing on a GPU, another
     on a laptop), and the job's intra-op threads (they move the last digits)."""
@@ -210,6 +256,16 @@ class SegmentCache:
     def _score_file(self, inputs: ScoreInputs) -> Path:
         key = digest(inputs)
         return self.root / "scores" / key[:2] / f"{key}.json"
+
+
+def name_view(out: Path, view: str) -> None:
+    """A materialised directory's run.json names this run's train view (a JSONL task's file
+    lives in the run that trained the entry; its rows are the same, the task's identity says)."""
+    meta = json.loads((Path(out) / "run.json").read_text())
+    if meta.get("task") != view:
+        tmp = Path(out) / "run.json.tmp"
+        tmp.write_text(json.dumps(meta | {"task": view}, indent=2))
+        os.replace(tmp, Path(out) / "run.json")  # a new file: the entry's, linked here, stays as it was
 
 
 def _link_or_copy(src: str, dst: str) -> None:

@@ -13,9 +13,6 @@ the numbers are the same with the cache or without it.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,8 +23,9 @@ from evotrainer.config import RunConfig
 from evotrainer.evidence import EvidenceStore
 from evotrainer.evolve.progress import Job, Progress, watcher
 from evotrainer.evolve.retrain import RetrainFailed, evaluate
-from evotrainer.evolve.segment_cache import (KEY_FILE, ScoreInputs, SegmentCache, SegmentInputs, draws_digest,
-                                             numbers, segment_key, start_identity, task_identity, tree_digest)
+from evotrainer.evolve.segment_cache import (ScoreInputs, SegmentCache, SegmentInputs, cached_scores,
+                                             checkpoint_identity, draws_digest, name_view, numbers, segment_key,
+                                             start_identity, task_identity, tree_digest)
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import average_last
 from evotrainer.executors import Call, Executor, LocalPool
@@ -152,14 +150,9 @@ class Training:
         return isinstance(self.jobs, LocalPool)
 
     def _reused(self, out: Path, key: str, view: str) -> None:
-        """A segment materialised from the cache: its worker.log says so, and run.json names this
-        run's train view (a JSONL task's lives in the run that trained it; its rows are the same)."""
+        """A segment materialised from the cache: its worker.log says so; run.json names this run's view."""
         (out / "worker.log").write_text(f"reused from the segment cache: {self.cache.entry(key)}\n")
-        meta = json.loads((out / "run.json").read_text())
-        if meta.get("task") != view:
-            tmp = out / "run.json.tmp"
-            tmp.write_text(json.dumps(meta | {"task": view}, indent=2))
-            os.replace(tmp, out / "run.json")  # a new file: the entry's, linked here, stays as it was
+        name_view(out, view)
     _ingesting: threading.Thread | None = field(default=None, init=False, repr=False)
     _ingest_error: BaseException | None = field(default=None, init=False, repr=False)
 
@@ -232,30 +225,12 @@ class Training:
     def _scores(self, jobs: dict[str, list[str]], clock: Clock) -> dict[str, dict[str, float]]:
         """Accuracy per checkpoint and split: from the cache where a checkpoint of a cache entry
         was scored before on every split asked, from the evaluator otherwise (then cached)."""
-        inputs = {c: self._score_inputs(Path(c)) for c in jobs} if self.cache else {}
-        known = {}
-        for c, ins in inputs.items():
-            got = {split: self.cache.score(dataclasses.replace(ins, split=split)) for split in jobs[c]} if ins else {}
-            if got and None not in got.values():
-                known[c] = got
-        todo = {c: splits for c, splits in jobs.items() if c not in known}
-        acc = self._evaluator(todo, clock) if todo else {}
-        for c, splits in todo.items():
-            if inputs.get(c) is not None:
-                for split in splits:
-                    self.cache.store_score(dataclasses.replace(inputs[c], split=split), acc[c][split])
-        return known | acc
+        return cached_scores(self.cache, jobs, lambda c: checkpoint_identity(Path(c)), self._score_inputs,
+                             lambda todo: self._evaluator(todo, clock))
 
-    def _score_inputs(self, checkpoint: Path) -> ScoreInputs | None:
-        """What the evaluator's score of `checkpoint` depends on, where its train directory holds
-        a cache entry exactly (its KEY_FILE); else None (scored, never cached)."""
-        train_dir = checkpoint.parent if checkpoint.name == "checkpoint" else checkpoint.parent.parent
-        marker = train_dir / KEY_FILE
-        if not marker.is_file():
-            return None
-        return ScoreInputs(entry=marker.read_text().strip(), checkpoint=checkpoint.relative_to(train_dir).as_posix(),
-                           split="", task=self._task_identity(), level=self.task.target_level,
-                           split_key=key_digest(self.task.key) or "public",
+    def _score_inputs(self, checkpoint: str, split: str) -> ScoreInputs:
+        return ScoreInputs(checkpoint=checkpoint, split=split, task=self._task_identity(),
+                           level=self.task.target_level, split_key=key_digest(self.task.key) or "public",
                            runtime=numbers(self.runtime, self._local, self.jobs.threads(1)))
 
     def _evaluator(self, jobs: dict[str, list[str]], clock: Clock) -> dict[str, dict[str, float]]:
