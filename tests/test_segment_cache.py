@@ -230,12 +230,12 @@ def test_a_second_arm_that_repeats_a_harness_reuses_it(tmp_path, ckpt):
     from evotrainer.evolve.retrain import Arm, retrain
     task, cache = get_task("arith", 1), SegmentCache(tmp_path / "cache")
     same = Arm((str(write_harness(tmp_path / "h")),), 2)
-    other = Arm((str(write_harness(tmp_path / "h2", temperature=0.7)),), 2)
+    one, two = (Arm((str(write_harness(tmp_path / f"h{t}", temperature=t)),), 2) for t in (0.7, 0.8))
 
-    def arms(out: str, **named):
+    def arms(out: str, **named):  # a benchmark arm's final comparison: the reference and its own winner
         return retrain(task, str(ckpt), named, [100], tmp_path / out, EvalConfig(every=1), 120, cache=cache)
-    first = arms("one", reference=same)
-    assert (first.trained, first.reused) == (1, 0)
-    second = arms("two", reference=same, evolved=other)  # a benchmark's next arm: the reference again
+    first = arms("one", reference=same, evolved=one)
+    assert (first.trained, first.reused) == (2, 0)
+    second = arms("two", reference=same, evolved=two)
     assert (second.trained, second.reused) == (1, 1)
     assert second.scores["reference"] == first.scores["reference"] and second.base == first.base

@@ -127,6 +127,8 @@ class Training:
     _view: str | None = field(default=None, init=False, repr=False)  # the workers' task spec (train)
     _base_id: str | None = field(default=None, init=False, repr=False)  # the base's digest, once a run
     _task_id: str | None = field(default=None, init=False, repr=False)  # the task's identity, once a run
+    _ingesting: threading.Thread | None = field(default=None, init=False, repr=False)
+    _ingest_error: BaseException | None = field(default=None, init=False, repr=False)
 
     def _key(self, args: dict, batch: int) -> str:
         """The cache key of a train_segment call that is one of a batch of `batch` jobs."""
@@ -153,8 +155,6 @@ class Training:
         """A segment materialised from the cache: its worker.log says so; run.json names this run's view."""
         (out / "worker.log").write_text(f"reused from the segment cache: {self.cache.entry(key)}\n")
         name_view(out, view)
-    _ingesting: threading.Thread | None = field(default=None, init=False, repr=False)
-    _ingest_error: BaseException | None = field(default=None, init=False, repr=False)
 
     def ingest_later(self, name: str, state: State) -> None:
         """`ingest` in a thread, beside what the controller does next (the last one joined first)."""
