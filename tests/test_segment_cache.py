@@ -107,6 +107,20 @@ def test_the_jobs_that_train_beside_reused_ones_keep_the_whole_batchs_threads():
     assert LocalPool(3).part_of(8) == LocalPool(3)
 
 
+def test_what_a_job_wrote_to_claim_an_entry_or_leak_a_file_is_never_stored(tmp_path):
+    cache = SegmentCache(tmp_path / "cache")
+    forged = _train_dir(tmp_path / "a")
+    (forged / KEY_FILE).write_text("someone-elses-key\n")  # the harness's own claim: dropped, then marked honestly
+    cache.store("k1", forged)
+    assert (forged / KEY_FILE).read_text().strip() == "k1" and not (cache.entry("k1") / KEY_FILE).exists()
+    leaky = _train_dir(tmp_path / "b")
+    (tmp_path / "secret").write_text("split key")
+    (leaky / "checkpoint" / "extra").symlink_to(tmp_path / "secret")  # a copy would follow it
+    (leaky / KEY_FILE).write_text("k1\n")
+    cache.store("k2", leaky)
+    assert cache.lookup("k2") is None and not (leaky / KEY_FILE).exists()
+
+
 # ---------------------------------------------------------------------------- the config
 
 

@@ -219,6 +219,11 @@ class SegmentCache:
         place; a whole entry already there is kept), and `out` marked with the key where its
         content is now exactly the entry's."""
         out, entry = Path(out), self.entry(key)
+        # the job wrote `out`, and its harness is untrusted: a key file of its own would claim
+        # another entry's scores, a symlink would be followed by the copy (as the controller)
+        (out / KEY_FILE).unlink(missing_ok=True)
+        if not _plain_tree(out):
+            return
         if self.lookup(key) is None:
             entry.parent.mkdir(parents=True, exist_ok=True)
             tmp = entry.parent / f".tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
@@ -266,6 +271,16 @@ def name_view(out: Path, view: str) -> None:
         tmp = Path(out) / "run.json.tmp"
         tmp.write_text(json.dumps(meta | {"task": view}, indent=2))
         os.replace(tmp, Path(out) / "run.json")  # a new file: the entry's, linked here, stays as it was
+
+
+def _plain_tree(path: Path) -> bool:
+    """Only directories and regular files under `path`, no symlinks (none is followed)."""
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            p = os.path.join(root, name)
+            if os.path.islink(p) or not (os.path.isdir(p) or os.path.isfile(p)):
+                return False
+    return True
 
 
 def _link_or_copy(src: str, dst: str) -> None:
