@@ -95,7 +95,7 @@ def config(raw: dict, strategy: str, r: int, out: Path) -> dict:
     raw["seeds"] = [2 * r, 2 * r + 1]
     raw["final_seeds"] = []  # the bench replays every winner itself, on shared fresh seeds
     raw["search"] = {**raw.get("search", {}), **s["search"], **NO_SKILLS}
-    raw["cache"] = {"dir": str(out / "segment-cache")}
+    raw["cache"] = str((out / "segment-cache").resolve())  # shared by every search and the sweep of the task
     return raw
 
 

@@ -22,6 +22,9 @@
     seeds: [0, 1]                # training seeds, paired across versions
     final_seeds: [100, 101, 102, 103, 104]  # fresh seeds of the final comparison (never used by the
                                  # search); 5: a t interval over 3 has 2 df and misses most real gains
+    cache: run                   # trained segments and their scores, reused instead of training again
+                                 # (evolve/segment_cache.py): run (RUN/cache, this run's own) | off |
+                                 # an absolute directory that several runs or benchmark arms share
     workers: 0                   # training workers at once (0: one per core, at most one per job)
     executor: local              # where training and evaluation jobs run: local (a pool of `workers`
                                  # on this machine) | ray (each job a Ray task, sandboxed on its node)
@@ -130,6 +133,7 @@ TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
 SELECTIONS = ("population", "greedy")
 CONTROLLERS = ("fixed", "evolving")
 EXECUTORS = ("local", "ray")
+CACHES = ("run", "off")  # or an absolute directory path
 RAY_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+")
 DEFAULT_SKILLS = str(DATA / "skills.sqlite")  # $XDG_DATA_HOME/evotrainer, default ~/.local/share/evotrainer
 RENAMED = {  # keys whose meaning changed: refused, with one line saying what replaced them
@@ -271,6 +275,7 @@ class RunConfig:
     harness: str | None = None
     seeds: tuple[int, ...] = (0, 1)
     final_seeds: tuple[int, ...] = (100, 101, 102, 103, 104)
+    cache: str = "run"
     workers: int = 0
     executor: str = "local"
     ray: RayConfig = field(default_factory=RayConfig)
@@ -324,6 +329,11 @@ class RunConfig:
         need(self.search.controller in CONTROLLERS, "search.controller",
              f"must be one of {', '.join(CONTROLLERS)}, got '{self.search.controller}'")
         need(self.search.revise_every >= 1, "search.revise_every", f"must be >= 1, got {self.search.revise_every}")
+        need(self.cache in CACHES or Path(self.cache).expanduser().is_absolute(), "cache",
+             f"must be run (a cache inside the run directory), off, or an absolute directory path "
+             f"(shared by every run pointed at it), got '{self.cache}'")
+        need(self.cache in CACHES or not Path(self.cache).expanduser().is_file(), "cache",
+             f"must be a directory, but '{self.cache}' is a file")
         need(self.workers >= 0, "workers", f"must be >= 0 (0: one per core), got {self.workers}")
         need(self.executor in EXECUTORS, "executor", f"must be one of {', '.join(EXECUTORS)}, got '{self.executor}'")
         if self.executor == "ray":
@@ -372,6 +382,12 @@ class RunConfig:
             r = self.ray
             return RayExecutor(r.address, r.num_cpus, r.num_gpus, r.memory_mb, r.retries, self.device)
         return LocalPool(self.workers)
+
+    def cache_dir(self, run_dir: Path) -> Path | None:
+        """Where the run's segment cache lives (None: off)."""
+        if self.cache == "off":
+            return None
+        return Path(run_dir) / "cache" if self.cache == "run" else Path(self.cache).expanduser()
 
     def runtime(self) -> Runtime:
         """Backend, device and precision: what every training and evaluation job of the run shares."""
@@ -426,6 +442,8 @@ def config_from_dict(raw, cls=RunConfig, prefix: str = ""):
     if not isinstance(raw, dict):
         raise UsageError(f"config: '{prefix.rstrip('.') or 'the file'}' must be a mapping, got {type(raw).__name__}")
     if cls is RunConfig:
+        if isinstance(raw.get("cache"), bool):  # YAML 1.1 reads a bare `off` as false, `on` as true
+            raw = {**raw, "cache": "run" if raw["cache"] else "off"}
         raw, notices = moved_keys(raw)
         for line in notices:
             print(line, file=sys.stderr)

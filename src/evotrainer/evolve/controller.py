@@ -30,7 +30,7 @@ is chosen (evolve/search_policy.py), each revision recorded before it is relied 
 Run directory: config.yaml, lineage.sqlite, evidence.sqlite, harness-repo/ (git, one
 tag per version), harnesses/vN (checkouts), versions/vN/seed-S and controls/vN-dD/seed-S
 (train directories), controller/policy.yaml and policy-rN.yaml (an evolving controller's
-policy, each revision).
+policy, each revision), cache/ (the segment cache, unless the config points elsewhere).
 """
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ from evotrainer.evolve.diagnosis import worst_findings
 from evotrainer.evolve.final_run import run_final, winner_schedule
 from evotrainer.evolve.plan import TrialPlan
 from evotrainer.evolve.population import SelectionConfig
+from evotrainer.evolve.segment_cache import SegmentCache
 from evotrainer.evolve.progress import Progress, seed_metrics
 from evotrainer.evolve.search_policy import ControllerPolicy
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
@@ -208,8 +209,9 @@ class Controller:
         if self.evolving:  # the policy files, from the lineage (a kill may have cut off the last one)
             search_policy.write_files(self.run_dir / "controller", self.initial_policy,
                                       RunView.read(self.store).revisions)
+        cache = self.cfg.cache_dir(self.run_dir)
         self.training = Training(self.cfg, self.task, self.runtime, self.base, self.run_dir, self._harness_dir,
-                                 self._progress, self.stage, self.jobs)
+                                 self._progress, self.stage, self.jobs, SegmentCache(cache) if cache else None)
 
     # ------------------------------------------------------------------ states and proposals
 

@@ -41,12 +41,13 @@ def run_final(view: RunView, training: Training, max_depth: int, record: Callabl
     try:
         rep = retrain(training.task, training.base, arms, cfg.final_seeds, run_dir / "final", cfg.evaluation,
                       cfg.budget.trial_timeout_s, cfg.workers, training.runtime, cfg.worker_memory_mb,
-                      training.on_progress, training.jobs)  # the executor every training and evaluation job runs on
+                      training.on_progress, training.jobs,  # the executor every training and evaluation job runs on
+                      training.cache)
     except RetrainFailed as e:
         raise ControlFailed(f"the final comparison: {e}") from None
     comparison = compare(rep.scores["reference"], rep.scores["evolved"])
     result = FinalFinished(label, harnesses, list(cfg.final_seeds), cfg.budget.total_steps, rep.base, comparison,
-                           Clock(rep.train_s, rep.eval_s).budgets(), table(rep.base, comparison, cfg.final_seeds))
+                           Clock(rep.train_s, rep.eval_s, trained=rep.trained, reused=rep.reused).budgets(), table(rep.base, comparison, cfg.final_seeds))
     (run_dir / "final.json").write_text(json.dumps(result.to_json(), indent=2))
     (run_dir / "final.md").write_text(f"# Final comparison\n\nwinner {result.winner}, schedule "
                                       f"{' -> '.join(harnesses)}\n\n```\n{result.table}\n```\n\nsandbox: {sandbox}\n")

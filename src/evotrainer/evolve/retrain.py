@@ -6,6 +6,10 @@ the last one's checkpoint) trained from the base on every seed, all arms and see
 pool of workers, then scored by one evaluator process that loads checkpoints and the task's
 verifier and no harness code. A seed's accuracy is the mean of the last `last_k`
 evaluations (the saved steps of the last segment, then its final checkpoint).
+
+With a segment cache (evolve/segment_cache.py) an arm and seed whose every segment was
+trained before (the reference arm of another benchmark arm, say) is materialised instead,
+and a checkpoint scored before is not scored again.
 """
 from __future__ import annotations
 
@@ -17,9 +21,13 @@ from typing import Callable, Mapping, Sequence
 from evotrainer.config import EvalConfig
 from evotrainer.evaluate.greedy import evaluate_checkpoints
 from evotrainer.evolve.progress import Job, Progress, watcher
+from evotrainer.evolve.segment_cache import (ScoreInputs, SegmentCache, cached_scores, chain_keys,
+                                             checkpoint_identity, draws_digest, name_view, numbers, start_identity,
+                                             task_identity, tree_digest)
 from evotrainer.executors import Call, Executor, LocalPool
 from evotrainer.runtime import Runtime
 from evotrainer.tasks import Task
+from evotrainer.tasks.keys import key_digest
 from evotrainer.trainer.jobs import handed_draws, saved_checkpoints, segment_seed, train_schedule
 
 SPLITS = ("val", "test")
@@ -56,46 +64,79 @@ class Retrained:
     base: dict[str, float]                          # the base checkpoint's accuracy per split
     train_s: float = 0.0
     eval_s: float = 0.0
+    trained: int = 0                                # segments trained (per seed and schedule step)
+    reused: int = 0                                 # and materialised from the segment cache
 
 
 def retrain(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int], out_root: Path,
             evaluation: EvalConfig, timeout_s: float, workers: int = 0, runtime: Runtime | None = None,
             memory_mb: int | None = 8192, on_progress: Callable[[Progress], None] | None = None,
-            executor: Executor | None = None) -> Retrained:
+            executor: Executor | None = None, cache: SegmentCache | None = None) -> Retrained:
     """Train every arm on every seed from `base` under out_root/ARM/seed-S and score them, on
     `executor` (default: a local pool of `workers`); `on_progress` hears the steps as they go.
-    `evaluation` (the run's) says when checkpoints are saved and how many are averaged."""
+    `evaluation` (the run's) says when checkpoints are saved and how many are averaged.
+    `cache`: schedules and scores found there are reused, the rest stored there."""
     executor = executor or LocalPool(workers)
     runtime = runtime or Runtime()
-    calls, where = [], []
+    jobs = []  # (arm, seed, out, train_schedule's arguments)
     view = task.train_view(Path(out_root) / "train-data")
     for name, arm in arms.items():
         for seed in seeds:
             out = Path(out_root) / name / f"seed-{seed}"
             draws = [handed_draws(task, h, segment_seed(seed, d), arm.steps) for d, h in enumerate(arm.harnesses, 1)]
-            calls.append(Call(train_schedule, dict(
+            jobs.append((name, seed, out, dict(
                 task=view, level=task.target_level, base=base, out=str(out), harnesses=list(arm.harnesses),
-                seed=seed, steps=arm.steps, runtime=runtime.to_dict(), draws=draws,
-                eval_every=evaluation.every),
-                writes=(str(out),), clean=True,  # a retraining cut off by a kill starts clean
-                reads=(base, view, *arm.harnesses)))
-            where.append((name, seed, out / f"segment-{len(arm.harnesses)}"))
-    watch = on_progress and watcher(f"retraining {', '.join(arms)} on seeds {list(seeds)}", [
-        Job(f"{name} seed {seed}", out.parent, arms[name].steps * len(arms[name].harnesses)) for name, seed, out in where],
-        on_progress)
+                seed=seed, steps=arm.steps, runtime=runtime.to_dict(), draws=draws, eval_every=evaluation.every)))
+    local, task_id = isinstance(executor, LocalPool), task_identity(task.spec, task.data_files()) if cache else ""
+    base_id = start_identity(Path(base)) if cache else ""
+    calls, trained = [], []
+    for name, seed, out, args in jobs:
+        keys = chain_keys(base_id, [tree_digest(Path(h)) for h in args["harnesses"]],
+                          [segment_seed(seed, d) for d in range(1, len(args["harnesses"]) + 1)],
+                          [draws_digest(d) for d in args["draws"]], replica=0, steps=args["steps"], task=task_id,
+                          level=task.target_level, runtime=numbers(runtime, local, executor.threads(len(jobs))),
+                          eval_every=evaluation.every) if cache else []
+        if keys and all(cache.lookup(k) for k in keys) and \
+                all(cache.materialise(k, out / f"segment-{d}") for d, k in enumerate(keys, 1)):
+            for d in range(1, len(keys) + 1):
+                name_view(out / f"segment-{d}", view)
+            continue
+        calls.append(Call(train_schedule, args, writes=(str(out),), clean=True,  # a kill mid-way: starts clean
+                          reads=(base, view, *args["harnesses"])))
+        trained.append((name, seed, out, keys))
+    where = [(name, seed, out / f"segment-{len(arms[name].harnesses)}") for name, seed, out, _ in jobs]
+    watch = watcher(f"retraining {', '.join(arms)} on seeds {list(seeds)}", [
+        Job(f"{name} seed {seed}", out, arms[name].steps * len(arms[name].harnesses)) for name, seed, out, _ in trained],
+        on_progress) if on_progress and calls else None
     t = time.time()
-    results = executor.run(calls, timeout_s * max(len(a.harnesses) for a in arms.values()), memory_mb, watch)
+    results = executor.part_of(len(jobs)).run(calls, timeout_s * max(len(a.harnesses) for a in arms.values()),
+                                              memory_mb, watch)
     train_s = time.time() - t
-    for (name, seed, _), res in zip(where, results):
+    for (name, seed, out, keys), res in zip(trained, results):
         if not res.ok:
             raise RetrainFailed(f"the retraining of {name}, seed {seed}, failed: {res.label}: {res.error}")
+        for d, k in enumerate(keys, 1):  # each from the last: stored while the last is the entry exactly
+            cache.store(k, out / f"segment-{d}")
+            if not checkpoint_identity(out / f"segment-{d}" / "checkpoint"):
+                break
     last = {(name, seed): [str(c) for c in [*saved_checkpoints(d), d / "checkpoint"][-evaluation.last_k:]]
             for name, seed, d in where}
-    jobs = {base: list(SPLITS)} | {c: list(SPLITS) for cs in last.values() for c in cs}
+    to_score = {base: list(SPLITS)} | {c: list(SPLITS) for cs in last.values() for c in cs}
     t = time.time()
-    acc = evaluate(task, jobs, timeout_s, runtime, memory_mb, executor)
+
+    def identity(c: str) -> str | None:
+        return base_id if c == base else checkpoint_identity(Path(c))
+
+    def inputs(checkpoint: str, split: str) -> ScoreInputs:
+        return ScoreInputs(checkpoint=checkpoint, split=split, task=task_id, level=task.target_level,
+                           split_key=key_digest(task.key) or "public",
+                           runtime=numbers(runtime, local, executor.threads(1)))
+    acc = cached_scores(cache, to_score, identity, inputs,
+                        lambda todo: evaluate(task, todo, timeout_s, runtime, memory_mb, executor))
     eval_s = time.time() - t
     scores: dict[str, dict[int, dict[str, float]]] = {name: {} for name in arms}
     for (name, seed), cs in last.items():
         scores[name][seed] = {split: sum(acc[c][split] for c in cs) / len(cs) for split in SPLITS}
-    return Retrained(scores, acc[base], train_s, eval_s)
+    segments = {name: len(arm.harnesses) for name, arm in arms.items()}
+    n_trained = sum(segments[name] for name, *_ in trained)
+    return Retrained(scores, acc[base], train_s, eval_s, n_trained, sum(segments[n] for n, *_ in jobs) - n_trained)

@@ -38,13 +38,17 @@ class SegmentFailed(RuntimeError):
 @dataclass
 class Clock:
     """What one trial spent: training steps over all seeds (its control's too, where it paid
-    for it) and seconds training and evaluating; the rest of its time is the framework's."""
+    for it) and seconds training and evaluating; the rest of its time is the framework's.
+    Segments count one per seed: trained, or reused from the segment cache (no steps, no seconds)."""
     train_s: float = 0.0
     eval_s: float = 0.0
     steps: int = 0
+    trained: int = 0
+    reused: int = 0
 
     def budgets(self) -> dict:
-        return {"steps": self.steps, "train_s": round(self.train_s, 2), "eval_s": round(self.eval_s, 2)}
+        return {"steps": self.steps, "train_s": round(self.train_s, 2), "eval_s": round(self.eval_s, 2),
+                "segments_trained": self.trained, "segments_reused": self.reused}
 
 
 class ControlFailed(RuntimeError):

@@ -65,6 +65,11 @@ def status(run_dir: Path | str) -> dict:
         "final": None if not final else {
             "winner": final[-1].winner, "seeds": final[-1].seeds,
             **{f"{split}_difference": final[-1].difference(split) for split in ("val", "test")}},
+        # one per seed: trained, or materialised from the segment cache (config `cache`); null
+        # for runs from before the cache, which did not count them
+        "segments": {"trained": sum(b.get("segments_trained", 0) for b in spent),
+                     "reused": sum(b.get("segments_reused", 0) for b in spent)}
+        if any("segments_trained" in b for b in spent) else None,
         "wall_s": round(wall, 1), "train_s": round(train, 1), "eval_s": round(evaluate, 1),
         # everything that is neither training nor evaluation: agents, backtests, git, bookkeeping
         # (while a trial is in flight its training is not counted yet, so this reads high)

@@ -5,6 +5,11 @@ replicas) runs in one pool, so they share the cores, and one evaluator scores th
 Child and control use the same segment seed per run seed, so they see the same prompts: the
 gain is paired. Each samples with its own stream (trainer.jobs.sampling_seed), so a change with no
 effect differs from its control as two runs of one harness do: what the noise replicas measure.
+
+With a segment cache (evolve/segment_cache.py) a segment trained before, in this run or any
+run sharing the cache, is materialised instead of trained, and a checkpoint scored before is
+not scored again; the rest of the batch trains with the threads it would have had whole, so
+the numbers are the same with the cache or without it.
 """
 from __future__ import annotations
 
@@ -18,12 +23,16 @@ from evotrainer.config import RunConfig
 from evotrainer.evidence import EvidenceStore
 from evotrainer.evolve.progress import Job, Progress, watcher
 from evotrainer.evolve.retrain import RetrainFailed, evaluate
+from evotrainer.evolve.segment_cache import (ScoreInputs, SegmentCache, SegmentInputs, cached_scores,
+                                             checkpoint_identity, draws_digest, name_view, numbers, segment_key,
+                                             start_identity, task_identity, tree_digest)
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import average_last
-from evotrainer.executors import Call, Executor
+from evotrainer.executors import Call, Executor, LocalPool
 from evotrainer.lineage import TrialRecord
 from evotrainer.runtime import Runtime
 from evotrainer.tasks.base import Task
+from evotrainer.tasks.keys import key_digest
 from evotrainer.trainer.jobs import handed_draws, saved_checkpoints, segment_seed, train_segment
 
 
@@ -38,6 +47,7 @@ class Training:
     on_progress: Callable[[Progress], None] | None = None   # hears training steps as they go
     on_stage: Callable[[str], None] | None = None           # hears when scoring starts
     executor: Executor | None = None                        # where jobs run (None: the config's executor)
+    cache: SegmentCache | None = None                       # trained segments and scores reused (None: off)
 
     @property
     def jobs(self) -> Executor:
@@ -58,10 +68,10 @@ class Training:
         SegmentFailed; the others as States at their depth. `read(segment, dirs)` hears each
         segment that trained on every seed before they are scored, so the caller can start
         reading their evidence beside the evaluator (whose start-up leaves a core idle)."""
-        calls, where = [], []
         if self._view is None:  # the task without its held-out rows (a JSONL task writes a file: once a run)
             self._view = self.task.train_view(self.run_dir / "train-data")
         view = self._view
+        jobs = []  # (segment index, seed, out, train_segment's arguments)
         for i, sg in enumerate(segments):
             for seed in sg.seeds or self.cfg.seeds:
                 out = sg.out_root / f"seed-{seed}"
@@ -70,29 +80,39 @@ class Training:
                 # other prompts (data_offset), shared by its child and control
                 seg_seed = segment_seed(seed, 1 if self.restart else sg.depth) + sg.data_offset
                 harness = str(self.harness_dir(sg.version))
-                calls.append(Call(train_segment, dict(
+                jobs.append((i, seed, out, dict(
                     task=view, level=self.task.target_level, runtime=self.runtime.to_dict(), harness=harness,
                     base=sg.start.checkpoint(seed) if sg.start.dirs else self.base, out=str(out),
                     seed=seg_seed, steps=self.segment_steps,
                     draws=handed_draws(self.task, harness, seg_seed, self.segment_steps),
-                    eval_every=self.cfg.evaluation.every, replica=sg.replica),
-                    writes=(str(out),), clean=True,  # a resumed segment starts clean
-                    reads=(harness, view, sg.start.checkpoint(seed) if sg.start.dirs else self.base)))
-                where.append((i, seed, out))
+                    eval_every=self.cfg.evaluation.every, replica=sg.replica)))
+        calls, where = [], []  # what trains; each job's key (None: the cache is off)
+        keys = [self._key(args, len(jobs)) if self.cache else None for *_, args in jobs]
+        for (i, seed, out, args), key in zip(jobs, keys):
+            if key is not None and self.cache.materialise(key, out):
+                self._reused(out, key, view)
+                continue
+            calls.append(Call(train_segment, args, writes=(str(out),), clean=True,  # a resumed segment starts clean
+                              reads=(args["harness"], view, args["base"])))
+            where.append((i, seed, out, key))
         names = list(dict.fromkeys(sg.out_root.name for sg in segments))  # v1, v0-d2 (a control), replica-1
-        watch = self.on_progress and watcher(
-            f"training {', '.join(names)}: {self.segment_steps} steps x {len(where) // len(segments)} seeds",
-            [Job(f"{segments[i].out_root.name} s{seed}", out, self.segment_steps) for i, seed, out in where],
-            self.on_progress)
-        results = self._pool(calls, clock, watch)
+        watch = watcher(
+            f"training {', '.join(names)}: {self.segment_steps} steps x {len(jobs) // len(segments)} seeds",
+            [Job(f"{segments[i].out_root.name} s{seed}", out, self.segment_steps) for i, seed, out, _ in where],
+            self.on_progress) if self.on_progress and calls else None
+        results = self._pool(calls, clock, watch, len(jobs)) if calls else []
         clock.steps += self.segment_steps * len(calls)
+        clock.trained, clock.reused = clock.trained + len(calls), clock.reused + len(jobs) - len(calls)
         failed: dict[int, SegmentFailed] = {}
-        dirs: dict[int, dict[int, str]] = {i: {} for i in range(len(segments))}
-        for (i, seed, out), res in zip(where, results):
+        for (i, seed, out, key), res in zip(where, results):
             out.mkdir(parents=True, exist_ok=True)
             (out / "worker.log").write_text(res.log_tail)
-            if not res.ok:
+            if not res.ok:  # never cached: a crash or a timeout is no outcome of the segment
                 failed.setdefault(i, SegmentFailed(res.label, f"seed {seed}: {res.error}"))
+            elif key is not None:
+                self.cache.store(key, out)
+        dirs: dict[int, dict[int, str]] = {i: {} for i in range(len(segments))}
+        for i, seed, out, _ in jobs:  # in the seeds' order, trained or reused
             dirs[i][seed] = str(out)
         if read is not None:
             for i, sg in enumerate(segments):
@@ -105,8 +125,36 @@ class Training:
                 for i, sg in enumerate(segments)]
 
     _view: str | None = field(default=None, init=False, repr=False)  # the workers' task spec (train)
+    _base_id: str | None = field(default=None, init=False, repr=False)  # the base's digest, once a run
+    _task_id: str | None = field(default=None, init=False, repr=False)  # the task's identity, once a run
     _ingesting: threading.Thread | None = field(default=None, init=False, repr=False)
     _ingest_error: BaseException | None = field(default=None, init=False, repr=False)
+
+    def _key(self, args: dict, batch: int) -> str:
+        """The cache key of a train_segment call that is one of a batch of `batch` jobs."""
+        if args["base"] == self.base:
+            self._base_id = self._base_id or start_identity(Path(self.base))
+            start = self._base_id
+        else:
+            start = start_identity(Path(args["base"]))
+        return segment_key(SegmentInputs(
+            start=start, harness=tree_digest(Path(args["harness"])), seed=args["seed"], replica=args["replica"],
+            steps=args["steps"], task=self._task_identity(), level=args["level"], draws=draws_digest(args["draws"]),
+            runtime=numbers(self.runtime, self._local, self.jobs.threads(batch)), eval_every=args["eval_every"]))
+
+    def _task_identity(self) -> str:
+        if self._task_id is None:  # the data files are hashed once a run
+            self._task_id = task_identity(self.task.spec, self.task.data_files())
+        return self._task_id
+
+    @property
+    def _local(self) -> bool:
+        return isinstance(self.jobs, LocalPool)
+
+    def _reused(self, out: Path, key: str, view: str) -> None:
+        """A segment materialised from the cache: its worker.log says so; run.json names this run's view."""
+        (out / "worker.log").write_text(f"reused from the segment cache: {self.cache.entry(key)}\n")
+        name_view(out, view)
 
     def ingest_later(self, name: str, state: State) -> None:
         """`ingest` in a thread, beside what the controller does next (the last one joined first)."""
@@ -164,7 +212,7 @@ class Training:
                 last = [*saved_checkpoints(Path(d)), Path(d, "checkpoint")][-self.cfg.evaluation.last_k:]
                 jobs |= {str(c): ["val"] for c in last[:-1]}
                 jobs[str(Path(d, "checkpoint"))] = ["val", "test"]
-        acc = self._evaluator(jobs, clock)
+        acc = self._scores(jobs, clock)
         out = []
         for dirs in dir_sets:
             val, test = {}, {}
@@ -173,6 +221,17 @@ class Training:
                 val[seed], test[seed] = average_last(seq, self.cfg.evaluation.last_k), acc[str(Path(d, "checkpoint"))]["test"]
             out.append((val, test))
         return out
+
+    def _scores(self, jobs: dict[str, list[str]], clock: Clock) -> dict[str, dict[str, float]]:
+        """Accuracy per checkpoint and split: from the cache where a checkpoint of a cache entry
+        was scored before on every split asked, from the evaluator otherwise (then cached)."""
+        return cached_scores(self.cache, jobs, lambda c: checkpoint_identity(Path(c)), self._score_inputs,
+                             lambda todo: self._evaluator(todo, clock))
+
+    def _score_inputs(self, checkpoint: str, split: str) -> ScoreInputs:
+        return ScoreInputs(checkpoint=checkpoint, split=split, task=self._task_identity(),
+                           level=self.task.target_level, split_key=key_digest(self.task.key) or "public",
+                           runtime=numbers(self.runtime, self._local, self.jobs.threads(1)))
 
     def _evaluator(self, jobs: dict[str, list[str]], clock: Clock) -> dict[str, dict[str, float]]:
         """Accuracy per checkpoint and split (retrain.evaluate: a process with no harness code)."""
@@ -185,9 +244,11 @@ class Training:
         finally:
             clock.eval_s += time.time() - t
 
-    def _pool(self, calls: list[Call], clock: Clock, on_poll: Callable[[], None] | None = None) -> list:
-        """Training calls, all on the executor (a local pool: `workers` at once, threads shared)."""
+    def _pool(self, calls: list[Call], clock: Clock, on_poll: Callable[[], None] | None, batch: int) -> list:
+        """Training calls, all on the executor (a local pool: `workers` at once, threads shared),
+        each with the threads it has in the whole batch of `batch` jobs (the rest reused)."""
         t = time.time()
-        results = self.jobs.run(calls, self.cfg.budget.trial_timeout_s, self.cfg.worker_memory_mb, on_poll)
+        results = self.jobs.part_of(batch).run(calls, self.cfg.budget.trial_timeout_s, self.cfg.worker_memory_mb,
+                                               on_poll)
         clock.train_s += time.time() - t
         return results

@@ -29,6 +29,17 @@ class Executor(ABC):
         """Every call, each past `timeout_s` from its own start killed and labelled `timeout`;
         `on_poll` runs in the caller while it waits (the live progress)."""
 
+    def threads(self, batch: int) -> int | None:
+        """The intra-op threads each job of a batch of `batch` calls runs with (None: not
+        known here). They change a job's numbers in the last digits, so a cached segment's key holds them."""
+        return None
+
+    def part_of(self, batch: int) -> "Executor":
+        """This executor for some of a batch of `batch` calls (the rest reused from a cache):
+        each job runs with the threads it would have had in the whole batch, so reusing
+        some segments never changes the numbers of the ones that train."""
+        return self
+
 
 @dataclass(frozen=True)
 class LocalPool(Executor):
@@ -42,6 +53,15 @@ class LocalPool(Executor):
             on_poll: Callable[[], None] | None = None) -> list[WorkerResult]:
         if not calls:
             return []
-        workers = self.workers or min(os.cpu_count() or 1, len(calls))
+        workers = self._workers(len(calls))
         return run_all(calls, workers, timeout_s=timeout_s, memory_mb=memory_mb, cwd=self.cwd, on_poll=on_poll,
-                       threads=max(1, (os.cpu_count() or 1) // workers))
+                       threads=self.threads(len(calls)))
+
+    def threads(self, batch: int) -> int:
+        return max(1, (os.cpu_count() or 1) // self._workers(batch))
+
+    def part_of(self, batch: int) -> "LocalPool":
+        return LocalPool(self._workers(batch), self.cwd)
+
+    def _workers(self, batch: int) -> int:
+        return self.workers or min(os.cpu_count() or 1, max(batch, 1))

@@ -102,6 +102,9 @@ class RayExecutor(Executor):
         connect(self.address)
         self.options()
 
+    def threads(self, batch: int) -> int:
+        return max(1, int(self.num_cpus))
+
     def run(self, calls: list[Call], timeout_s: float, memory_mb: int | None = 8192,
             on_poll: Callable[[], None] | None = None) -> list[WorkerResult]:
         if not calls:
@@ -112,7 +115,7 @@ class RayExecutor(Executor):
         connect(self.address)
         options = self.options()
         task = _remote().options(name="evotrainer_job", num_returns="streaming", max_retries=0, **options)
-        args = (timeout_s, memory_mb, max(1, int(self.num_cpus)), isolation().value, sorted(sandbox.concealed()),
+        args = (timeout_s, memory_mb, self.threads(len(calls)), isolation().value, sorted(sandbox.concealed()),
                 str(self.cwd or Path.cwd()))
         results: list[WorkerResult | None] = [None] * len(calls)
         attempts = [0] * len(calls)

@@ -1,0 +1,302 @@
+"""A cache of trained segments: a second request for the same segment reuses the stored
+outcome instead of training again, inside a run (a resume, a twin) and, where several runs
+or benchmark arms point at one directory, across them.
+
+A segment is identified by what determines its outcome (`SegmentInputs`): the start
+checkpoint, the harness files' bytes, the segment seed and replica, the steps, the task and
+its level, the handed-in draws, the runtime settings that change numbers, the checkpoint
+schedule and this package's version. Its key is a hash of those (`segment_key`: pure).
+
+The start checkpoint's identity is cheap and exact: a train directory that holds exactly a
+cache entry's content carries that entry's key (KEY_FILE, written when the directory was
+published to the cache or materialised from it), so a continued segment names its start by
+the key of the segment that trained it; any other checkpoint (the base, a directory trained
+with the cache off) by a digest of its files' bytes.
+
+An entry is the whole train directory (checkpoint/, checkpoints/, metrics.jsonl,
+evidence.jsonl, run.json, harness/, whatever a backend adds) and MANIFEST, every file's size.
+It is built aside and renamed into place, so a killed run never leaves half an entry, and a
+lookup that finds a file missing or of another size ignores the entry (the segment trains
+again and replaces it). Materialising hard-links the entry's files (read-only, so no run can
+change an entry through its link) into the segment's directory, where possible.
+
+Scores are cached too (`ScoreInputs`): the evaluator's accuracy of one checkpoint of an entry
+on one split, under one split key and policy; evaluation is a large share of a trial's time.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from evotrainer import __version__
+
+if TYPE_CHECKING:  # the runtime's module imports torch: a key is computed without it
+    from evotrainer.runtime import Runtime
+
+KEY_FILE = "segment.key"   # in a train directory: the entry its content is exactly
+MANIFEST = "MANIFEST"      # in an entry: relative path -> size of every file
+NOT_STORED = ("worker.log", KEY_FILE)  # the run's own account of the job, not its outcome
+
+
+@dataclass(frozen=True)
+class SegmentInputs:
+    """Everything a training segment's outcome depends on."""
+    start: str            # the start checkpoint: "segment:KEY" or "files:DIGEST" (start_identity)
+    harness: str          # digest of the harness directory's files
+    seed: int             # the segment seed (depth and data offset included)
+    replica: int
+    steps: int
+    task: str             # the task's identity (task_identity): canonical spec and data files
+    level: int | None
+    draws: str            # digest of the handed-in training indices
+    runtime: dict         # backend, resolved device and dtype, micro batch, threads, vLLM, trackers
+    eval_every: int
+    version: str = __version__
+
+
+@dataclass(frozen=True)
+class ScoreInputs:
+    """Everything an evaluator score of a checkpoint depends on."""
+    checkpoint: str       # its identity: "segment:KEY/checkpoint", "segment:KEY/checkpoints/step-N", "files:DIGEST"
+    split: str
+    task: str
+    level: int | None
+    split_key: str        # digest of the run's split key (which problems val and test hold)
+    runtime: dict         # what the evaluator loads the policy with, and its threads (segment_cache.numbers)
+    version: str = __version__
+
+
+def digest(inputs: SegmentInputs | ScoreInputs) -> str:
+    """The hash of a record of inputs (canonical JSON: key order never matters)."""
+    blob = json.dumps(dataclasses.asdict(inputs), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{type(inputs).__name__}:{blob}".encode()).hexdigest()
+
+
+def segment_key(inputs: SegmentInputs) -> str:
+    return digest(inputs)
+
+
+def chain_keys(start: str, harnesses: list[str], seeds: list[int], draws: list[str],
+               **same) -> list[str]:
+    """The keys of a schedule of segments, each from the last one's checkpoint: one per
+    harness digest, with its segment seed and draws digest (`same`: the other SegmentInputs)."""
+    keys = []
+    for harness, seed, d in zip(harnesses, seeds, draws):
+        keys.append(segment_key(SegmentInputs(start=start, harness=harness, seed=seed, draws=d, **same)))
+        start = f"segment:{keys[-1]}"
+    return keys
+
+
+def checkpoint_identity(checkpoint: Path) -> str | None:
+    """A checkpoint of a train directory that holds a cache entry exactly, by the entry's key and
+    its path inside it (its scores can be cached); None for any other."""
+    checkpoint = Path(checkpoint)
+    train_dir = checkpoint.parent if checkpoint.name == "checkpoint" else checkpoint.parent.parent
+    marker = train_dir / KEY_FILE
+    if not marker.is_file():
+        return None
+    return f"segment:{marker.read_text().strip()}/{checkpoint.relative_to(train_dir).as_posix()}"
+
+
+def cached_scores(cache: "SegmentCache | None", jobs: dict[str, list[str]], identity: Callable[[str], str | None],
+                  inputs: Callable[[str, str], ScoreInputs], evaluate: Callable[[dict], dict]) -> dict:
+    """Accuracy per checkpoint and split (`jobs`: checkpoint -> splits): from the cache where a
+    checkpoint with an identity was scored before on every split asked, from `evaluate` for the
+    rest (then cached). `inputs(identity, split)` is what its score depends on."""
+    ids = {c: identity(c) for c in jobs} if cache else {}
+    known = {}
+    for c, ident in ids.items():
+        got = {split: cache.score(inputs(ident, split)) for split in jobs[c]} if ident else {}
+        if got and None not in got.values():
+            known[c] = got
+    todo = {c: splits for c, splits in jobs.items() if c not in known}
+    acc = evaluate(todo) if todo else {}
+    for c, splits in todo.items():
+        if ids.get(c):
+            for split in splits:
+                cache.store_score(inputs(ids[c], split), acc[c][split])
+    return known | acc
+
+
+def numbers(runtime: Runtime, local: bool, threads: int | None) -> dict:
+    """The runtime settings that change a job's numbers (a Runtime's, as a dict): on this
+    machine the device and dtype as they resolve here (`auto` is one thing on a GPU, another
+    on a laptop), and the job's intra-op threads (they move the last digits)."""
+    rt = runtime.to_dict()
+    if local:
+        pol = runtime.policy
+        rt["policy"] |= {"device": str(pol.resolved_device()), "dtype": str(pol.compute_dtype())}
+    return rt | {"threads": threads}
+
+
+def draws_digest(draws: dict[str, list[int]] | None) -> str:
+    return hashlib.sha256(json.dumps(draws, sort_keys=True).encode()).hexdigest()
+
+
+def tree_digest(path: Path, skip: tuple[str, ...] = ()) -> str:
+    """sha256 over a directory's files: relative paths and bytes, in sorted order
+    (__pycache__ and the names in `skip` at its top left out)."""
+    path, h = Path(path), hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = f.relative_to(path)
+        if "__pycache__" in rel.parts or rel.parts[0] in skip:
+            continue
+        h.update(f"{rel.as_posix()}\0{f.stat().st_size}\0".encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def start_identity(checkpoint: Path) -> str:
+    """A start checkpoint's identity: the key of the segment whose entry its directory holds,
+    else the digest of its files (the base, or a directory trained with the cache off)."""
+    marker = Path(checkpoint).parent / KEY_FILE
+    if Path(checkpoint).name == "checkpoint" and marker.is_file():
+        return f"segment:{marker.read_text().strip()}"
+    return f"files:{tree_digest(Path(checkpoint))}"
+
+
+def task_identity(spec: str, data_files: tuple[str, ...]) -> str:
+    """The task's canonical spec and its data files' bytes (a JSONL file edited in place is
+    another task; the spec alone names only its path). A task's own code is not hashed:
+    the package version stands for the built-in ones."""
+    return json.dumps([spec, [file_digest(Path(f)) for f in data_files]])
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class SegmentCache:
+    """Entries under ROOT/segments/KEY[:2]/KEY, scores under ROOT/scores/KEY[:2]/KEY.json."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def entry(self, key: str) -> Path:
+        return self.root / "segments" / key[:2] / key
+
+    def lookup(self, key: str) -> Path | None:
+        """The entry of `key` when it is whole: every file of its manifest there, at its size."""
+        entry = self.entry(key)
+        try:
+            sizes = json.loads((entry / MANIFEST).read_text())
+            whole = all((entry / rel).stat().st_size == size for rel, size in sizes.items())
+        except (OSError, ValueError):
+            return None
+        return entry if whole else None
+
+    def materialise(self, key: str, out: Path) -> bool:
+        """The entry of `key` as train directory `out` (what was there is removed), marked with
+        its key; False where there is no whole entry (or it broke while being linked)."""
+        entry = self.lookup(key)
+        if entry is None:
+            return False
+        out = Path(out)
+        shutil.rmtree(out, ignore_errors=True)
+        try:
+            shutil.copytree(entry, out, copy_function=_link_or_copy, ignore=shutil.ignore_patterns(MANIFEST))
+        except (OSError, shutil.Error):
+            shutil.rmtree(out, ignore_errors=True)
+            return False
+        (out / KEY_FILE).write_text(key + "\n")
+        return True
+
+    def store(self, key: str, out: Path) -> None:
+        """Train directory `out` published as the entry of `key` (copied aside, renamed into
+        place; a whole entry already there is kept), and `out` marked with the key where its
+        content is now exactly the entry's."""
+        out, entry = Path(out), self.entry(key)
+        # the job wrote `out`, and its harness is untrusted: a key file of its own would claim
+        # another entry's scores, a symlink would be followed by the copy (as the controller)
+        (out / KEY_FILE).unlink(missing_ok=True)
+        if not _plain_tree(out):
+            return
+        if self.lookup(key) is None:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            tmp = entry.parent / f".tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
+            try:
+                shutil.copytree(out, tmp, ignore=shutil.ignore_patterns(*NOT_STORED))
+                sizes = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in tmp.rglob("*") if p.is_file()}
+                (tmp / MANIFEST).write_text(json.dumps(sizes, sort_keys=True))
+                _read_only(tmp)
+                if entry.exists():  # a broken entry: replaced
+                    _remove(entry)
+                os.rename(tmp, entry)
+            except OSError:  # another run published it first (rename onto a full directory)
+                _remove(tmp)
+                if self.lookup(key) is None:
+                    return
+                if tree_digest(entry, skip=(MANIFEST,)) != tree_digest(out, skip=NOT_STORED):
+                    return  # its content differs from ours: `out` is no copy of the entry
+        elif tree_digest(entry, skip=(MANIFEST,)) != tree_digest(out, skip=NOT_STORED):
+            return
+        (out / KEY_FILE).write_text(key + "\n")
+
+    def score(self, inputs: ScoreInputs) -> float | None:
+        try:
+            return float(json.loads(self._score_file(inputs).read_text())["accuracy"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def store_score(self, inputs: ScoreInputs, accuracy: float) -> None:
+        path = self._score_file(inputs)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".tmp-{uuid.uuid4().hex[:8]}")
+        tmp.write_text(json.dumps({"accuracy": accuracy, "inputs": dataclasses.asdict(inputs)}))
+        os.replace(tmp, path)
+
+    def _score_file(self, inputs: ScoreInputs) -> Path:
+        key = digest(inputs)
+        return self.root / "scores" / key[:2] / f"{key}.json"
+
+
+def name_view(out: Path, view: str) -> None:
+    """A materialised directory's run.json names this run's train view (a JSONL task's file
+    lives in the run that trained the entry; its rows are the same, the task's identity says)."""
+    meta = json.loads((Path(out) / "run.json").read_text())
+    if meta.get("task") != view:
+        tmp = Path(out) / "run.json.tmp"
+        tmp.write_text(json.dumps(meta | {"task": view}, indent=2))
+        os.replace(tmp, Path(out) / "run.json")  # a new file: the entry's, linked here, stays as it was
+
+
+def _plain_tree(path: Path) -> bool:
+    """Only directories and regular files under `path`, no symlinks (none is followed)."""
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            p = os.path.join(root, name)
+            if os.path.islink(p) or not (os.path.isdir(p) or os.path.isfile(p)):
+                return False
+    return True
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not allowed
+        shutil.copy2(src, dst)
+
+
+def _read_only(path: Path) -> None:
+    """Files read-only (a materialised directory links them: writing one in place fails
+    instead of changing the entry); directories stay writable, so `rm -r` still works."""
+    for p in path.rglob("*"):
+        if p.is_file():
+            p.chmod(0o444)
+
+
+def _remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)  # read-only files go too: their directories are writable
