@@ -21,13 +21,12 @@ from typing import Callable, Mapping, Sequence
 from evotrainer.config import EvalConfig
 from evotrainer.evaluate.greedy import evaluate_checkpoints
 from evotrainer.evolve.progress import Job, Progress, watcher
-from evotrainer.evolve.segment_cache import (ScoreInputs, SegmentCache, cached_scores, chain_keys,
-                                             checkpoint_identity, draws_digest, name_view, numbers, start_identity,
+from evotrainer.evolve.segment_cache import (SegmentCache, cached_scores, chain_keys, checkpoint_identity,
+                                             draws_digest, name_view, numbers, score_inputs, start_identity,
                                              task_identity, tree_digest)
 from evotrainer.executors import Call, Executor, LocalPool
 from evotrainer.runtime import Runtime
 from evotrainer.tasks import Task
-from evotrainer.tasks.keys import key_digest
 from evotrainer.trainer.jobs import handed_draws, saved_checkpoints, segment_seed, train_schedule
 
 SPLITS = ("val", "test")
@@ -127,10 +126,7 @@ def retrain(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int]
     def identity(c: str) -> str | None:
         return base_id if c == base else checkpoint_identity(Path(c))
 
-    def inputs(checkpoint: str, split: str) -> ScoreInputs:
-        return ScoreInputs(checkpoint=checkpoint, split=split, task=task_id, level=task.target_level,
-                           split_key=key_digest(task.key) or "public",
-                           runtime=numbers(runtime, local, executor.threads(1)))
+    inputs = score_inputs(task, task_id, runtime, local, executor.threads(1)) if cache else None
     acc = cached_scores(cache, to_score, identity, inputs,
                         lambda todo: evaluate(task, todo, timeout_s, runtime, memory_mb, executor))
     eval_s = time.time() - t

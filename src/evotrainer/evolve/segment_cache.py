@@ -36,9 +36,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from evotrainer import __version__
+from evotrainer.tasks.keys import key_digest
 
 if TYPE_CHECKING:  # the runtime's module imports torch: a key is computed without it
     from evotrainer.runtime import Runtime
+    from evotrainer.tasks.base import Task
 
 KEY_FILE = "segment.key"   # in a train directory: the entry its content is exactly
 MANIFEST = "MANIFEST"      # in an entry: relative path -> size of every file
@@ -106,10 +108,10 @@ def checkpoint_identity(checkpoint: Path) -> str | None:
 
 
 def cached_scores(cache: "SegmentCache | None", jobs: dict[str, list[str]], identity: Callable[[str], str | None],
-                  inputs: Callable[[str, str], ScoreInputs], evaluate: Callable[[dict], dict]) -> dict:
+                  inputs: Callable[[str, str], ScoreInputs] | None, evaluate: Callable[[dict], dict]) -> dict:
     """Accuracy per checkpoint and split (`jobs`: checkpoint -> splits): from the cache where a
     checkpoint with an identity was scored before on every split asked, from `evaluate` for the
-    rest (then cached). `inputs(identity, split)` is what its score depends on."""
+    rest (then cached). `inputs(identity, split)` is what its score depends on (None with no cache)."""
     ids = {c: identity(c) for c in jobs} if cache else {}
     known = {}
     for c, ident in ids.items():
@@ -123,6 +125,15 @@ def cached_scores(cache: "SegmentCache | None", jobs: dict[str, list[str]], iden
             for split in splits:
                 cache.store_score(inputs(ids[c], split), acc[c][split])
     return known | acc
+
+
+def score_inputs(task: Task, task_id: str, runtime: Runtime, local: bool,
+                 threads: int | None) -> Callable[[str, str], ScoreInputs]:
+    """(checkpoint identity, split) -> what that score depends on, for `task` (its identity
+    `task_id`) scored under `runtime`: one rule for a run's trials and for its retraining."""
+    fixed = dict(task=task_id, level=task.target_level, split_key=key_digest(task.key) or "public",
+                 runtime=numbers(runtime, local, threads))
+    return lambda checkpoint, split: ScoreInputs(checkpoint=checkpoint, split=split, **fixed)
 
 
 def numbers(runtime: Runtime, local: bool, threads: int | None) -> dict:

@@ -23,8 +23,8 @@ from evotrainer.config import RunConfig
 from evotrainer.evidence import EvidenceStore
 from evotrainer.evolve.progress import Job, Progress, watcher
 from evotrainer.evolve.retrain import RetrainFailed, evaluate
-from evotrainer.evolve.segment_cache import (ScoreInputs, SegmentCache, SegmentInputs, cached_scores,
-                                             checkpoint_identity, draws_digest, name_view, numbers, segment_key,
+from evotrainer.evolve.segment_cache import (SegmentCache, SegmentInputs, cached_scores, checkpoint_identity,
+                                             draws_digest, name_view, numbers, score_inputs, segment_key,
                                              start_identity, task_identity, tree_digest)
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import average_last
@@ -32,7 +32,6 @@ from evotrainer.executors import Call, Executor, LocalPool
 from evotrainer.lineage import TrialRecord
 from evotrainer.runtime import Runtime
 from evotrainer.tasks.base import Task
-from evotrainer.tasks.keys import key_digest
 from evotrainer.trainer.jobs import handed_draws, saved_checkpoints, segment_seed, train_segment
 
 
@@ -225,13 +224,10 @@ class Training:
     def _scores(self, jobs: dict[str, list[str]], clock: Clock) -> dict[str, dict[str, float]]:
         """Accuracy per checkpoint and split: from the cache where a checkpoint of a cache entry
         was scored before on every split asked, from the evaluator otherwise (then cached)."""
-        return cached_scores(self.cache, jobs, lambda c: checkpoint_identity(Path(c)), self._score_inputs,
+        inputs = score_inputs(self.task, self._task_identity(), self.runtime, self._local, self.jobs.threads(1)) \
+            if self.cache else None
+        return cached_scores(self.cache, jobs, lambda c: checkpoint_identity(Path(c)), inputs,
                              lambda todo: self._evaluator(todo, clock))
-
-    def _score_inputs(self, checkpoint: str, split: str) -> ScoreInputs:
-        return ScoreInputs(checkpoint=checkpoint, split=split, task=self._task_identity(),
-                           level=self.task.target_level, split_key=key_digest(self.task.key) or "public",
-                           runtime=numbers(self.runtime, self._local, self.jobs.threads(1)))
 
     def _evaluator(self, jobs: dict[str, list[str]], clock: Clock) -> dict[str, dict[str, float]]:
         """Accuracy per checkpoint and split (retrain.evaluate: a process with no harness code)."""
