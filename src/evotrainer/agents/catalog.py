@@ -55,7 +55,8 @@ def intervention(family: str):
     return deco
 
 
-def _one(name: str, family: str, knob: str, old, new, why: str, expect: str) -> Proposal:
+def one_knob(name: str, family: str, knob: str, old, new, why: str, expect: str) -> Proposal:
+    """A proposal that sets one knob from `old` to `new` (the catalog's and the search space's form)."""
     return Proposal(name, family, f"changing {knob} from {old} to {new} {expect} because {why}",
                     f"every other knob and slot of the parent", f"validation accuracy beats the control's "
                     f"(the parent continued unchanged) beyond the noise floor, with no blocking finding",
@@ -66,7 +67,7 @@ def _one(name: str, family: str, knob: str, old, new, why: str, expect: str) -> 
 def partial_credit(k: Knobs, target: int) -> Proposal | None:
     if k.reward == "partial_credit":
         return None
-    return _one("partial_credit", "reward", "reward", k.reward, "partial_credit",
+    return one_knob("partial_credit", "reward", "reward", k.reward, "partial_credit",
                 "most groups share one score, so a binary reward leaves them without gradient",
                 "lowers the dead-group ratio and raises accuracy")
 
@@ -75,7 +76,7 @@ def partial_credit(k: Knobs, target: int) -> Proposal | None:
 def binary_reward(k: Knobs, target: int) -> Proposal | None:
     if k.reward == "binary":
         return None  # subtract rather than add: back to the verifier score itself
-    return _one("binary_reward", "reward_hacking", "reward", k.reward, "binary",
+    return one_knob("binary_reward", "reward_hacking", "reward", k.reward, "binary",
                 "the shaped reward rises while the verifier score does not", "ends the hack")
 
 
@@ -83,7 +84,7 @@ def binary_reward(k: Knobs, target: int) -> Proposal | None:
 def drop_dead(k: Knobs, target: int) -> Proposal | None:
     if k.group_filter == "drop_dead":
         return None
-    return _one("drop_dead", "group_filter", "group_filter", k.group_filter, "drop_dead",
+    return one_knob("drop_dead", "group_filter", "group_filter", k.group_filter, "drop_dead",
                 "groups with equal rewards only dilute the token-mean loss", "concentrates the update on live groups")
 
 
@@ -91,14 +92,14 @@ def drop_dead(k: Knobs, target: int) -> Proposal | None:
 def score_spread(k: Knobs, target: int) -> Proposal | None:
     if k.group_filter == "score_spread":
         return None
-    return _one("score_spread", "group_filter", "group_filter", k.group_filter, "score_spread",
+    return one_knob("score_spread", "group_filter", "group_filter", k.group_filter, "score_spread",
                 "only groups whose verifier scores disagree teach correctness (DAPO dynamic sampling)",
                 "keeps the gradient on correctness")
 
 
 @intervention("optimisation")
 def lower_lr(k: Knobs, target: int) -> Proposal | None:
-    return _one("lower_lr", "optimisation", "lr", k.lr, round(k.lr / 2, 10),
+    return one_knob("lower_lr", "optimisation", "lr", k.lr, round(k.lr / 2, 10),
                 "the score is falling, the signature of too large a step", "stops the decline")
 
 
@@ -106,7 +107,7 @@ def lower_lr(k: Knobs, target: int) -> Proposal | None:
 def raise_lr(k: Knobs, target: int) -> Proposal | None:
     if k.lr >= 1e-3:
         return None  # 1e-3 collapsed the tiny policy (reference knobs.yaml)
-    return _one("raise_lr", "optimisation", "lr", k.lr, round(k.lr * 1.5, 10),
+    return one_knob("raise_lr", "optimisation", "lr", k.lr, round(k.lr * 1.5, 10),
                 "the score rises slowly and steadily, so the step is smaller than it could be", "learns faster")
 
 
@@ -114,7 +115,7 @@ def raise_lr(k: Knobs, target: int) -> Proposal | None:
 def warmup(k: Knobs, target: int) -> Proposal | None:
     if k.warmup_steps:
         return None
-    return _one("warmup", "optimisation", "warmup_steps", 0, 10,
+    return one_knob("warmup", "optimisation", "warmup_steps", 0, 10,
                 "the first updates on a fresh segment are the largest and least informed", "avoids an early collapse")
 
 
@@ -122,7 +123,7 @@ def warmup(k: Knobs, target: int) -> Proposal | None:
 def raise_temperature(k: Knobs, target: int) -> Proposal | None:
     if k.temperature >= 1.5:
         return None
-    return _one("raise_temperature", "exploration", "temperature", k.temperature, round(k.temperature + 0.2, 3),
+    return one_knob("raise_temperature", "exploration", "temperature", k.temperature, round(k.temperature + 0.2, 3),
                 "samples have collapsed onto a few completions", "restores diverse groups")
 
 
@@ -130,7 +131,7 @@ def raise_temperature(k: Knobs, target: int) -> Proposal | None:
 def entropy_bonus(k: Knobs, target: int) -> Proposal | None:
     if k.entropy_coef:
         return None
-    return _one("entropy_bonus", "exploration", "entropy_coef", 0.0, 0.001,
+    return one_knob("entropy_bonus", "exploration", "entropy_coef", 0.0, 0.001,
                 "entropy is falling faster than accuracy rises", "slows the collapse of exploration")
 
 
@@ -138,7 +139,7 @@ def entropy_bonus(k: Knobs, target: int) -> Proposal | None:
 def clip_higher(k: Knobs, target: int) -> Proposal | None:
     if k.clip_high > k.clip_low:
         return None
-    return _one("clip_higher", "exploration", "clip_high", k.clip_high, 0.28,
+    return one_knob("clip_higher", "exploration", "clip_high", k.clip_high, 0.28,
                 "a symmetric clip caps how fast unlikely tokens can rise (DAPO clip-higher)", "keeps exploration alive")
 
 
@@ -146,7 +147,7 @@ def clip_higher(k: Knobs, target: int) -> Proposal | None:
 def kl_anchor(k: Knobs, target: int) -> Proposal | None:
     if k.kl_coef:
         return None
-    return _one("kl_anchor", "optimisation", "kl_coef", 0.0, 0.01,
+    return one_knob("kl_anchor", "optimisation", "kl_coef", 0.0, 0.01,
                 "the policy drifts from the skills the base had", "keeps easier skills while the target improves")
 
 
@@ -154,7 +155,7 @@ def kl_anchor(k: Knobs, target: int) -> Proposal | None:
 def std_filter(k: Knobs, target: int) -> Proposal | None:
     if k.group_filter == "std_ema":
         return None
-    return _one("std_filter", "group_filter", "group_filter", k.group_filter, "std_ema",
+    return one_knob("std_filter", "group_filter", "group_filter", k.group_filter, "std_ema",
                 "groups with little reward spread add noise more than signal (EvoTrainer's StdGroupFilter, "
                 "EMA threshold mean - 1.28 sd)", "keeps the most informative 90% of live groups")
 
@@ -164,7 +165,7 @@ def larger_groups(k: Knobs, target: int) -> Proposal | None:
     if k.group_size >= 16 or k.prompts_per_step < 2:
         return None
     # one variable, the group size, at equal rollouts per step: prompts per step halve with it
-    p = _one("larger_groups", "signal", "group_size", k.group_size, k.group_size * 2,
+    p = one_knob("larger_groups", "signal", "group_size", k.group_size, k.group_size * 2,
              "with few correct samples per group most groups are all wrong; a larger group finds a correct "
              "one more often", "revives dead groups at equal rollouts per step")
     return replace(p, knobs={"group_size": k.group_size * 2, "prompts_per_step": k.prompts_per_step // 2},
@@ -176,7 +177,7 @@ def larger_groups(k: Knobs, target: int) -> Proposal | None:
 def dr_grpo(k: Knobs, target: int) -> Proposal | None:
     if k.advantage == "dr_grpo":
         return None
-    return _one("dr_grpo", "signal", "advantage", k.advantage, "dr_grpo",
+    return one_knob("dr_grpo", "signal", "advantage", k.advantage, "dr_grpo",
                 "dividing by the group std inflates tiny reward differences (Dr. GRPO)", "weights groups by real spread")
 
 
@@ -184,7 +185,7 @@ def dr_grpo(k: Knobs, target: int) -> Proposal | None:
 def seq_mean(k: Knobs, target: int) -> Proposal | None:
     if k.loss_agg == "seq_mean_token_mean":
         return None
-    return _one("seq_mean", "signal", "loss_agg", k.loss_agg, "seq_mean_token_mean",
+    return one_knob("seq_mean", "signal", "loss_agg", k.loss_agg, "seq_mean_token_mean",
                 "token-mean lets long completions dominate the update", "weights every rollout the same")
 
 
@@ -192,7 +193,7 @@ def seq_mean(k: Knobs, target: int) -> Proposal | None:
 def easier_mix(k: Knobs, target: int) -> Proposal | None:
     if k.train_levels or target <= 1:
         return None
-    return _one("easier_mix", "curriculum", "train_levels", [], [target - 1, target],
+    return one_knob("easier_mix", "curriculum", "train_levels", [], [target - 1, target],
                 "the target level is mostly unsolved, while the level below still gives signal",
                 "keeps groups alive and easier skills intact")
 
@@ -201,7 +202,7 @@ def easier_mix(k: Knobs, target: int) -> Proposal | None:
 def frontier_curriculum(k: Knobs, target: int) -> Proposal | None:
     if k.curriculum == "frontier" or not k.train_levels:
         return None  # with one level there is nothing to weigh
-    return _one("frontier_curriculum", "curriculum", "curriculum", k.curriculum, "frontier",
+    return one_knob("frontier_curriculum", "curriculum", "curriculum", k.curriculum, "frontier",
                 "levels already solved or hopeless give little signal; p(1-p) weighting trains where "
                 "outcomes are mixed", "raises the share of live groups")
 
@@ -210,7 +211,7 @@ def frontier_curriculum(k: Knobs, target: int) -> Proposal | None:
 def overlong_shaping(k: Knobs, target: int) -> Proposal | None:
     if k.reward != "binary":
         return None  # one reward at a time: shaping on top of another shaped reward is two variables
-    return _one("overlong_shaping", "efficiency", "reward", k.reward, "overlong_penalty",
+    return one_knob("overlong_shaping", "efficiency", "reward", k.reward, "overlong_penalty",
                 "truncated completions cost compute and carry no answer (DAPO soft overlong punishment)",
                 "cuts truncation without cutting correct answers")
 
@@ -219,7 +220,7 @@ def overlong_shaping(k: Knobs, target: int) -> Proposal | None:
 def truncate(k: Knobs, target: int) -> Proposal | None:
     if k.max_new_tokens:
         return None
-    return _one("truncate", "efficiency", "max_new_tokens", 0, target + 2,
+    return one_knob("truncate", "efficiency", "max_new_tokens", 0, target + 2,
                 "completions run past any possible answer", "stops paying for over-long answers")
 
 

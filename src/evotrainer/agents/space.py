@@ -47,7 +47,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
-from evotrainer.agents.catalog import Proposal, _one
+from evotrainer.agents.catalog import Proposal, one_knob
 from evotrainer.errors import UsageError
 from evotrainer.harness.knobs import Knobs
 from evotrainer.harness.load import SLOTS
@@ -146,7 +146,7 @@ def perturb(parent: Parent) -> list[Proposal]:
         for f in FACTORS:
             new = r.tidy(r.clamp(now * f))
             if (new - now) * (f - 1) > 0:
-                out.append(_one(f"{knob}_x{f}", r.family, knob, now, new, f"{r.why}, and a x{f} step (as "
+                out.append(one_knob(f"{knob}_x{f}", r.family, knob, now, new, f"{r.why}, and a x{f} step (as "
                                 "population-based training perturbs) tests whether the parent's value is past its "
                                 f"best; range [{r.lo:g}, {r.hi:g}]", EXPECT))
     return out
@@ -158,7 +158,7 @@ def switch_on(parent: Parent) -> list[Proposal]:
     for knob, r in RANGES.items():
         if r.off and not getattr(parent.knobs, knob):
             new = r.tidy(r.lo if r.enable is None else r.enable)
-            out.append(_one(f"{knob}_on", r.family, knob, 0, new, f"{r.why}; it is off in the parent, and "
+            out.append(one_knob(f"{knob}_on", r.family, knob, 0, new, f"{r.why}; it is off in the parent, and "
                             "switching it on at its gentlest setting tests whether the term helps at all", EXPECT))
     return out
 
@@ -169,7 +169,7 @@ def resample(parent: Parent) -> list[Proposal]:
     out = []
     for knob, r in RANGES.items():
         now, new = getattr(parent.knobs, knob), r.tidy(r.draw(random.Random(f"{parent.seed}:{knob}")))
-        out.append(_one(f"{knob}_resample", r.family, knob, now, new, f"{r.why}, and a draw from its whole range "
+        out.append(one_knob(f"{knob}_resample", r.family, knob, now, new, f"{r.why}, and a draw from its whole range "
                         f"[{r.lo:g}, {r.hi:g}] looks beyond the parent's neighbourhood", EXPECT))
     return out
 
@@ -180,7 +180,7 @@ def smaller_groups(parent: Parent) -> list[Proposal]:
     k = parent.knobs
     if k.group_size < 4 or k.group_size % 2:
         return []  # GRPO needs two rollouts a group, and an odd group does not halve
-    p = _one("group_size_x0.5", "signal", "group_size", k.group_size, k.group_size // 2,
+    p = one_knob("group_size_x0.5", "signal", "group_size", k.group_size, k.group_size // 2,
              "where most groups already disagree, more prompts per step cover more of the task at equal "
              "rollouts per step", EXPECT)
     return [replace(p, knobs={"group_size": k.group_size // 2, "prompts_per_step": k.prompts_per_step * 2},
@@ -234,7 +234,7 @@ def structural(parent: Parent) -> list[Proposal]:
         now = getattr(parent.knobs, slot)
         for name, doc in implementations(slot, parent.files).items():
             if name != now:
-                out.append(_one(f"{slot}_{name}", family, slot, now, name,
+                out.append(one_knob(f"{slot}_{name}", family, slot, now, name,
                                 f"{name} does what {now} does not ({doc})", EXPECT))
     return out
 
@@ -342,7 +342,7 @@ COMPOSED: tuple[tuple[RewardSpec, str], ...] = (
 
 def _reward_move(parent: Parent, intervention: str, spec: RewardSpec, why: str) -> list[Proposal]:
     source = parent.files.get("reward.py", "")
-    p = _one(intervention, spec.family, "reward", parent.knobs.reward, spec.name,
+    p = one_knob(intervention, spec.family, "reward", parent.knobs.reward, spec.name,
              f"{why} (reward = {spec.line()})", EXPECT)
     if spec.name in implementations("reward", parent.files):
         # already written (setting the knob is the whole change), unless the name is taken by
