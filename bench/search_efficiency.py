@@ -104,8 +104,9 @@ def arm_key(harnesses: list[str], steps: int) -> str:
     return h.hexdigest()[:12]
 
 
-def replays(cfg, arms: dict[str, Arm], base: str, seeds: list[int], out: Path) -> dict:
-    """Scores of every arm, replaying only those not replayed before."""
+def replays(cfg, arms: dict[str, Arm], base: str, seeds: list[int], out: Path, cache=None) -> dict:
+    """Scores of every arm, replaying only those not replayed before. `cache` (a SegmentCache):
+    segments trained before, by any arm or a replay a kill cut short, are reused."""
     scores = {}
     todo = {}
     for key, arm in arms.items():
@@ -119,7 +120,7 @@ def replays(cfg, arms: dict[str, Arm], base: str, seeds: list[int], out: Path) -
         task = get_task(cfg.task, cfg.level)
         task.use_key(split_key(Path(base).name))  # the runs' held-out pool: their base's key
         rep = retrain(task, base, todo, seeds, out / "replays", cfg.evaluation,
-                      cfg.budget.trial_timeout_s, cfg.workers)
+                      cfg.budget.trial_timeout_s, cfg.workers, cache=cache)
         for key, s in rep.scores.items():
             (out / "replays" / key / "scores.json").write_text(json.dumps(s, indent=2))
             scores[key] = s

@@ -31,6 +31,7 @@ that two arms train on the same seeds (the root, a first move both searches pick
 once; each search's record counts segments trained and reused.
 
     .venv/bin/python bench/search_suite.py --tasks arith3-weak        # one task (~3 h on 2 cores)
+    .venv/bin/python bench/search_suite.py --headroom --tasks vault3   # base, sweep, references only
     .venv/bin/python bench/search_suite.py --merge                    # the report of every finished task
 
 A finished search, sweep or replay under --out is read back, not redone.
@@ -55,9 +56,13 @@ for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(var, "1")  # nothing here downloads
 
 from evotrainer.agents import set_knob  # noqa: E402
+from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
+from evotrainer.evolve import setup  # noqa: E402
 from evotrainer.evolve.retrain import Arm  # noqa: E402
+from evotrainer.evolve.segment_cache import SegmentCache  # noqa: E402
+from evotrainer.harness import REFERENCE  # noqa: E402
 from evotrainer.harness.knobs import load_knobs  # noqa: E402
 from search_efficiency import _ci, _ms, arm_key, replays  # noqa: E402
 
@@ -95,8 +100,12 @@ def config(raw: dict, strategy: str, r: int, out: Path) -> dict:
     raw["seeds"] = [2 * r, 2 * r + 1]
     raw["final_seeds"] = []  # the bench replays every winner itself, on shared fresh seeds
     raw["search"] = {**raw.get("search", {}), **s["search"], **NO_SKILLS}
-    raw["cache"] = str((out / "segment-cache").resolve())  # shared by every search and the sweep of the task
+    raw["cache"] = str(cache_dir(out))  # shared by every search, the sweep and the replays of the task
     return raw
+
+
+def cache_dir(out: Path) -> Path:
+    return (out / "segment-cache").resolve()
 
 
 def search(raw: dict, strategy: str, r: int, out: Path) -> dict:
@@ -161,7 +170,7 @@ def tuned(raw: dict, root: Path, base: str, out: Path) -> tuple[str, Arm, dict]:
                 text = set_knob(text, k, v)
             (d / "knobs.yaml").write_text(text)
         arms[name] = Arm((str(d),), cfg.budget.total_steps)
-    scores = replays(cfg, arms, base, SWEEP_SEEDS, out / "sweep")
+    scores = replays(cfg, arms, base, SWEEP_SEEDS, out / "sweep", SegmentCache(cache_dir(out)))
     val = {name: statistics.fmean(scores[name][s]["val"] for s in SWEEP_SEEDS) for name in arms}
     best = max(val, key=lambda n: (val[n], n))
     return best, arms[best], val
@@ -194,12 +203,36 @@ def bench_task(config_path: Path, strategies: list[str], replicates: int, seeds:
     for rec in (rec for s in strategies for rec in runs[s]):
         rec["arm"] = arm_key(rec["harnesses"], rec["steps"])
         arms.setdefault(rec["arm"], Arm(tuple(rec["harnesses"]), rec["steps"]))
-    scores = replays(cfg, arms, base, seeds, out)
+    scores = replays(cfg, arms, base, seeds, out, SegmentCache(cache_dir(out)))
     result = {"config": config_path.stem, "task": f"{cfg.task} level {cfg.level}", "trials": cfg.budget.trials,
               "total_steps": cfg.budget.total_steps, "seeds": seeds, "runs": runs, "scores": scores,
               "tuned": {"recipe": tuned_name, "sweep_val": sweep_val}, "landscape": landscape(runs)}
     (out / "result.json").write_text(json.dumps(result, indent=2))
     return result
+
+
+def headroom(config_path: Path, seeds: list[int], out: Path) -> str:
+    """Before a task's searches: its base, the sweep, and the default and tuned recipes on the
+    fresh seeds. Whether the task has room (tuned vs default, and the sweep's spread) at a
+    fraction of the searches' cost; everything it trains the full bench reads back."""
+    raw = yaml.safe_load(config_path.read_text())
+    out = out / config_path.stem
+    cfg = config_from_dict(config(raw, "greedy", 0, out)).validate()
+    task = get_task(cfg.task, cfg.level)
+    base = setup.base_checkpoint(cfg, task, None, lambda kind, d: None)
+    root = Path(cfg.harness or REFERENCE)
+    name, arm, val = tuned(raw, root, base, out)
+    scores = replays(cfg, {"default": Arm((str(root),), cfg.budget.total_steps), "tuned": arm}, base, seeds, out,
+                     SegmentCache(cache_dir(out)))
+    test = {k: [scores[k][s]["test"] for s in seeds] for k in ("default", "tuned")}
+    lines = [f"## {config_path.stem}: headroom ({cfg.task} level {cfg.level}, {cfg.budget.total_steps} steps)", "",
+             "Sweep, mean validation accuracy % on seeds " + ", ".join(map(str, SWEEP_SEEDS)) + ":", "",
+             "| recipe | val % |", "|---|---|"]
+    lines += [f"| {n}{' (tuned)' if n == name else ''} | {100 * v:.1f} |" for n, v in sorted(val.items(), key=lambda x: -x[1])]
+    lines += ["", f"On {len(seeds)} fresh seeds, test %: default {_ms([100 * x for x in test['default']])}, "
+                  f"tuned {_ms([100 * x for x in test['tuned']])}; tuned − default "
+                  f"{_ci([[a - b for a, b in zip(test['tuned'], test['default'])]])}"]
+    return "\n".join(lines)
 
 
 def _test(result: dict, arm: str) -> list[float]:
@@ -254,11 +287,18 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=5, help="fresh seeds every winner and reference is replayed on")
     p.add_argument("--out", type=Path, default=ROOT / "bench-runs" / "search-suite")
     p.add_argument("--merge", action="store_true", help="only print the report of the tasks finished under --out")
+    p.add_argument("--headroom", action="store_true",
+                   help="only each task's base, sweep and references on the fresh seeds (read back by the full bench)")
     args = p.parse_args()
     import transformers
     transformers.logging.disable_progress_bar()  # the bench prints its own lines
+    seeds = list(range(FRESH, FRESH + args.seeds))
+    if args.headroom:
+        for name in args.tasks:
+            path = Path(name) if name.endswith(".yaml") else SUITE / f"{name}.yaml"
+            print(headroom(path, seeds, args.out) + "\n", flush=True)
+        return
     if not args.merge:
-        seeds = list(range(FRESH, FRESH + args.seeds))
         for name in args.tasks:
             path = Path(name) if name.endswith(".yaml") else SUITE / f"{name}.yaml"
             print(f"# {path.stem}: {', '.join(args.strategies)}", flush=True)
