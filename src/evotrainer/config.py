@@ -67,6 +67,9 @@
       controller: fixed          # fixed: the search's policy as above, all run long; evolving: revised
                                  # every revise_every trials from the lineage (evolve/search_policy.py)
       revise_every: 3
+      concurrency: 1             # trials in flight at once, each from a specialist for one surface
+                                 # (reward, data, optimisation, exploration, diagnostics); two in flight
+                                 # never change one surface of one parent (evolve/specialists.py)
       skills: ~/.local/share/evotrainer/skills.sqlite   # the skill library (null: none; the
                                  # default follows $XDG_DATA_HOME where it is set)
     base:                        # the built-in tiny model's SFT base (when no `model` is given)
@@ -222,6 +225,7 @@ class SearchConfig:
     skills: str | None = DEFAULT_SKILLS
     controller: str = "fixed"    # the search's own policy: fixed, or evolving (evolve/search_policy.py)
     revise_every: int = 3        # an evolving controller's trials between revisions
+    concurrency: int = 1         # trials in flight at once (evolve/specialists.py)
 
     @property
     def restarts(self) -> bool:
@@ -329,6 +333,11 @@ class RunConfig:
         need(self.search.controller in CONTROLLERS, "search.controller",
              f"must be one of {', '.join(CONTROLLERS)}, got '{self.search.controller}'")
         need(self.search.revise_every >= 1, "search.revise_every", f"must be >= 1, got {self.search.revise_every}")
+        need(self.search.concurrency >= 1, "search.concurrency",
+             f"must be >= 1 (trials in flight at once), got {self.search.concurrency}")
+        need(self.search.concurrency == 1 or not (self.approval.at or self.approval.after_failures), "approval",
+             "a person's gates pause one trial at a time: set search.concurrency: 1, or approval.at: [] "
+             "and approval.after_failures: 0")
         need(self.cache in CACHES or Path(self.cache).expanduser().is_absolute(), "cache",
              f"must be run (a cache inside the run directory), off, or an absolute directory path "
              f"(shared by every run pointed at it), got '{self.cache}'")
@@ -381,7 +390,8 @@ class RunConfig:
             from evotrainer.executors.ray_tasks import RayExecutor
             r = self.ray
             return RayExecutor(r.address, r.num_cpus, r.num_gpus, r.memory_mb, r.retries, self.device)
-        return LocalPool(self.workers)
+        # trials in flight share the pool: its workers are a limit on them all, not on each trial
+        return LocalPool(self.workers, shared=self.search.concurrency > 1)
 
     def cache_dir(self, run_dir: Path) -> Path | None:
         """Where the run's segment cache lives (None: off)."""

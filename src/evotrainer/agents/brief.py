@@ -25,15 +25,17 @@ SPECIALISTS: dict[str, tuple[str, ...]] = {
 
 def specialist_for(ctx: AgentContext) -> str:
     """The role the worst actionable finding calls for; `diagnostics` when the findings point
-    nowhere or the diagnostics themselves were found to mislead (an escalation ignores them)."""
-    if ctx.escalation and ctx.escalation.ignore:
+    nowhere or the diagnostics themselves were found to mislead (an escalation ignores them).
+    A role whose surface a trial in flight is changing from this parent is not chosen."""
+    open_ = [role for role in SPECIALISTS if role not in ctx.closed]  # another trial in flight has the rest
+    if ctx.escalation and ctx.escalation.ignore and "diagnostics" in open_:
         return "diagnostics"
     for f in ctx.findings:
         family = family_of(f.get("suggest", ""))
-        for role, families in SPECIALISTS.items():
-            if family in families and (not ctx.escalation or family not in ctx.escalation.avoid):
+        for role in open_:
+            if family in SPECIALISTS[role] and (not ctx.escalation or family not in ctx.escalation.avoid):
                 return role
-    return "diagnostics"
+    return "diagnostics" if "diagnostics" in open_ or not open_ else open_[0]
 
 
 def template(name: str) -> Template:

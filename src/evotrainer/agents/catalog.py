@@ -58,8 +58,8 @@ def intervention(family: str):
 def one_knob(name: str, family: str, knob: str, old, new, why: str, expect: str) -> Proposal:
     """A proposal that sets one knob from `old` to `new` (the catalog's and the search space's form)."""
     return Proposal(name, family, f"changing {knob} from {old} to {new} {expect} because {why}",
-                    f"every other knob and slot of the parent", f"validation accuracy beats the control's "
-                    f"(the parent continued unchanged) beyond the noise floor, with no blocking finding",
+                    "every other knob and slot of the parent", "validation accuracy beats the control's "
+                    "(the parent continued unchanged) beyond the noise floor, with no blocking finding",
                     f"revert {knob} to {old}", {knob: new})
 
 

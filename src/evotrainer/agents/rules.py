@@ -61,6 +61,9 @@ class AgentContext:
     # an evolving search controller's weights per intervention family (evolve/search_policy.py;
     # none: every family alike, the fixed order)
     family_weights: Mapping[str, float] = field(default_factory=dict)
+    # families another trial in flight is changing from the same parent (search.concurrency > 1):
+    # a proposal from here leaves them to that trial's specialist (evolve/specialists.py)
+    closed: frozenset[str] = frozenset()
 
 
 def family_of(suggestion: str) -> str | None:
@@ -105,7 +108,7 @@ def candidates(ctx: AgentContext) -> list[Proposal]:
         if esc.subtract:  # subtracting first: each change of the parent from the root, undone
             out = [p for p in revert(ctx.knobs, ctx.root_knobs) if p.intervention not in ctx.tried] + out
         out = [p for p in out if p.family not in esc.avoid] or out
-    return out
+    return [p for p in out if p.family not in ctx.closed]
 
 
 def catalog_moves(ctx: AgentContext) -> list[Proposal]:

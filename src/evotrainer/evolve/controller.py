@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable
 
@@ -46,7 +47,7 @@ import yaml
 from evotrainer.agents import AgentContext, AgentFailed, Escalation, Proposal, make_agent, set_knob
 from evotrainer.config import RunConfig
 from evotrainer.errors import UsageError
-from evotrainer.evolve import approval, history, plan, search, search_policy, setup
+from evotrainer.evolve import approval, history, plan, search, search_policy, setup, specialists
 from evotrainer.evolve.diagnosis import worst_findings
 from evotrainer.evolve.final_run import run_final, winner_schedule
 from evotrainer.evolve.plan import TrialPlan
@@ -77,7 +78,17 @@ from evotrainer.skills import SkillLibrary
 from evotrainer.catalog import get_task
 from evotrainer.trackers import TrackerSet, open_trackers, trial_row
 
+STOP, WAIT = "stop", "wait"  # what `_next` says where it has no plan: the search ends; wait for a trial in flight
 AGENT_ERRORS_TO_STOP = 3  # agent_error trials in a row (a wrong URL, key or model): stop, do not spend the budget
+
+
+def beside(in_flight: dict[int, TrialPlan]) -> str:
+    """The claims of the trials in flight, as an agent's lineage text ends (none: nothing)."""
+    if not in_flight:
+        return ""
+    return "\n\nIn flight now (their surfaces of their parents are taken):\n" + "\n".join(
+        f"- trial {n}: {p.intervention} ({specialists.surface(p.family)}) from {p.parent.version}"
+        for n, p in sorted(in_flight.items()))
 
 
 class Controller:
@@ -112,6 +123,10 @@ class Controller:
         self.view = RunView((), ())  # the lineage as the current trial began (`_look`)
         self._escalated: tuple[RunView, Escalation | None] | None = None  # decided once per view
         self.trackers: TrackerSet = TrackerSet([], self._tracker_failed)  # opened by `run`
+        # trials in flight (search.concurrency > 1) share these: one lock per service they call back
+        self._lock = threading.RLock()          # findings readers, the warm worker, checkouts, finishing
+        self._once: dict[tuple, Future] = {}    # controls two trials in flight both need: trained once
+        self._cancel = threading.Event()        # set: trials in flight stop their workers (a kill, an error)
 
     # ------------------------------------------------------------------ the loop
 
@@ -129,15 +144,21 @@ class Controller:
         # opened where the `finally` below closes them (a W&B run left open is a run never finished)
         self.trackers = open_trackers(self.cfg.tracking, self.run_dir, self.run_dir.name, self._tracker_failed)
         try:
+            resumed = []
             for started in self.store.pending():  # resume: redo what a kill cut off, same number
                 self._record(TrialResumed(started.trial, started.intervention))
-                if started.trial > 0:
+                if started.trial > 0 and self.cfg.search.concurrency > 1:
+                    resumed.append(started)  # beside the new ones, each on the view it started with
+                elif started.trial > 0:
                     self._look()
                     self._trial(started.trial, started.plan)
             if not self.store.finished(0):
                 self._look()
                 self._root()
-            self._search(t_end)
+            if self.cfg.search.concurrency > 1:
+                self._search_parallel(t_end, resumed)
+            else:
+                self._search(t_end)
             self._close_warm()
             self.final()  # reads no evidence: the last trial's is stored beside it
         finally:
@@ -156,25 +177,86 @@ class Controller:
 
     def _search(self, t_end: float) -> None:
         while (view := self._look()).spent < self.cfg.budget.trials:
-            n = view.next_trial
-            if time.time() > t_end:
-                self._record(Stopped("wall-clock budget spent"))
+            trial_plan = self._next(view, t_end)
+            if trial_plan == STOP:
                 return
-            self._revise()
-            parent = self._select_parent(n)
-            if parent is None:
-                self._record(Stopped("no state has segments or untried interventions left"))
-                return
-            broken = history.agent_errors_in_a_row(view.trials)
-            if len(broken) >= AGENT_ERRORS_TO_STOP:
-                self._record(Stopped(f"the agent failed {len(broken)} times in a row: {broken[-1].reflection}"))
-                return
-            trial_plan = self._crossover(n, parent) or self._propose(n, parent)
-            if trial_plan is None:
-                self.store.append(ParentExhausted(parent.version, parent.depth))
-                continue
-            self._trial(n, trial_plan)
+            if trial_plan != WAIT:
+                self._trial(view.next_trial, trial_plan)
         self._record(RunFinished(len(view.trials)))
+
+    def _next(self, view: RunView, t_end: float) -> TrialPlan | str:
+        """The next trial's plan on `view`; STOP where the search ends here (recorded why), or
+        WAIT where this parent had nothing to propose now (exhausted, recorded; or, with trials
+        in flight from it, nothing off the surfaces they hold: wait for one of them)."""
+        n = view.next_trial
+        if time.time() > t_end:
+            self._record(Stopped("wall-clock budget spent"))
+            return STOP
+        self._revise()
+        parent = self._select_parent(n)
+        if parent is None:
+            if view.in_flight:  # a trial in flight may still make a new state
+                return WAIT
+            self._record(Stopped("no state has segments or untried interventions left"))
+            return STOP
+        broken = history.agent_errors_in_a_row(view.trials)
+        if len(broken) >= AGENT_ERRORS_TO_STOP:
+            self._record(Stopped(f"the agent failed {len(broken)} times in a row: {broken[-1].reflection}"))
+            return STOP
+        trial_plan = self._crossover(n, parent) or self._propose(n, parent)
+        busy = specialists.claimed(view.in_flight, parent.version)
+        if trial_plan is not None and specialists.surface(trial_plan.family) in busy:
+            return WAIT  # an agent that chose its own surface chose one in flight: asked again later
+        if trial_plan is None:
+            if busy:
+                return WAIT
+            self.store.append(ParentExhausted(parent.version, parent.depth))
+            return WAIT
+        return trial_plan
+
+    def _search_parallel(self, t_end: float, resumed: list[TrialStarted]) -> None:
+        """Up to search.concurrency trials at once (evolve/specialists.py). Each is proposed on
+        the lineage as it stands, with every finished trial and the claims of those in flight,
+        and recorded as started before it runs; the budget counts trials in flight as spent."""
+        most, flight = self.cfg.search.concurrency, {}
+        pool = ThreadPoolExecutor(most, thread_name_prefix="trial")
+        stopped = False
+        try:
+            for started in resumed:  # each on the view it is redone on (its plan is what it started with)
+                flight[pool.submit(self._run_trial, started.trial, started.plan, self._look())] = started.trial
+            while True:
+                view = self._look()
+                if not stopped and len(flight) < most and view.spent + len(flight) < self.cfg.budget.trials:
+                    trial_plan = self._next(view, t_end)
+                    stopped = trial_plan == STOP
+                    if trial_plan not in (STOP, WAIT):
+                        n = view.next_trial
+                        trial_plan = dataclasses.replace(trial_plan, beside=tuple(sorted(view.in_flight)),
+                                                         saw=tuple(t.id for t in view.trials))
+                        self.store.begin_trial(TrialStarted.of(n, trial_plan))
+                        flight[pool.submit(self._run_trial, n, trial_plan, view)] = n
+                        continue
+                    if trial_plan == WAIT and not flight:  # nothing in flight will change the view
+                        self._record(Stopped("no state has segments or untried interventions left"))
+                        stopped = True
+                if not flight:
+                    break
+                done, _ = wait(flight, return_when=FIRST_COMPLETED)
+                for f in done:
+                    del flight[f]
+                    f.result()  # a trial's error is the run's, as with one trial at a time
+        except BaseException:
+            self._cancel.set()  # trials in flight stop their workers and end (redone on resume)
+            wait(flight)
+            raise
+        finally:
+            pool.shutdown(wait=True)
+        if not stopped:
+            self._record(RunFinished(len(self._look().trials)))
+
+    def _run_trial(self, n: int, trial_plan: TrialPlan, view: RunView) -> None:
+        """Trial `n` in a thread of its own, on the view it was proposed on."""
+        Trial(self._tools(trial_plan, view), n, trial_plan).run()
 
     # ------------------------------------------------------------------ the final comparison
 
@@ -211,7 +293,8 @@ class Controller:
                                       RunView.read(self.store).revisions)
         cache = self.cfg.cache_dir(self.run_dir)
         self.training = Training(self.cfg, self.task, self.runtime, self.base, self.run_dir, self._harness_dir,
-                                 self._progress, self.stage, self.jobs, SegmentCache(cache) if cache else None)
+                                 self._progress, self.stage, self.jobs, SegmentCache(cache) if cache else None,
+                                 self._cancel)
 
     # ------------------------------------------------------------------ states and proposals
 
@@ -268,13 +351,16 @@ class Controller:
         for at a gate, with their feedback, the rejected interventions counted as tried)."""
         self.stage(f"trial {n}: the {self.cfg.agent} agent proposes a change to {parent.version}")
         findings = self._findings(parent)
-        trials = self.view.trials
-        tried = {t.intervention for t in trials if t.parents[:1] == [parent.version]} | set(rejected)
+        trials, in_flight = self.view.trials, self.view.in_flight
+        tried = {t.intervention for t in trials if t.parents[:1] == [parent.version]} | set(rejected) | \
+            specialists.in_flight_from(in_flight, parent.version)
+        closed = specialists.closed_families(specialists.claimed(in_flight, parent.version))
         ctx = AgentContext(findings=findings, knobs=self._knobs(parent.version), root_knobs=self._knobs("v0"),
                            target_level=self.task.target_level, task=self.cfg.task, tried=frozenset(tried),
                            skills=self._skills(), escalation=self._escalation(), seed=1000 * self.cfg.seeds[0] + n,
                            parent=parent.version, harness_dir=self._harness_dir(parent.version),
-                           lineage=history.view(trials), feedback=feedback, trial=n, workdir=self.run_dir / "agents",
+                           lineage=history.view(trials) + beside(in_flight), feedback=feedback, trial=n,
+                           workdir=self.run_dir / "agents", closed=closed,
                            family_weights=self.policy.family_weights if self.evolving else {})
         try:
             p = self.agent(ctx)
@@ -321,12 +407,14 @@ class Controller:
         """Start the next backtest's worker now, where a trial will still follow: its Python and
         torch start-up (~1.5 s) then runs beside the controller's scoring and bookkeeping of
         this trial, on a core that would be idle, instead of before the next trial's backtest."""
-        if self.run_backtests and self._warm is None \
-                and self.view.spent + 1 < self.cfg.budget.trials:
-            self._warm = Warm(reads=(str(self.run_dir.resolve()),))  # its backtest reads evidence and harnesses there
+        with self._lock:
+            if self.run_backtests and self._warm is None \
+                    and self.view.spent + 1 < self.cfg.budget.trials:
+                self._warm = Warm(reads=(str(self.run_dir.resolve()),))  # its backtest reads evidence and harnesses there
 
     def take_warm(self) -> Warm | None:
-        warm, self._warm = self._warm, None
+        with self._lock:
+            warm, self._warm = self._warm, None
         return warm
 
     def _findings(self, state: State) -> list[dict]:
@@ -339,21 +427,23 @@ class Controller:
         """Start reading a state's findings in a thread (Training.train's `read`: while its
         checkpoints are scored, ~1 s per state off the controller's own time); once per state."""
         key = (version, *sorted(dirs.items()))
-        if key not in self._findings_of:  # the state's own harness reads it (a new diagnostic included)
-            self._reader = self._reader or ThreadPoolExecutor(1, thread_name_prefix="findings")
-            self._findings_of[key] = self._reader.submit(worst_findings, list(dirs.values()),
-                                                         self._harness_dir(version))
+        with self._lock:
+            if key not in self._findings_of:  # the state's own harness reads it (a new diagnostic included)
+                self._reader = self._reader or ThreadPoolExecutor(1, thread_name_prefix="findings")
+                self._findings_of[key] = self._reader.submit(worst_findings, list(dirs.values()),
+                                                             self._harness_dir(version))
 
     def _knobs(self, version: str):
         return load_knobs(self._harness_dir(version) / "knobs.yaml")
 
     def _harness_dir(self, version: str) -> Path:
         d = self.run_dir / "harnesses" / version
-        if not d.exists():
-            tmp = d.with_name(version + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            self.repo.checkout(version, tmp)
-            tmp.rename(d)
+        with self._lock:  # two trials in flight may ask for one parent's checkout at once
+            if not d.exists():
+                tmp = d.with_name(version + ".tmp")
+                shutil.rmtree(tmp, ignore_errors=True)
+                self.repo.checkout(version, tmp)
+                tmp.rename(d)
         return d
 
     # ------------------------------------------------------------------ trials
@@ -392,7 +482,7 @@ class Controller:
             self.store.begin_trial(TrialStarted.of(n, trial_plan))
         while True:
             try:
-                return Trial(self._tools(trial_plan), n, trial_plan).run()
+                return Trial(self._tools(trial_plan, self.view), n, trial_plan).run()
             except approval.Revise as r:  # a person asked for another proposal: same trial, the next round
                 proposed = self._propose(n, trial_plan.parent, feedback=r.feedback,
                                          rejected=trial_plan.rejected_so_far, round_=trial_plan.next_round)
@@ -400,14 +490,28 @@ class Controller:
                 self.store.begin_trial(TrialStarted.of(n, trial_plan))  # the latest start is what a resume redoes
                 self._look()  # the round before may have trained a control the next one shares
 
-    def _tools(self, trial_plan: TrialPlan) -> TrialTools:
-        """What a trial may use of the run (evolve/tools.py)."""
+    def _tools(self, trial_plan: TrialPlan, view: RunView) -> TrialTools:
+        """What a trial may use of the run (evolve/tools.py), on the view it started on."""
         return TrialTools(
-            cfg=self.cfg, run_dir=self.run_dir, view=self.view, repo=self.repo, training=self.training,
+            cfg=self.cfg, run_dir=self.run_dir, view=view, repo=self.repo, training=self.training,
             run_backtests=self.run_backtests, harness_dir=self._harness_dir, candidate=self._candidate,
             findings=self._findings, read_later=self.read_later, prewarm=self.prewarm, take_warm=self.take_warm,
             record=self._record, ask=self._ask, finish=lambda rec, state: self._finish(rec, state, trial_plan),
-            stage=self.stage, show=self.on_event)
+            stage=self.stage, show=self.on_event, once=self.once)
+
+    def once(self, key: tuple, make: Callable[[], object]):
+        """`make()` once per key however many trials in flight ask (a control both need): the
+        first trains it, the others wait for its result; an error reaches every asker."""
+        with self._lock:
+            fut, mine = self._once.get(key), False
+            if fut is None:
+                fut, mine = self._once.setdefault(key, Future()), True
+        if mine:
+            try:
+                fut.set_result(make())
+            except BaseException as e:
+                fut.set_exception(e)
+        return fut.result()
 
     def _ask(self, asked: GateWaiting) -> GateDecided:
         return approval.ask(self.store, self.run_dir, asked, self.on_event, self.gate_poll_s)
@@ -431,6 +535,10 @@ class Controller:
         return cand
 
     def _finish(self, rec: TrialRecord, state: State | None = None, trial_plan: TrialPlan | None = None) -> None:
+        with self._lock:  # trials in flight finish one at a time: the store, skills and trackers in order
+            self._finish_one(rec, state, trial_plan)
+
+    def _finish_one(self, rec: TrialRecord, state: State | None, trial_plan: TrialPlan | None) -> None:
         if state is not None:  # nothing in the run reads the store: it fills while the next trial starts
             self.training.ingest_later(rec.version, state)
         self.store.finish_trial(rec)

@@ -38,6 +38,8 @@ class TrialTools:
     finish: Callable[[TrialRecord, State | None], None]  # the trial's record, and the state it keeps
     stage: Callable[[str], None]         # what the run does now (shown, never stored)
     show: Callable[[str, dict], None]    # an event shown live and not stored
+    # make(), once per key however many trials in flight ask (a control two trials need)
+    once: Callable[[tuple, Callable[[], object]], object] = lambda key, make: make()
 
     @property
     def restart(self) -> bool:

@@ -35,6 +35,11 @@ from evotrainer.tasks.base import Task
 from evotrainer.trainer.jobs import handed_draws, saved_checkpoints, segment_seed, train_segment
 
 
+class Cancelled(RuntimeError):
+    """The run stopped (an error in another trial in flight, an interrupt): this trial's jobs were
+    stopped, and the trial is redone on resume."""
+
+
 @dataclass
 class Training:
     cfg: RunConfig
@@ -47,6 +52,7 @@ class Training:
     on_stage: Callable[[str], None] | None = None           # hears when scoring starts
     executor: Executor | None = None                        # where jobs run (None: the config's executor)
     cache: SegmentCache | None = None                       # trained segments and scores reused (None: off)
+    cancel: threading.Event | None = None                   # set: jobs under way are stopped (Cancelled)
 
     @property
     def jobs(self) -> Executor:
@@ -67,8 +73,9 @@ class Training:
         SegmentFailed; the others as States at their depth. `read(segment, dirs)` hears each
         segment that trained on every seed before they are scored, so the caller can start
         reading their evidence beside the evaluator (whose start-up leaves a core idle)."""
-        if self._view is None:  # the task without its held-out rows (a JSONL task writes a file: once a run)
-            self._view = self.task.train_view(self.run_dir / "train-data")
+        with self._lock:  # trials in flight train at once: the view is written once
+            if self._view is None:  # the task without its held-out rows (a JSONL task writes a file: once a run)
+                self._view = self.task.train_view(self.run_dir / "train-data")
         view = self._view
         jobs = []  # (segment index, seed, out, train_segment's arguments)
         for i, sg in enumerate(segments):
@@ -126,6 +133,7 @@ class Training:
     _view: str | None = field(default=None, init=False, repr=False)  # the workers' task spec (train)
     _base_id: str | None = field(default=None, init=False, repr=False)  # the base's digest, once a run
     _task_id: str | None = field(default=None, init=False, repr=False)  # the task's identity, once a run
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _ingesting: threading.Thread | None = field(default=None, init=False, repr=False)
     _ingest_error: BaseException | None = field(default=None, init=False, repr=False)
 
@@ -244,7 +252,13 @@ class Training:
         """Training calls, all on the executor (a local pool: `workers` at once, threads shared),
         each with the threads it has in the whole batch of `batch` jobs (the rest reused)."""
         t = time.time()
+
+        def poll() -> None:  # the caller's thread, while the jobs run: a cancel stops them (run_all kills them)
+            if self.cancel is not None and self.cancel.is_set():
+                raise Cancelled("the run stopped while this trial trained")
+            if on_poll is not None:
+                on_poll()
         results = self.jobs.part_of(batch).run(calls, self.cfg.budget.trial_timeout_s, self.cfg.worker_memory_mb,
-                                               on_poll)
+                                               poll)
         clock.train_s += time.time() - t
         return results

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 
 from evotrainer.backtest import backtest
 from evotrainer.backtest.run import rest_key
@@ -206,12 +208,40 @@ class Trial:
             (child,) = tools.training.train([child_seg], self.clock, read=self.read)
             return done, child
         control_seg = Segment(parent.version, parent, depth, tools.run_dir / "controls" / f"{parent.version}-d{depth}")
+        if tools.cfg.search.concurrency > 1:  # a sibling in flight may need it too: trained once, beside the child
+            return self.beside_shared(child_seg, ("control", parent.version, depth),
+                                      lambda clock: self.control(control_seg, clock))
         child, control = tools.training.train([child_seg, control_seg], self.clock, read=self.read)
+        return self.recorded_control(control), child
+
+    def control(self, control_seg: Segment, clock: Clock) -> State:
+        (control,) = self.tools.training.train([control_seg], clock, read=self.read)
+        return self.recorded_control(control)
+
+    def recorded_control(self, control: State | SegmentFailed) -> State:
         if isinstance(control, SegmentFailed):
-            raise ControlFailed(f"the control of {parent.version} failed: {control}") from None
-        tools.training.ingest(f"{parent.version}-d{control.depth}", control)
-        tools.record(ControlFinished(control))
-        return control, child
+            raise ControlFailed(f"the control of {self.parent.version} failed: {control}") from None
+        self.tools.training.ingest(f"{self.parent.version}-d{control.depth}", control)
+        self.tools.record(ControlFinished(control))
+        return control
+
+    def beside_shared(self, child_seg: Segment, key: tuple, make: Callable[[Clock], object]) -> tuple:
+        """(shared, child): the child trains here while `make(clock)` (a control that siblings in
+        flight share, `tools.once`) runs in a thread; the run's shared pool runs both at once.
+        The trial that trained the shared part counts its steps and segments (not its seconds:
+        they ran beside the child's)."""
+        def made() -> tuple:
+            clock = Clock()
+            return make(clock), clock, self.n
+        with ThreadPoolExecutor(1, thread_name_prefix="control") as ex:
+            shared = ex.submit(self.tools.once, key, made)
+            (child,) = self.tools.training.train([child_seg], self.clock,
+                                                 read=self.read if child_seg.data_offset == 0 else None)
+            value, clock, maker = shared.result()
+        if maker == self.n:
+            self.clock.steps, self.clock.trained = self.clock.steps + clock.steps, self.clock.trained + clock.trained
+            self.clock.reused += clock.reused
+        return value, child
 
     def extra_pair(self, k: int) -> tuple[float, float] | Outcome:
         """The k-th extra seed pair of a sequential gate: the child and its control (the parent's
@@ -227,15 +257,21 @@ class Trial:
             return Segment(version, start, depth, pairs / name, data_offset=offset, seeds=(seed,))
         child_seg = segment(self.version, f"{self.version}-p{k}")
         control_val = tools.view.pair_control(parent.version, depth, k)
-        if control_val is not None:  # a sibling trained it
-            (child,) = tools.training.train([child_seg], self.clock)
-        else:
-            child, control = tools.training.train([child_seg, segment(parent.version, f"{parent.version}-d{depth}-p{k}")],
-                                                self.clock)
+        control_seg = segment(parent.version, f"{parent.version}-d{depth}-p{k}")
+
+        def pair_control(control) -> float:
             if isinstance(control, SegmentFailed):
                 raise ControlFailed(f"the control of {parent.version}, extra pair {k}, failed: {control}") from None
-            control_val = control.val[seed]
-            tools.record(PairControlFinished(parent.version, depth, k, control_val))
+            tools.record(PairControlFinished(parent.version, depth, k, control.val[seed]))
+            return control.val[seed]
+        if control_val is not None:  # a sibling trained it
+            (child,) = tools.training.train([child_seg], self.clock)
+        elif tools.cfg.search.concurrency > 1:  # a sibling in flight may need it too
+            control_val, child = self.beside_shared(child_seg, ("pair", parent.version, depth, k),
+                                                    lambda clock: pair_control(tools.training.train([control_seg], clock)[0]))
+        else:
+            child, control = tools.training.train([child_seg, control_seg], self.clock)
+            control_val = pair_control(control)
         if isinstance(child, SegmentFailed):
             return Outcome(child.label, f"extra seed pair {k}: {child.detail}", budgets=self.clock.budgets())
         return child.val[seed], control_val

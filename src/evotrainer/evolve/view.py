@@ -63,6 +63,13 @@ class RunView:
         return {e.trial: e.plan for e in self.of(TrialStarted) if e.plan}
 
     @cached_property
+    def in_flight(self) -> dict[int, TrialPlan]:
+        """Trials started and not finished, with the plan each (last) started with: with
+        search.concurrency > 1, the claims of the trials running beside the next proposal."""
+        done = {t.id for t in self.trials}
+        return {n: p for n, p in self.plans.items() if n not in done}
+
+    @cached_property
     def planned(self) -> list[tuple[TrialRecord, TrialPlan]]:
         """Finished trials with the plan each (last) started with: all but the root."""
         return [(t, self.plans[t.id]) for t in self.trials if t.id in self.plans]

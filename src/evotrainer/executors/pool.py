@@ -10,8 +10,9 @@ Backtests and diagnostics stay in local workers: they are short and read the run
 from __future__ import annotations
 
 import os
+import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -45,9 +46,17 @@ class Executor(ABC):
 class LocalPool(Executor):
     """`workers` sandboxed processes at once on this machine (0: one per core, at most one per
     call), each capped to its share of the cores' threads so they do not oversubscribe them;
-    `cwd`: where the workers start (None: here)."""
+    `cwd`: where the workers start (None: here). `shared`: several threads call `run` at once
+    (trials in flight): `workers` (0: one per core) is then one limit on all their jobs together,
+    and every job runs with the threads of one such slot."""
     workers: int = 0
     cwd: Path | None = None
+    shared: bool = False
+    slots: threading.Semaphore | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.shared and self.slots is None:
+            object.__setattr__(self, "slots", threading.Semaphore(self._capacity))
 
     def run(self, calls: list[Call], timeout_s: float, memory_mb: int | None = 8192,
             on_poll: Callable[[], None] | None = None) -> list[WorkerResult]:
@@ -55,13 +64,19 @@ class LocalPool(Executor):
             return []
         workers = self._workers(len(calls))
         return run_all(calls, workers, timeout_s=timeout_s, memory_mb=memory_mb, cwd=self.cwd, on_poll=on_poll,
-                       threads=self.threads(len(calls)))
+                       threads=self.threads(len(calls)), slots=self.slots)
 
     def threads(self, batch: int) -> int:
-        return max(1, (os.cpu_count() or 1) // self._workers(batch))
+        return max(1, (os.cpu_count() or 1) // (self._capacity if self.shared else self._workers(batch)))
 
     def part_of(self, batch: int) -> "LocalPool":
+        if self.shared:  # the same slots, and a slot's threads whatever the batch
+            return self
         return LocalPool(self._workers(batch), self.cwd)
+
+    @property
+    def _capacity(self) -> int:
+        return self.workers or os.cpu_count() or 1
 
     def _workers(self, batch: int) -> int:
         return self.workers or min(os.cpu_count() or 1, max(batch, 1))

@@ -30,6 +30,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,19 +114,23 @@ def run_in_worker(target: Callable[..., Any], kwargs: dict | None = None, timeou
 
 def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memory_mb: int | None = 8192,
             cwd: Path | None = None, on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
-            threads: int | None = None, warm: Warm | None = None) -> list[WorkerResult]:
+            threads: int | None = None, warm: Warm | None = None,
+            slots: threading.Semaphore | None = None) -> list[WorkerResult]:
     """Run the calls, at most `workers` at a time, each in its own process group with its own
     deadline (`timeout_s` from its own start) and memory limit; results in the calls' order.
+    `slots`: shared with other callers in other threads, each job holds one while it runs.
 
     `threads` caps each worker's intra-op threads (OMP/MKL and torch), so that `workers`
     processes share the cores instead of oversubscribing them. The first call runs in `warm`
     where it is given and still alive (it was started with its own `cwd` and `threads`)."""
-    return run_named([c.named() for c in calls], workers, timeout_s, memory_mb, cwd, on_poll, poll_s, threads, warm)
+    return run_named([c.named() for c in calls], workers, timeout_s, memory_mb, cwd, on_poll, poll_s, threads, warm,
+                     slots)
 
 
 def run_named(calls: list[NamedCall], workers: int = 1, timeout_s: float = 600.0, memory_mb: int | None = 8192,
               cwd: Path | None = None, on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
-              threads: int | None = None, warm: Warm | None = None) -> list[WorkerResult]:
+              threads: int | None = None, warm: Warm | None = None,
+              slots: threading.Semaphore | None = None) -> list[WorkerResult]:
     """`run_all` of calls already named: a Ray task runs its driver's call here, on its node,
     without importing the target (only the worker does)."""
     if workers < 1:
@@ -134,7 +139,7 @@ def run_named(calls: list[NamedCall], workers: int = 1, timeout_s: float = 600.0
     waiting, running = list(enumerate(calls)), []
     try:
         while waiting or running:
-            while waiting and len(running) < workers:
+            while waiting and len(running) < workers and (slots is None or slots.acquire(blocking=False)):
                 i, call = waiting.pop(0)
                 job = warm.take() if warm is not None else None
                 job = job.give(call) if job is not None else None
@@ -144,13 +149,17 @@ def run_named(calls: list[NamedCall], workers: int = 1, timeout_s: float = 600.0
             for i, job in [r for r in running if r[1].done(timeout_s)]:
                 results[i] = job.finish(timeout_s)
                 running.remove((i, job))
+                if slots is not None:
+                    slots.release()
             if on_poll:
                 on_poll()
-            if running and not any(j.done(timeout_s) for _, j in running):
+            if (running or waiting) and not any(j.done(timeout_s) for _, j in running):
                 time.sleep(min(poll_s, 0.1))  # a finished worker is noticed within 0.1 s
     finally:  # the caller died or was interrupted: no worker outlives it
         for i, job in running:
             results[i] = job.finish(timeout_s)
+            if slots is not None:
+                slots.release()
         if on_poll:
             on_poll()
     return results

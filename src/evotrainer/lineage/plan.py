@@ -50,6 +50,8 @@ class TrialPlan:
     failed: Failure | None = None        # never runs: recorded with this label
     rejected: tuple[str, ...] | None = None   # interventions a person turned down at a gate, this trial
     feedback: str | None = None          # that person's words
+    beside: tuple[int, ...] | None = None  # trials in flight when it was proposed (search.concurrency > 1)
+    saw: tuple[int, ...] | None = None   # the finished trials its proposal read (search.concurrency > 1)
 
     @property
     def parents(self) -> list[str]:
@@ -65,7 +67,9 @@ class TrialPlan:
                   "files": self.files, "trigger": self.trigger, "expected": self.expected, "usage": self.usage,
                   "mate_state": self.mate and dataclasses.asdict(self.mate),
                   "failed": self.failed and dataclasses.asdict(self.failed),
-                  "rejected": None if self.rejected is None else list(self.rejected), "feedback": self.feedback}
+                  "rejected": None if self.rejected is None else list(self.rejected), "feedback": self.feedback,
+                  "beside": None if self.beside is None else list(self.beside),
+                  "saw": None if self.saw is None else list(self.saw)}
         return always | {k: v for k, v in stated.items() if v is not None}
 
     @classmethod
@@ -78,7 +82,9 @@ class TrialPlan:
                    expected=d.get("expected"), usage=d.get("usage"),
                    mate=State.of(d["mate_state"]) if d.get("mate_state") else None,
                    failed=Failure(**d["failed"]) if d.get("failed") else None,
-                   rejected=None if d.get("rejected") is None else tuple(d["rejected"]), feedback=d.get("feedback"))
+                   rejected=None if d.get("rejected") is None else tuple(d["rejected"]), feedback=d.get("feedback"),
+                   beside=None if d.get("beside") is None else tuple(d["beside"]),
+                   saw=None if d.get("saw") is None else tuple(d["saw"]))
 
     # ------------------------------------------------------------------ revising at a gate
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -102,10 +103,42 @@ class Logged:
     event: Event
 
 
+class _Locked:
+    """A sqlite3 connection whose statements run one at a time across threads; `lock` (reentrant)
+    holds a transaction's statements together. Reads are fetched whole under the lock."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.conn, self.lock = db, threading.RLock()
+
+    def execute(self, sql: str, params=()) -> "_Rows":
+        with self.lock:
+            return _Rows(self.conn.execute(sql, params).fetchall())
+
+    def executescript(self, sql: str) -> None:
+        with self.lock:
+            self.conn.executescript(sql)
+
+    def close(self) -> None:
+        with self.lock:
+            self.conn.close()
+
+
+class _Rows(list):
+    """A statement's rows, fetched: iterated, or read as a cursor's fetchone/fetchall."""
+
+    def fetchone(self):
+        return self[0] if self else None
+
+    def fetchall(self):
+        return list(self)
+
+
 class LineageStore:
     def __init__(self, path: Path | str):
         self.path = Path(path)
-        self.db = sqlite3.connect(self.path, isolation_level=None)  # explicit transactions only
+        # one connection, used by every thread of the run (trials in flight record beside each
+        # other): each statement or transaction holds the lock
+        self.db = _Locked(sqlite3.connect(self.path, isolation_level=None, check_same_thread=False))
         found = self.db.execute("PRAGMA user_version").fetchone()[0]
         if found > SCHEMA_VERSION:
             self.db.close()
@@ -132,15 +165,16 @@ class LineageStore:
         """The trial's row and its `trial_finished` event, in one transaction."""
         row = asdict(rec)
         values = [json.dumps(row[c], sort_keys=True) if c in _JSON else row[c] for c in COLUMNS]
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            self.db.execute(f"INSERT INTO trials ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
-                            values)
-            self.append(TrialFinished(rec.id, rec.label, rec.version))
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
+        with self.db.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self.db.execute(f"INSERT INTO trials ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                                values)
+                self.append(TrialFinished(rec.id, rec.label, rec.version))
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
 
     # ------------------------------------------------------------------ reading
 

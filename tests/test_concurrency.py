@@ -1,0 +1,127 @@
+"""Trials in flight (search.concurrency): specialists hold surfaces, the pool's workers are one
+limit for all, the lineage records every trial once in any order, and a SIGKILL with two
+trials in flight resumes to the same trials, each once."""
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import worker_targets
+from evotrainer.agents.rules import candidates
+from evotrainer.evolve import specialists
+from evotrainer.lineage import LineageStore
+from evotrainer.lineage.events import ControlFinished, TrialResumed, TrialStarted
+from helpers import agent_context, cli, start_cli
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_each_family_belongs_to_one_specialists_surface():
+    assert specialists.surface("reward") == specialists.surface("reward_hacking") == "reward"
+    assert specialists.surface("group_filter") == "signal"
+    assert specialists.surface("exploration") == specialists.surface("optimisation") == "optimisation"
+    assert specialists.surface("crossover") == "crossover"  # no specialist's: its own
+    assert {"reward", "reward_hacking", "efficiency"} <= specialists.closed_families({"reward"})
+
+
+def test_a_proposal_leaves_the_surfaces_in_flight_from_its_parent_alone():
+    every = candidates(agent_context())
+    assert any(p.family == "reward" for p in every)
+    closed = specialists.closed_families({"reward"})
+    left = candidates(agent_context(closed=closed))
+    assert left and not any(p.family in closed for p in left)
+    assert [p.intervention for p in left] == [p.intervention for p in every if p.family not in closed]
+
+
+def test_the_shared_pool_holds_its_workers_across_callers_in_threads():
+    """Two threads each run two sleeps on one shared pool of 2 workers: never more than 2 at
+    once (without sharing, each call would start 2: 4 on 2 cores)."""
+    from evotrainer.executors import Call, LocalPool
+    pool = LocalPool(2, HERE, shared=True)
+    assert pool.threads(1) == pool.threads(4) == max(1, (os.cpu_count() or 1) // 2)
+    spans = []
+
+    def work():
+        spans.extend(r.value for r in pool.run([Call(worker_targets.interval, {"seconds": 0.6})] * 2, timeout_s=60))
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(spans) == 4
+    most = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+    assert most == 2
+
+
+def _config(cfg: Path, trials: int) -> Path:
+    raw = yaml.safe_load(cfg.read_text())
+    raw["search"] |= {"concurrency": 2, "crossover": False}
+    raw["budget"] |= {"trials": trials}
+    raw["final_seeds"] = []
+    cfg.write_text(yaml.safe_dump(raw))
+    return cfg
+
+
+@pytest.mark.slow
+def test_two_trials_in_flight_from_different_specialists_each_recorded_once(tiny_run):
+    cfg, run = tiny_run
+    cli("run", _config(cfg, 4), "--out", run, "--json")
+    store = LineageStore(run / "lineage.sqlite")
+    trials, starts = store.trials(), store.events(TrialStarted)
+    controls = store.events(ControlFinished)
+    store.close()
+    assert [t.id for t in trials] == [0, 1, 2, 3, 4] and len({s.trial for s in starts}) == 5
+    plans = {s.trial: s.plan for s in starts if s.plan}
+    # trial 2 was proposed while trial 1 ran: it says so, from another surface if from the same parent
+    assert plans[2].beside == (1,) and plans[1].beside == ()
+    if plans[2].parent.version == plans[1].parent.version:
+        assert specialists.surface(plans[2].family) != specialists.surface(plans[1].family)
+    spans = {t.id: (t.started, t.finished) for t in trials}
+    assert spans[2][0] < spans[1][1]  # they overlapped in time
+    # every proposal read every trial finished when it was made; a later one read more
+    for n, p in plans.items():
+        assert set(p.saw) <= {t.id for t in trials if t.finished <= spans[n][0] + 1e-6} | {0}
+    assert any(len(plans[n].saw) > 1 for n in plans)
+    # a control two children of one parent need was trained and recorded once
+    keys = [(c.state.version, c.state.depth) for c in controls]
+    assert len(keys) == len(set(keys))
+
+
+@pytest.mark.slow
+def test_sigkill_with_two_trials_in_flight_then_resume_runs_each_trial_once(tiny_run):
+    cfg, run = tiny_run
+    p = start_cli("run", _config(cfg, 3), "--out", run, "--json")
+    deadline = time.time() + 300
+    while time.time() < deadline:  # until two trials are in flight, then kill everything
+        db = run / "lineage.sqlite"
+        if db.exists():
+            store = LineageStore(db)
+            pending = [s.trial for s in store.pending()]
+            store.close()
+            if len(pending) == 2:
+                break
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.1)
+    time.sleep(1.0)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    store = LineageStore(run / "lineage.sqlite")
+    cut = sorted(s.trial for s in store.pending())
+    store.close()
+    assert len(cut) == 2
+
+    cli("resume", run, "--json")
+    store = LineageStore(run / "lineage.sqlite")
+    trials = store.trials()
+    resumed = sorted(e.trial for e in store.events(TrialResumed))
+    finished = store.events("trial_finished")
+    store.close()
+    assert [t.id for t in trials] == [0, 1, 2, 3] and store is not None
+    assert resumed == cut  # both cut off, both redone under their numbers
+    assert sorted(e["trial"] for e in finished) == [0, 1, 2, 3]  # each ended exactly once
+    versions = [t.version for t in trials if t.version]
+    assert len(versions) == len(set(versions))
