@@ -89,6 +89,22 @@ def test_two_trials_in_flight_from_different_specialists_each_recorded_once(tiny
     # a control two children of one parent need was trained and recorded once
     keys = [(c.state.version, c.state.depth) for c in controls]
     assert len(keys) == len(set(keys))
+    # the report puts the trials on a time axis and names those that ran beside each other
+    from evotrainer.report.page import write_report
+    html = (run / "report.html").read_text() if write_report(run, engine="svg") else ""
+    assert "Trials over time" in html and 'class="timeline"' in html and "1 and 2" in html
+
+
+def test_the_time_axis_finds_the_trials_that_overlapped():
+    from evotrainer.report.gather import Version
+    from evotrainer.report.timeline import overlaps, timeline_svg
+
+    def v(n, a, b):
+        return Version(n, f"v{n}", ["v0"], "x", "kept", 1, "", {}, {}, None, None, {}, "", [], "", a, b, "reward")
+    vs = [v(1, 0, 10), v(2, 5, 12), v(3, 12, 20), v(4, 21, None)]
+    assert overlaps(vs) == [(1, 2)]
+    svg = timeline_svg(vs, now=30)
+    assert svg.count("<rect") == 4 and "[reward]" in svg
 
 
 @pytest.mark.slow

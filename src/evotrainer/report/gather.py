@@ -16,7 +16,9 @@ from pathlib import Path
 from evotrainer.diagnostics.evidence_view import Evidence
 from evotrainer.diagnostics.health import load_evidence
 from evotrainer.diagnostics.load import harness_diagnostics
+from evotrainer.evolve import history
 from evotrainer.evolve.progress import seed_metrics
+from evotrainer.evolve.specialists import surface
 from evotrainer.evolve.status import open_run, status
 from evotrainer.lineage.events import TrialStarted
 from evotrainer.lineage.plan import TrialPlan
@@ -44,6 +46,9 @@ class Version:
     reflection: str
     findings: list
     patch: str
+    started: float | None = None     # wall-clock seconds (the trial's row; in flight: its start's record)
+    finished: float | None = None    # None: in flight
+    surface: str = ""                # the specialist's surface its change touched (evolve/specialists.py)
 
     @property
     def mean_val(self) -> float | None:
@@ -143,16 +148,20 @@ def version_of(t: TrialRecord, plans: dict[int, TrialPlan]) -> Version:
                    t.hypothesis or (plan.hypothesis if plan else ""),
                    {str(k): v for k, v in (f.get("val") or {}).items()},
                    {str(k): v for k, v in (f.get("test") or {}).items()},
-                   f.get("gain"), f.get("threshold"), t.backtest or {}, t.reflection, t.findings or [], t.patch)
+                   f.get("gain"), f.get("threshold"), t.backtest or {}, t.reflection, t.findings or [], t.patch,
+                   t.started, t.finished, surface(history.family(t.intervention, plan.family if plan else None))
+                   if t.parents else "root")
 
 
-def in_flight(pending: list[TrialStarted]) -> list[Version]:
-    """Trials started and not finished, as the plan their start recorded (label "in flight")."""
+def in_flight(pending: list[TrialStarted], since: dict[int, float] | None = None) -> list[Version]:
+    """Trials started and not finished, as the plan their start recorded (label "in flight");
+    `since`: trial -> when it (last) started."""
     out = []
     for s in pending:
         parents, hypothesis = ([s.plan.parent.version], s.plan.hypothesis) if s.plan else ([], "")
         out.append(Version(s.trial, s.version, parents, s.intervention or "?", "in flight",
-                           0, hypothesis, {}, {}, None, None, {}, "", [], ""))
+                           0, hypothesis, {}, {}, None, None, {}, "", [], "", (since or {}).get(s.trial), None,
+                           surface(s.plan.family) if s.plan else ""))
     return out
 
 
@@ -178,7 +187,9 @@ def gather(run_dir: Path | str) -> RunData:
     store = open_run(run)
     try:
         trials, pending = store.trials(), store.pending()
-        plans = {e.trial: e.plan for e in store.events(TrialStarted) if e.plan}
+        starts = store.log(TrialStarted)
+        plans = {x.event.trial: x.event.plan for x in starts if x.event.plan}
+        since = {x.event.trial: x.t for x in starts}  # the last start of each
     finally:
         store.close()
     versions = [version_of(t, plans) for t in trials]
@@ -207,5 +218,5 @@ def gather(run_dir: Path | str) -> RunData:
     config = (run / "config.yaml").read_text() if (run / "config.yaml").exists() else ""
     st = status(run)
     best = path_to(best_version(final, st), versions)
-    return RunData(run, st, versions, in_flight(pending), best, curves, diagnostics_over_time(first_seed),
+    return RunData(run, st, versions, in_flight(pending, since), best, curves, diagnostics_over_time(first_seed),
                    noise, final, table, config)

@@ -19,6 +19,7 @@ from typing import Callable
 from evotrainer.evolve.final import ci_name
 from evotrainer.report.charts import Chart, HLine, Series, plotly_div, svg
 from evotrainer.report.gather import CURVES, RunData, Version, gather
+from evotrainer.report.timeline import overlaps, timeline_svg
 from evotrainer.report.tree import color, tree_svg
 
 ENGINES = ("auto", "plotly", "svg")
@@ -252,6 +253,10 @@ def render(data: RunData, engine: str = "auto") -> str:
          'its hypothesis</p><div class="scroll">' + tree_svg(data.versions + data.in_flight, data.best_path)
          + "</div>"),
         ("Trials", trials_table(data.versions + data.in_flight, data.best_path)),
+        ("Trials over time", '<p class="muted">each trial from its start to its end, coloured by its label; '
+         'in brackets, the specialist\'s surface. Ran beside each other (search.concurrency): '
+         + esc(", ".join(f"{a} and {b}" for a, b in overlaps(data.versions)) or "none, one trial at a time")
+         + '</p><div class="scroll">' + timeline_svg(data.versions + data.in_flight) + "</div>"),
         ("Fitness per version", grid([fitness_chart(data.versions)] if trained else [])),
         ("Gate: gains, bars and the noise floor", grid([gate_chart(data.versions, data.noise_sd)] if gated else [])),
         ("Backtest verdicts beside training", backtest_table(data.versions)),
