@@ -363,8 +363,8 @@ class RunConfig:
         b = self.budget
         for key in ("trials", "steps_per_segment", "total_steps", "wall_clock_s", "trial_timeout_s"):
             need(getattr(b, key) > 0, f"budget.{key}", f"must be > 0, got {getattr(b, key)}")
-        need(b.steps_per_segment <= b.total_steps, "budget.steps_per_segment",
-             f"must be <= budget.total_steps ({b.total_steps}), got {b.steps_per_segment}")
+        need(b.steps_per_segment <= b.total_steps or self.search.restarts, "budget.steps_per_segment",
+             f"must be <= budget.total_steps ({b.total_steps}), got {b.steps_per_segment}")  # restart: unused
         g = self.promotion
         need(0 < g.alpha < 0.5, "promotion.alpha", f"must be in (0, 0.5), got {g.alpha}")
         need(g.min_gain >= 0, "promotion.min_gain", f"must be >= 0, got {g.min_gain}")
