@@ -62,6 +62,27 @@ def test_jobs_come_back_labelled_in_order():
     assert results[0].value == 5 and "the harness broke" in results[1].error and "not plain JSON" in results[2].error
 
 
+def test_trials_in_flight_share_one_ray_executor_from_their_threads():
+    """search.concurrency on Ray: each trial's thread submits its jobs to the one executor, and
+    the cluster runs them beside each other (2 CPUs here: one job of each at once)."""
+    ex, spans, errors = RayExecutor(cwd=HERE), [], []
+
+    def trial():
+        try:
+            (r,) = ex.run([Call(worker_targets.interval, {"seconds": 1.5})], timeout_s=60)
+            spans.append(r.value)
+        except BaseException as e:  # noqa: BLE001 (reported below, in the test's thread)
+            errors.append(e)
+    threads = [threading.Thread(target=trial) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(spans) == 2
+    (s1, e1), (s2, e2) = spans
+    assert s1 < e2 and s2 < e1  # side by side
+
+
 def test_a_job_past_its_deadline_is_a_timeout_and_leaves_no_process():
     marker = f"evotrainer-ray-spin-{time.monotonic_ns()}"
     t0 = time.monotonic()
