@@ -79,9 +79,9 @@ def test_the_skill_library_reorders_the_rules_by_what_the_same_finding_led_to(tm
     assert propose(ctx([DEAD], tried=others - {"drop_dead"}, skills=lib.skills(), task="arith")).intervention \
         == "drop_dead"
     assert propose(ctx([DEAD], tried=others, skills=lib.skills(), task="arith")).intervention == "partial_credit"
-    # on another task what held still leads, but one task's failure does not demote the rules' pick
-    assert [propose(ctx([DEAD], tried=t, skills=lib.skills(), task="rg:chain_sum")).intervention
-            for t in ((), {"clip_higher"})] == ["clip_higher", "partial_credit"]
+    # on another task of arith's family nothing; on another family arith's evidence is far: what
+    # held moves up a little, the failure back a little, and the rules' first pick stays first
+    assert propose(ctx([DEAD], skills=lib.skills(), task="rg:chain_sum")).intervention == "partial_credit"
     # a skill learned on another finding does not steer this one
     other = {**DEAD, "diagnostic": "entropy_collapse"}
     assert propose(ctx([other], skills=lib.skills())).intervention == "partial_credit"

@@ -1,12 +1,15 @@
 """The skill library: outcomes in, effects, domains and rankings out."""
-from evotrainer.skills import SkillLibrary, matching, rank, signature, standing
+from evotrainer.skills import PLACE, Conditions, SkillLibrary, closeness, matching, rank, signature, standing
 
 DEAD = {"diagnostic": "dead_group_ratio", "severity": "critical"}
 
 
-def record(lib, trial, task, name, label, gain, run="r1", trigger="dead_group_ratio:critical"):
+ARITH = Conditions("arith", 3, 0.05, "embedded")  # a weak start on 3-digit sums
+
+
+def record(lib, trial, task, name, label, gain, run="r1", trigger="dead_group_ratio:critical", **conditions):
     lib.record(run=run, trial=trial, task=task, trigger=trigger, intervention=name, family="reward",
-               patch={"reward": name}, expected=f"{name} helps", label=label, gain=gain)
+               patch={"reward": name}, expected=f"{name} helps", label=label, gain=gain, **conditions)
 
 
 def test_outcomes_make_a_skill_with_counts_domains_and_evidence(tmp_path):
@@ -49,8 +52,14 @@ def test_matching_and_rank_follow_the_findings(tmp_path):
     skills = lib.skills()
     assert [s.intervention for s in matching(skills, [DEAD])] == ["clip_higher", "partial_credit"]
     names = ["partial_credit", "drop_dead", "clip_higher", "entropy_bonus"]
-    assert rank(names, [DEAD], skills, "arith") == ["clip_higher", "drop_dead", "entropy_bonus", "partial_credit"]
-    assert rank(names, [], skills, "arith") == names          # no matching evidence: the rules' order
+    # clip_higher expects +2 points (one +4 outcome, shrunk): first; partial_credit expects
+    # -1.5: last; entropy_bonus's skill answers another finding (no say)
+    assert rank(names, [DEAD], skills, ARITH) == ["clip_higher", "drop_dead", "entropy_bonus", "partial_credit"]
+    few = SkillLibrary(tmp_path / "few.sqlite")
+    record(few, 1, "rg:chain_sum", "clip_higher", "kept", 0.04)   # from another family: +0.4 points, a nudge
+    assert 0 < standing(few.get("dead_group_ratio:critical -> clip_higher"), ARITH) < PLACE
+    assert rank(names, [DEAD], few.skills(), ARITH) == names
+    assert rank(names, [], skills, ARITH) == names          # no matching evidence: the rules' order
     assert signature(None) == "none" and signature(DEAD) == "dead_group_ratio:critical"
 
 
@@ -68,21 +77,49 @@ def test_absorbing_libraries_is_their_union_counting_each_outcome_once(tmp_path)
     assert pc.tried == 2 and abs(pc.mean_gain - 0.04) < 1e-9
 
 
-def test_other_tasks_count_only_what_generalises(tmp_path):
+def test_evidence_counts_by_how_close_its_conditions_are():
+    o = {"task": "arith", "level": 3, "ref_acc": 0.04, "backend": "embedded", "label": "kept", "gain": 0.05}
+    assert closeness(o, ARITH) == 1.0
+    assert closeness(o | {"task": "rg:chain_sum"}, Conditions("rg:leg_counting", 2, 0.05)) == 0.5  # same family
+    assert closeness(o, Conditions("rg:chain_sum", 2, 0.05)) == 0.1                             # another family
+    assert closeness(o | {"ref_acc": 0.5}, ARITH) == 0.25                                      # two bands apart
+    assert closeness(o | {"level": 2}, ARITH) == 0.5 and closeness(o | {"backend": "trl"}, ARITH) == 0.8
+    assert closeness({"task": "arith", "label": "kept", "gain": 0.0}, ARITH) == 1.0  # an old row: nothing known
+
+
+def test_far_evidence_moves_the_rules_order_a_little_and_a_misleading_skill_is_demoted_by_its_outcome(tmp_path):
     lib = SkillLibrary(tmp_path / "s.sqlite")
-    record(lib, 1, "arith", "clip_higher", "kept", 0.04)
-    record(lib, 2, "arith", "partial_credit", "discarded", -0.03)
-    record(lib, 3, "arith", "drop_dead", "invalid", 0.01)
+    weak = {"level": 2, "ref_acc": 0.1, "backend": "embedded"}
+    # learned on another family: partial credit was gamed there, larger groups held
+    record(lib, 1, "rg:chain_sum", "partial_credit", "invalid", 0.02, **weak)
+    record(lib, 2, "rg:chain_sum", "larger_groups", "kept", 0.06, **weak)
+    names = ["partial_credit", "drop_dead", "larger_groups"]
+    # on arith the far failure moves the findings' first pick back less than a place; the far
+    # success moves larger_groups up a little, not past it
     sk = {s.intervention: s for s in lib.skills()}
-    names = ["drop_dead", "partial_credit", "clip_higher"]
-    # on the task itself every outcome counts: the held one first, the losers last, the hack last of all
-    assert rank(names, [DEAD], lib.skills(), "arith") == ["clip_higher", "partial_credit", "drop_dead"]
-    # elsewhere the held one still leads, and one task's failures have no say (the rules' order)
-    assert rank(names, [DEAD], lib.skills(), "rg:chain_sum") == ["clip_higher", "drop_dead", "partial_credit"]
-    assert standing(sk["partial_credit"], "rg:chain_sum") is None and standing(sk["clip_higher"], "x") > 0
-    record(lib, 4, "rg:leg_counting", "drop_dead", "discarded", 0.0)   # a second task where it did not hold
-    assert rank(names, [DEAD], lib.skills(), "rg:chain_sum") == ["clip_higher", "partial_credit", "drop_dead"]
-    assert standing({s.intervention: s for s in lib.skills()}["drop_dead"], "rg:chain_sum") < 0
-    # measured here, the task's own evidence wins over what held elsewhere
-    record(lib, 6, "rg:chain_sum", "clip_higher", "discarded", -0.02, run="r2")
-    assert rank(names, [DEAD], lib.skills(), "rg:chain_sum") == ["partial_credit", "clip_higher", "drop_dead"]
+    assert -PLACE < standing(sk["partial_credit"], ARITH) < 0 < standing(sk["larger_groups"], ARITH) < 2 * PLACE
+    assert rank(names, [DEAD], lib.skills(), ARITH)[0] == "partial_credit"
+    # on a task of the family the same evidence counts more: larger_groups is tried first
+    assert rank(names, [DEAD], lib.skills(), Conditions("rg:leg_counting", 2, 0.1))[0] == "larger_groups"
+    # tried first on leg_counting and it misleads there: its own outcome there demotes it
+    record(lib, 1, "rg:leg_counting", "larger_groups", "discarded", -0.04, run="r2", **weak)
+    assert rank(names, [DEAD], lib.skills(), Conditions("rg:leg_counting", 2, 0.1))[0] != "larger_groups"
+    assert standing(lib.get("dead_group_ratio:critical -> larger_groups"), Conditions("rg:leg_counting", 2, 0.1)) < 0
+
+
+def test_a_library_from_before_conditions_opens_with_its_rows_and_absorbs(tmp_path):
+    import sqlite3
+    old = tmp_path / "old.sqlite"
+    db = sqlite3.connect(old)
+    db.executescript("""CREATE TABLE skills (name TEXT PRIMARY KEY, trigger TEXT NOT NULL, intervention TEXT NOT NULL,
+        family TEXT NOT NULL, patch TEXT NOT NULL, expected TEXT NOT NULL, created REAL NOT NULL);
+        CREATE TABLE outcomes (run TEXT NOT NULL, trial INTEGER NOT NULL, skill TEXT NOT NULL, task TEXT NOT NULL,
+        label TEXT NOT NULL, gain REAL, t REAL NOT NULL, PRIMARY KEY (run, trial));
+        INSERT INTO skills VALUES ('none -> lower_lr', 'none', 'lower_lr', 'optimisation', '{}', 'x', 1);
+        INSERT INTO outcomes VALUES ('r', 1, 'none -> lower_lr', 'arith', 'kept', 0.03, 1);""")
+    db.commit()
+    db.close()
+    new = SkillLibrary(tmp_path / "new.sqlite")
+    new.absorb(old)
+    (s,) = new.skills()
+    assert s.tried == 1 and s.evidence[0]["ref_acc"] is None and standing(s, ARITH) == 0.03 / 2

@@ -13,11 +13,16 @@ $XDG_DATA_HOME where that is set; `search.skills` in the run config), shared by 
 tasks. An outcome is keyed by (run, trial), so a resumed run that records it again changes
 nothing.
 
-`rank` is pure: it orders the rules agent's applicable proposals by what the matching
-skills measured, so a library learned on one task steers the first choices on another.
-Evidence from the task at hand counts both ways; from other tasks only what generalises
-does (`standing`): a skill that held elsewhere is tried early, and one is put last only
-after it failed on two or more other tasks.
+Each outcome also records the conditions it was measured under: the task and its level, the
+accuracy band of the run's reference recipe (the root's validation accuracy: a weak start is
+where reward shaping matters, a strong one where the update's size does), and the backend.
+`rank` is pure: it reorders the rules agent's applicable proposals by what the matching
+skills measured, each outcome weighted by how close its conditions are to the run at hand
+(`closeness`): the same task and band count fully, another task of the same family half,
+another family a tenth. A skill that expects a point of gain or more goes first, a point of
+loss or more last; less than that moves a proposal a place per point. Evidence from far away
+is shrunk below a point, so it nudges the rules' order and never buries its first pick; a
+skill that misleads on a new task is demoted by its own outcome there, which counts fully.
 """
 from __future__ import annotations
 
@@ -33,6 +38,8 @@ from evotrainer.paths import DATA
 
 DEFAULT_LIBRARY = DATA / "skills.sqlite"  # $XDG_DATA_HOME/evotrainer
 GENERAL_AFTER = 2   # tasks where a skill must have held before it counts as general
+BANDS = (0.1, 0.3, 0.6)   # reference accuracy bands: weak < 10% <= low < 30% <= mid < 60% <= high
+PLACE = 0.01        # expected gain worth one place in the rules' order (a validation point)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS skills (
@@ -52,9 +59,49 @@ CREATE TABLE IF NOT EXISTS outcomes (
     label TEXT NOT NULL,
     gain REAL,                      -- validation gain over the control (null: never trained)
     t REAL NOT NULL,
+    level INTEGER,                  -- the conditions it was measured under (null: before they were kept)
+    ref_acc REAL,                   -- the run's reference recipe's validation accuracy (its root)
+    backend TEXT,
     PRIMARY KEY (run, trial)
 );
 """
+OUTCOME_COLUMNS = ("run", "trial", "skill", "task", "label", "gain", "t", "level", "ref_acc", "backend")
+CONDITIONS = {"level": "INTEGER", "ref_acc": "REAL", "backend": "TEXT"}  # added to libraries from before
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """What a run is, as skills weigh their evidence for it."""
+    task: str                        # the task spec: arith, rg:chain_sum, codegen, jsonl:...
+    level: int | None = None
+    ref_acc: float | None = None     # the reference recipe's validation accuracy (None: not known yet)
+    backend: str | None = None
+
+
+def task_family(task: str) -> str:
+    """'rg:chain_sum' -> 'rg', 'jsonl:/x.jsonl?verifier=math' -> 'jsonl', 'arith' -> 'arith'."""
+    return task.split(":", 1)[0]
+
+
+def band(acc: float | None) -> int | None:
+    return None if acc is None else sum(acc >= b for b in BANDS)
+
+
+def closeness(o: Mapping, here: Conditions) -> float:
+    """How much an outcome measured under its conditions says about a run under `here`: 1 for
+    the same task, level, band and backend; half for another task of the family (another
+    reasoning-gym family, another level), a tenth across families (ten outcomes there weigh
+    as one here); halved per band apart,
+    0.8 for another backend. Conditions an old outcome did not record cost nothing."""
+    w = 1.0 if o["task"] == here.task else 0.5 if task_family(o["task"]) == task_family(here.task) else 0.1
+    if o["task"] == here.task and None not in (o.get("level"), here.level) and o["level"] != here.level:
+        w *= 0.5
+    b, hb = band(o.get("ref_acc")), band(here.ref_acc)
+    if None not in (b, hb):
+        w *= 0.5 ** abs(b - hb)
+    if None not in (o.get("backend"), here.backend) and o["backend"] != here.backend:
+        w *= 0.8
+    return w
 
 
 @dataclass(frozen=True)
@@ -84,29 +131,23 @@ class Skill:
 def _score(evidence: Sequence[Mapping]) -> float:
     """Expected gain, shrunk towards 0 by one imaginary neutral outcome: one lucky trial is
     worth less than three steady ones. An `invalid` outcome counts as a loss of 0.05."""
-    gains = [(-0.05 if o["label"] == Label.INVALID else (o["gain"] or 0.0)) for o in evidence]
+    gains = [_gain(o) for o in evidence]
     return sum(gains) / (len(gains) + 1)
 
 
-def standing(skill: Skill, task: str) -> float | None:
-    """What a skill says about trying its intervention on `task`: a positive score (try it
-    early), a negative one (try it late) or None (nothing; the rules' order stands).
+def _gain(o: Mapping) -> float:
+    return -0.05 if o["label"] == Label.INVALID else (o["gain"] or 0.0)
 
-    Outcomes measured on `task` itself count both ways. From other tasks only what
-    generalises counts: having held on another task earns an early try (at the score it
-    held with), but a failure puts the intervention last only once it failed on
-    GENERAL_AFTER or more tasks. One task's failure can be that task's own (partial credit
-    was gamed through rg:chain_sum's substring-fallback scorer and held on arith), and
-    demoting the rules' first pick on its word can push the one working change past a
-    small trial budget, while promoting a skill that held costs at most one trial."""
-    here = [o for o in skill.evidence if o["task"] == task]
-    if here:
-        return _score(here) or None
-    if skill.held_on:
-        return max(_score([o for o in skill.evidence if o["task"] == t]) for t in skill.held_on) or None
-    if len({o["task"] for o in skill.evidence}) >= GENERAL_AFTER:
-        return _score(skill.evidence) or None
-    return None
+
+def standing(skill: Skill, here: Conditions) -> float | None:
+    """The gain a skill expects of its intervention under `here`: its outcomes' gains (an
+    invalid one counts as -0.05), each weighted by `closeness`, shrunk towards 0 by one
+    imaginary neutral outcome as close as can be (so far-away evidence says little, and one
+    lucky trial less than three steady ones). None: no outcome."""
+    if not skill.evidence:
+        return None
+    w = [closeness(o, here) for o in skill.evidence]
+    return sum(wi * _gain(o) for wi, o in zip(w, skill.evidence)) / (sum(w) + 1)
 
 
 def signature(finding: Mapping | None) -> str:
@@ -119,18 +160,25 @@ class SkillLibrary:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(self.path, isolation_level=None)
         self.db.executescript(SCHEMA)
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(outcomes)")}
+        for col, kind in CONDITIONS.items():  # a library from before conditions were kept: same rows, new columns
+            if col not in have:
+                self.db.execute(f"ALTER TABLE outcomes ADD COLUMN {col} {kind}")
 
     def record(self, *, run: str, trial: int, task: str, trigger: str, intervention: str, family: str,
-               patch: dict, expected: str, label: str, gain: float | None) -> None:
-        """One trial's outcome (idempotent per run and trial), creating the skill on first use."""
+               patch: dict, expected: str, label: str, gain: float | None, level: int | None = None,
+               ref_acc: float | None = None, backend: str | None = None) -> None:
+        """One trial's outcome under its conditions (idempotent per run and trial), creating the
+        skill on first use."""
         name = f"{trigger} -> {intervention}"
         self.db.execute("BEGIN IMMEDIATE")
         try:
             self.db.execute("INSERT OR IGNORE INTO skills VALUES (?, ?, ?, ?, ?, ?, ?)",
                             (name, trigger, intervention, family, json.dumps(patch, sort_keys=True), expected,
                              time.time()))
-            self.db.execute("INSERT OR IGNORE INTO outcomes VALUES (?, ?, ?, ?, ?, ?, ?)",
-                            (run, trial, name, task, label, gain, time.time()))
+            self.db.execute(f"INSERT OR IGNORE INTO outcomes ({', '.join(OUTCOME_COLUMNS)}) VALUES "
+                            f"({', '.join('?' * len(OUTCOME_COLUMNS))})",
+                            (run, trial, name, task, label, gain, time.time(), level, ref_acc, backend))
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
@@ -141,21 +189,25 @@ class SkillLibrary:
                                "ORDER BY name").fetchall()
         out = []
         for name, trigger, intervention, family, patch, expected in rows:
-            ev = tuple({"run": r, "trial": t, "task": task, "label": lab, "gain": g}
-                       for r, t, task, lab, g in self.db.execute(
-                           "SELECT run, trial, task, label, gain FROM outcomes WHERE skill = ? ORDER BY t", (name,)))
+            ev = tuple({"run": r, "trial": t, "task": task, "label": lab, "gain": g, "level": lv, "ref_acc": acc,
+                        "backend": be}
+                       for r, t, task, lab, g, lv, acc, be in self.db.execute(
+                           "SELECT run, trial, task, label, gain, level, ref_acc, backend FROM outcomes "
+                           "WHERE skill = ? ORDER BY t", (name,)))
             out.append(_skill(name, trigger, intervention, family, json.loads(patch), expected, ev))
         return out
 
     def absorb(self, other: Path | str) -> None:
         """Add every skill and outcome of another library file (outcomes stay keyed by run and
         trial, so absorbing one twice, or two that share outcomes, counts each once)."""
+        SkillLibrary(other).close()  # opened once here: a library from before conditions gets their columns
         self.db.execute("ATTACH DATABASE ? AS other", (str(Path(other).expanduser()),))
         try:
             self.db.execute("BEGIN IMMEDIATE")
             try:
                 self.db.execute("INSERT OR IGNORE INTO skills SELECT * FROM other.skills")
-                self.db.execute("INSERT OR IGNORE INTO outcomes SELECT * FROM other.outcomes")
+                cols = ", ".join(OUTCOME_COLUMNS)
+                self.db.execute(f"INSERT OR IGNORE INTO outcomes ({cols}) SELECT {cols} FROM other.outcomes")
                 self.db.execute("COMMIT")
             except BaseException:
                 self.db.execute("ROLLBACK")
@@ -189,18 +241,25 @@ def matching(skills: Iterable[Skill], findings: Iterable[Mapping]) -> list[Skill
     return sorted((s for s in skills if s.trigger in sigs), key=lambda s: -s.score)
 
 
-def rank(candidates: Sequence[str], findings: Iterable[Mapping], skills: Iterable[Skill], task: str) -> list[str]:
-    """Intervention names reordered by evidence for `task`: those whose best matching skill
-    stands positive first (highest first), then those without a say in their given order,
-    then those measured to hurt (least harmful first). A stable sort: no evidence, no change."""
+def rank(candidates: Sequence[str], findings: Iterable[Mapping], skills: Iterable[Skill],
+         here: Conditions) -> list[str]:
+    """Intervention names reordered by evidence for the run under `here` (`standing` of each
+    one's best matching skill): expecting a point (PLACE) or more of gain, first (the most
+    first); a point or more of loss, last (the least harmful first); less either way, moved by
+    its expectation, a place per point. Far evidence is shrunk below a point by `closeness`, so
+    it only nudges the rules' order; without evidence the order stands (a stable sort)."""
     best: dict[str, float] = {}
     for s in matching(skills, findings):
-        sc = standing(s, task)
+        sc = standing(s, here)
         if sc is not None and sc > best.get(s.intervention, -float("inf")):
             best[s.intervention] = sc
-    def key(name: str) -> tuple[int, float]:
-        sc = best.get(name)
-        if sc is None:
-            return (1, 0.0)
-        return (0, -sc) if sc > 0 else (2, -sc)
-    return sorted(candidates, key=key)
+
+    def key(item: tuple[int, str]) -> tuple[int, float]:
+        i, name = item
+        sc = best.get(name, 0.0)
+        if sc >= PLACE:
+            return (0, -sc)
+        if sc <= -PLACE:
+            return (2, -sc)
+        return (1, i - sc / PLACE)
+    return [name for _, name in sorted(enumerate(candidates), key=key)]

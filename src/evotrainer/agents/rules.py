@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 from evotrainer.agents.catalog import CATALOG, FAMILY, Proposal, revert
 from evotrainer.agents.edits import harness_files
 from evotrainer.agents.space import Parent, space
-from evotrainer.skills import Skill, rank, signature
+from evotrainer.skills import Conditions, Skill, rank, signature
 from evotrainer.harness.knobs import Knobs
 
 FAMILY_ORDER = ("reward_hacking", "reward", "group_filter", "signal", "curriculum", "exploration",
@@ -64,6 +64,9 @@ class AgentContext:
     # families another trial in flight is changing from the same parent (search.concurrency > 1):
     # a proposal from here leaves them to that trial's specialist (evolve/specialists.py)
     closed: frozenset[str] = frozenset()
+    # the rest of the conditions the skill library weighs its evidence by (skills.Conditions)
+    reference_acc: float | None = None      # the root's validation accuracy (the reference recipe's)
+    backend: str | None = None
 
 
 def family_of(suggestion: str) -> str | None:
@@ -142,7 +145,8 @@ def propose(ctx: AgentContext) -> Proposal | None:
     if not cands:
         return None
     by_name = {p.intervention: p for p in cands}
-    order = rank(list(by_name), ctx.findings, ctx.skills, ctx.task)
+    order = rank(list(by_name), ctx.findings, ctx.skills,
+                 Conditions(ctx.task, ctx.target_level, ctx.reference_acc, ctx.backend))
     if ctx.escalation and ctx.escalation.subtract:  # subtractions stay first when escalated
         order = [n for n in by_name if n.startswith("revert_")] + [n for n in order if not n.startswith("revert_")]
     return by_name[order[0]]

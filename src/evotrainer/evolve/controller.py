@@ -360,7 +360,8 @@ class Controller:
                            skills=self._skills(), escalation=self._escalation(), seed=1000 * self.cfg.seeds[0] + n,
                            parent=parent.version, harness_dir=self._harness_dir(parent.version),
                            lineage=history.view(trials) + beside(in_flight), feedback=feedback, trial=n,
-                           workdir=self.run_dir / "agents", closed=closed,
+                           workdir=self.run_dir / "agents", closed=closed, reference_acc=self._reference_acc(),
+                           backend=self.cfg.backend,
                            family_weights=self.policy.family_weights if self.evolving else {})
         try:
             p = self.agent(ctx)
@@ -375,6 +376,11 @@ class Controller:
         d = self._harness_dir(version)
         return (yaml.safe_load((d / "knobs.yaml").read_text()) or {},
                 {p.name: p.read_text() for p in sorted(d.glob("*.py"))})
+
+    def _reference_acc(self) -> float | None:
+        """The root's mean validation accuracy: the reference recipe's, a condition skills weigh."""
+        val = (self.view.root.fitness.get("val") or {}) if self.view.root else {}
+        return sum(val.values()) / len(val) if val else None
 
     def _skills(self) -> list:
         if not self.cfg.search.skills:
@@ -399,7 +405,8 @@ class Controller:
                 lib.record(run=str(self.run_dir.resolve()), trial=t.id, task=self.cfg.task,
                            trigger=p.trigger or "none", intervention=t.intervention,
                            family=history.family(t.intervention, p.family), patch=p.knobs or {},
-                           expected=t.hypothesis, label=t.label, gain=t.fitness.get("gain"))
+                           expected=t.hypothesis, label=t.label, gain=t.fitness.get("gain"),
+                           level=self.task.target_level, ref_acc=self._reference_acc(), backend=self.cfg.backend)
         finally:
             lib.close()
 
