@@ -135,6 +135,7 @@ class Controller:
         self.isolation = use_isolation(self.cfg.sandbox)
         # status adds up sessions (time between a kill and a resume is not ours) and reads the sandbox here
         self.store.append(SessionStarted(sandbox_record(self.isolation)))
+        self._cancel.clear()  # a run() again on this controller (a resume in-process) starts uncancelled
         self._setup()
         view = self._look()
         # what a kill cut off between a trial's row and its skill outcome
