@@ -32,7 +32,15 @@ once; each search's record counts segments trained and reused.
 
     .venv/bin/python bench/search_suite.py --tasks arith3-weak        # one task (~3 h on 2 cores)
     .venv/bin/python bench/search_suite.py --headroom --tasks vault3   # base, sweep, references only
+    .venv/bin/python bench/search_suite.py --transfer --tasks codegen   # leave-one-task-out (after the others)
     .venv/bin/python bench/search_suite.py --merge                    # the report of every finished task
+
+Transfer (`--transfer`, leave one task out): every strategy above runs without a skill
+library, so they compare alike; afterwards each task's population searches give a library
+(their lineages' outcomes, recorded under their conditions), and a held-out task's
+population search runs again from the union of the other tasks' libraries: trials to the
+first kept version and the test gain against the same search with an empty library, paired
+by replicate. Written to OUT/TASK/transfer.json beside the suite's result.json.
 
 A finished search, sweep or replay under --out is read back, not redone.
 """
@@ -42,6 +50,7 @@ import argparse
 import copy
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -57,8 +66,11 @@ for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
 
 from evotrainer.agents import set_knob  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
-from evotrainer.config import config_from_dict  # noqa: E402
-from evotrainer.evolve.controller import Controller  # noqa: E402
+from evotrainer.config import config_from_dict, load_config  # noqa: E402
+from evotrainer.evolve.controller import Controller, learn  # noqa: E402
+from evotrainer.evolve.view import RunView  # noqa: E402
+from evotrainer.lineage import LineageStore  # noqa: E402
+from evotrainer.skills import SkillLibrary  # noqa: E402
 from evotrainer.evolve import setup  # noqa: E402
 from evotrainer.evolve.retrain import Arm  # noqa: E402
 from evotrainer.evolve.segment_cache import SegmentCache  # noqa: E402
@@ -73,7 +85,11 @@ STRATEGIES = {
     "greedy": {"agent": "rules", "search": {"selection": "greedy", "crossover": False, "escalation": False}},
     "population": {"agent": "rules", "search": {"selection": "population", "controller": "fixed"}},
     "evolving": {"agent": "rules", "search": {"selection": "population", "controller": "evolving"}},
+    # population (fixed controller) starting from the library the other tasks' population
+    # searches learned: the leave-one-task-out transfer row (--transfer)
+    "transfer": {"agent": "rules", "search": {"selection": "population", "controller": "fixed"}},
 }
+TRANSFER_FROM = "population"  # whose searches' lineages make a task's library
 SWEEP_SEEDS = [50, 51]  # the tuned reference's sweep: seeds no search and no replay uses
 FRESH = 300             # first fresh replay seed
 
@@ -114,7 +130,13 @@ def search(raw: dict, strategy: str, r: int, out: Path) -> dict:
     done = run / "search.json"
     if done.exists():
         return json.loads(done.read_text())
-    cfg = config_from_dict(config(raw, strategy, r, out)).validate()
+    raw = config(raw, strategy, r, out)
+    if strategy == "transfer":  # its own copy of the others' library: it learns into it as any run does
+        if not (run / "lineage.sqlite").exists():
+            run.mkdir(parents=True, exist_ok=True)
+            shutil.copy(out / "transfer-library.sqlite", run / "skills.sqlite")
+        raw["search"]["skills"] = str((run / "skills.sqlite").resolve())
+    cfg = config_from_dict(raw).validate()
     t = time.time()
     ctl = Controller(cfg, run, on_event=lambda kind, d: kind == "trial_finished" and print(
         f"    {strategy} r{r} trial {d['trial']}: {d['intervention']} {d['label']}", flush=True))
@@ -131,6 +153,49 @@ def search(raw: dict, strategy: str, r: int, out: Path) -> dict:
            "segments": segment_counts(trials)}
     done.write_text(json.dumps(rec, indent=2))
     return rec
+
+
+def library(task_out: Path) -> Path | None:
+    """The skill library a task's TRANSFER_FROM searches would have learned (they ran without
+    one, so the strategies compare alike): every agent trial's outcome, recorded from their
+    lineages under their runs' conditions (controller.learn). None: no such search finished."""
+    runs = sorted(d.parent for d in task_out.glob(f"{TRANSFER_FROM}-r*/search.json"))
+    if not runs:
+        return None
+    path = task_out / f"library-{TRANSFER_FROM}.sqlite"
+    lib = SkillLibrary(path)
+    try:
+        for run in runs:
+            cfg = load_config(run / "config.yaml")
+            store = LineageStore(run / "lineage.sqlite")
+            try:
+                view = RunView.read(store)
+            finally:
+                store.close()
+            val = view.root.fitness.get("val") or {}
+            learn(lib, run, cfg, get_task(cfg.task, cfg.level).target_level,
+                  statistics.fmean(val.values()) if val else None, view.planned)
+    finally:
+        lib.close()
+    return path
+
+
+def transfer_library(out: Path, held_out: str) -> list[str]:
+    """OUT/HELD_OUT/transfer-library.sqlite: the union of every other task's library (the
+    leave-one-task-out library); the tasks it learned from."""
+    target = out / held_out / "transfer-library.sqlite"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.unlink(missing_ok=True)
+    union, sources = SkillLibrary(target), []
+    try:
+        for d in sorted(x for x in out.iterdir() if x.is_dir() and x.name != held_out):
+            lib = library(d)
+            if lib is not None:
+                union.absorb(lib)
+                sources.append(d.name)
+    finally:
+        union.close()
+    return sources
 
 
 def holds(by_version: dict, version: str) -> list[str]:
@@ -188,7 +253,8 @@ def landscape(runs: dict[str, list[dict]]) -> dict[str, dict]:
                 "kept": sum(1 for _, lab in v if lab == "kept")} for m, v in sorted(by_move.items())}
 
 
-def bench_task(config_path: Path, strategies: list[str], replicates: int, seeds: list[int], out: Path) -> dict:
+def bench_task(config_path: Path, strategies: list[str], replicates: int, seeds: list[int], out: Path,
+               transfer_from: list[str] | None = None) -> dict:
     raw = yaml.safe_load(config_path.read_text())
     out = out / config_path.stem
     runs = {s: [] for s in strategies}
@@ -207,7 +273,9 @@ def bench_task(config_path: Path, strategies: list[str], replicates: int, seeds:
     result = {"config": config_path.stem, "task": f"{cfg.task} level {cfg.level}", "trials": cfg.budget.trials,
               "total_steps": cfg.budget.total_steps, "seeds": seeds, "runs": runs, "scores": scores,
               "tuned": {"recipe": tuned_name, "sweep_val": sweep_val}, "landscape": landscape(runs)}
-    (out / "result.json").write_text(json.dumps(result, indent=2))
+    if transfer_from is not None:  # the transfer rows: a result of their own beside the suite's
+        result["transfer_from"] = transfer_from
+    (out / ("result.json" if transfer_from is None else "transfer.json")).write_text(json.dumps(result, indent=2))
     return result
 
 
@@ -267,6 +335,11 @@ def table(result: dict) -> str:
         seg = (sum(rec["segments"]["trained"] for rec in recs), sum(rec["segments"]["reused"] for rec in recs))
         lines.append(f"| {s} | {_ms(test)} | {_ci(gains(result, s, default))} | {_ci(gains(result, s, tuned_))} "
                      f"| {kept} | {hold} | {seg[0]} / {seg[1]} |")
+    if "transfer" in result["runs"] and TRANSFER_FROM in result["runs"]:
+        tr, base = result["runs"]["transfer"], result["runs"][TRANSFER_FROM]
+        rows = [[a - b for a, b in zip(_test(result, t["arm"]), _test(result, b_["arm"]))] for t, b_ in zip(tr, base)]
+        lines += ["", f"Transfer (the library of {', '.join(result.get('transfer_from', [])) or '?'}) − an empty "
+                      f"library ({TRANSFER_FROM}), paired by replicate and seed: {_ci(rows)} test points."]
     if "evolving" in result["runs"] and "greedy" in result["runs"]:
         ev, gr = result["runs"]["evolving"], result["runs"]["greedy"]
         rows = [[a - b for a, b in zip(_test(result, e["arm"]), _test(result, g["arm"]))] for e, g in zip(ev, gr)]
@@ -282,11 +355,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", nargs="+", default=sorted(c.stem for c in SUITE.glob("*.yaml")),
                    help="suite configs (names under bench/configs/suite, or paths)")
-    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    p.add_argument("--strategies", nargs="+", default=[s for s in STRATEGIES if s != "transfer"],
+                   choices=[s for s in STRATEGIES if s != "transfer"])
     p.add_argument("--replicates", type=int, default=3, help="searches per strategy, on different search seeds")
     p.add_argument("--seeds", type=int, default=5, help="fresh seeds every winner and reference is replayed on")
     p.add_argument("--out", type=Path, default=ROOT / "bench-runs" / "search-suite")
     p.add_argument("--merge", action="store_true", help="only print the report of the tasks finished under --out")
+    p.add_argument("--transfer", action="store_true",
+                   help=f"leave-one-task-out: each task's {TRANSFER_FROM} search again from the library the other "
+                        f"tasks' {TRANSFER_FROM} searches learned (after those ran)")
     p.add_argument("--headroom", action="store_true",
                    help="only each task's base, sweep and references on the fresh seeds (read back by the full bench)")
     args = p.parse_args()
@@ -298,12 +375,20 @@ def main() -> None:
             path = Path(name) if name.endswith(".yaml") else SUITE / f"{name}.yaml"
             print(headroom(path, seeds, args.out) + "\n", flush=True)
         return
+    if args.transfer:
+        for name in args.tasks:
+            path = Path(name) if name.endswith(".yaml") else SUITE / f"{name}.yaml"
+            sources = transfer_library(args.out, path.stem)
+            print(f"# {path.stem}: transfer from {', '.join(sources) or 'nothing'}", flush=True)
+            result = bench_task(path, [TRANSFER_FROM, "transfer"], args.replicates, seeds, args.out, sources)
+            print("\n" + table(result) + "\n", flush=True)
+        return
     if not args.merge:
         for name in args.tasks:
             path = Path(name) if name.endswith(".yaml") else SUITE / f"{name}.yaml"
             print(f"# {path.stem}: {', '.join(args.strategies)}", flush=True)
             print("\n" + table(bench_task(path, args.strategies, args.replicates, seeds, args.out)) + "\n", flush=True)
-    results = [json.loads(f.read_text()) for f in sorted(args.out.glob("*/result.json"))]
+    results = [json.loads(f.read_text()) for f in sorted([*args.out.glob("*/result.json"), *args.out.glob("*/transfer.json")])]
     report = "# Search suite\n\n" + "\n\n".join(table(r) for r in results) + "\n"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.md").write_text(report)

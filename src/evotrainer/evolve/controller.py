@@ -82,6 +82,22 @@ STOP, WAIT = "stop", "wait"  # what `_next` says where it has no plan: the searc
 AGENT_ERRORS_TO_STOP = 3  # agent_error trials in a row (a wrong URL, key or model): stop, do not spend the budget
 
 
+def learn(lib: SkillLibrary, run_dir: Path, cfg: RunConfig, level: int, reference_acc: float | None,
+          done: list[tuple[TrialRecord, TrialPlan]]) -> None:
+    """Agent trials' outcomes (each with its plan) into `lib`, under the run's conditions:
+    what a run records as it goes, and what a finished lineage gives a library afterwards
+    (bench/search_suite.py's transfer). Crossovers, agent failures, equivalents and aborts
+    say nothing about an intervention and are passed over."""
+    for t, p in done:
+        if not t.parents or t.intervention == history.CROSSOVER \
+                or t.label in AGENT_FAILED | {Label.EQUIVALENT, Label.ABORTED}:
+            continue
+        lib.record(run=str(Path(run_dir).resolve()), trial=t.id, task=cfg.task, trigger=p.trigger or "none",
+                   intervention=t.intervention, family=history.family(t.intervention, p.family),
+                   patch=p.knobs or {}, expected=t.hypothesis, label=t.label, gain=t.fitness.get("gain"),
+                   level=level, ref_acc=reference_acc, backend=cfg.backend)
+
+
 def beside(in_flight: dict[int, TrialPlan]) -> str:
     """The claims of the trials in flight, as an agent's lineage text ends (none: nothing)."""
     if not in_flight:
@@ -399,15 +415,7 @@ class Controller:
             return
         lib = SkillLibrary(self.cfg.search.skills)
         try:
-            for t, p in done:
-                if not t.parents or t.intervention == history.CROSSOVER \
-                        or t.label in AGENT_FAILED | {Label.EQUIVALENT, Label.ABORTED}:
-                    continue
-                lib.record(run=str(self.run_dir.resolve()), trial=t.id, task=self.cfg.task,
-                           trigger=p.trigger or "none", intervention=t.intervention,
-                           family=history.family(t.intervention, p.family), patch=p.knobs or {},
-                           expected=t.hypothesis, label=t.label, gain=t.fitness.get("gain"),
-                           level=self.task.target_level, ref_acc=self._reference_acc(), backend=self.cfg.backend)
+            learn(lib, self.run_dir, self.cfg, self.task.target_level, self._reference_acc(), done)
         finally:
             lib.close()
 
