@@ -78,7 +78,8 @@ from evotrainer.skills import SkillLibrary
 from evotrainer.catalog import get_task
 from evotrainer.trackers import TrackerSet, open_trackers, trial_row
 
-STOP, WAIT = "stop", "wait"  # what `_next` says where it has no plan: the search ends; wait for a trial in flight
+# what `_next` says where it has no plan: the search ends; wait for a trial in flight; ask again now
+STOP, WAIT, AGAIN = "stop", "wait", "again"
 AGENT_ERRORS_TO_STOP = 3  # agent_error trials in a row (a wrong URL, key or model): stop, do not spend the budget
 
 
@@ -197,14 +198,15 @@ class Controller:
             trial_plan = self._next(view, t_end)
             if trial_plan == STOP:
                 return
-            if trial_plan != WAIT:
+            if trial_plan not in (WAIT, AGAIN):
                 self._trial(view.next_trial, trial_plan)
         self._record(RunFinished(len(view.trials)))
 
     def _next(self, view: RunView, t_end: float) -> TrialPlan | str:
-        """The next trial's plan on `view`; STOP where the search ends here (recorded why), or
-        WAIT where this parent had nothing to propose now (exhausted, recorded; or, with trials
-        in flight from it, nothing off the surfaces they hold: wait for one of them)."""
+        """The next trial's plan on `view`; STOP where the search ends here (recorded why); AGAIN
+        where the parent had nothing left (recorded exhausted: another parent is chosen); WAIT
+        where nothing can be proposed until a trial in flight finishes (nothing off the surfaces
+        they hold, or no open state but theirs to come)."""
         n = view.next_trial
         if time.time() > t_end:
             self._record(Stopped("wall-clock budget spent"))
@@ -228,7 +230,7 @@ class Controller:
             if busy:
                 return WAIT
             self.store.append(ParentExhausted(parent.version, parent.depth))
-            return WAIT
+            return AGAIN
         return trial_plan
 
     def _search_parallel(self, t_end: float, resumed: list[TrialStarted]) -> None:
@@ -246,6 +248,8 @@ class Controller:
                 if not stopped and len(flight) < most and view.spent + len(flight) < self.cfg.budget.trials:
                     trial_plan = self._next(view, t_end)
                     stopped = trial_plan == STOP
+                    if trial_plan == AGAIN:
+                        continue
                     if trial_plan not in (STOP, WAIT):
                         n = view.next_trial
                         trial_plan = dataclasses.replace(trial_plan, beside=tuple(sorted(view.in_flight)),
