@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # The tests: install into their own environment, then run the suite (CPU only, offline).
+#   bash scripts/test.sh            everything (what CI runs)
+#   bash scripts/test.sh --fast     the quick tier for the edit-test loop: no whole runs (-m "not slow")
+#   bash scripts/test.sh [--fast] ARGS...   further pytest arguments (a file, -k EXPR)
 set -euo pipefail
+tier=()
+if [ "${1:-}" = "--fast" ]; then tier=(-m "not slow"); shift; fi
 cd "$(dirname "$0")/.."
 # the report's test opens it in Debian's headless chromium (driven by playwright); where this
 # script may install packages (root with apt), it does, beside the Python install; elsewhere
@@ -13,4 +18,4 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
 fi
 bash scripts/setup-venv.sh .venv-test dev
 if [ -n "$apt_job" ]; then wait "$apt_job"; fi
-.venv-test/bin/python -m pytest tests --durations=25
+.venv-test/bin/python -m pytest tests --durations=25 "${tier[@]}" "$@"
