@@ -172,9 +172,7 @@ def library(task_out: Path) -> Path | None:
                 view = RunView.read(store)
             finally:
                 store.close()
-            val = view.root.fitness.get("val") or {}
-            learn(lib, run, cfg, get_task(cfg.task, cfg.level).target_level,
-                  statistics.fmean(val.values()) if val else None, view.planned)
+            learn(lib, run, cfg, get_task(cfg.task, cfg.level).target_level, view.reference_acc, view.planned)
     finally:
         lib.close()
     return path

@@ -136,7 +136,7 @@ def test_sigkill_with_two_trials_in_flight_then_resume_runs_each_trial_once(tiny
     resumed = sorted(e.trial for e in store.events(TrialResumed))
     finished = store.events("trial_finished")
     store.close()
-    assert [t.id for t in trials] == [0, 1, 2, 3] and store is not None
+    assert [t.id for t in trials] == [0, 1, 2, 3]
     assert resumed == cut  # both cut off, both redone under their numbers
     assert sorted(e["trial"] for e in finished) == [0, 1, 2, 3]  # each ended exactly once
     versions = [t.version for t in trials if t.version]

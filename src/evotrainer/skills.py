@@ -66,6 +66,7 @@ CREATE TABLE IF NOT EXISTS outcomes (
 );
 """
 OUTCOME_COLUMNS = ("run", "trial", "skill", "task", "label", "gain", "t", "level", "ref_acc", "backend")
+EVIDENCE = ("run", "trial", "task", "label", "gain", "level", "ref_acc", "backend")  # an outcome as a skill shows it
 CONDITIONS = {"level": "INTEGER", "ref_acc": "REAL", "backend": "TEXT"}  # added to libraries from before
 
 
@@ -91,8 +92,8 @@ def closeness(o: Mapping, here: Conditions) -> float:
     """How much an outcome measured under its conditions says about a run under `here`: 1 for
     the same task, level, band and backend; half for another task of the family (another
     reasoning-gym family, another level), a tenth across families (ten outcomes there weigh
-    as one here); halved per band apart,
-    0.8 for another backend. Conditions an old outcome did not record cost nothing."""
+    as one here); halved per band apart, 0.8 for another backend. Conditions an old outcome
+    did not record cost nothing."""
     w = 1.0 if o["task"] == here.task else 0.5 if task_family(o["task"]) == task_family(here.task) else 0.1
     if o["task"] == here.task and None not in (o.get("level"), here.level) and o["level"] != here.level:
         w *= 0.5
@@ -189,11 +190,8 @@ class SkillLibrary:
                                "ORDER BY name").fetchall()
         out = []
         for name, trigger, intervention, family, patch, expected in rows:
-            ev = tuple({"run": r, "trial": t, "task": task, "label": lab, "gain": g, "level": lv, "ref_acc": acc,
-                        "backend": be}
-                       for r, t, task, lab, g, lv, acc, be in self.db.execute(
-                           "SELECT run, trial, task, label, gain, level, ref_acc, backend FROM outcomes "
-                           "WHERE skill = ? ORDER BY t", (name,)))
+            ev = tuple(dict(zip(EVIDENCE, row)) for row in self.db.execute(
+                f"SELECT {', '.join(EVIDENCE)} FROM outcomes WHERE skill = ? ORDER BY t", (name,)))
             out.append(_skill(name, trigger, intervention, family, json.loads(patch), expected, ev))
         return out
 

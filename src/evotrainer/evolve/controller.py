@@ -381,7 +381,7 @@ class Controller:
                            skills=self._skills(), escalation=self._escalation(), seed=1000 * self.cfg.seeds[0] + n,
                            parent=parent.version, harness_dir=self._harness_dir(parent.version),
                            lineage=history.view(trials) + beside(in_flight), feedback=feedback, trial=n,
-                           workdir=self.run_dir / "agents", closed=closed, reference_acc=self._reference_acc(),
+                           workdir=self.run_dir / "agents", closed=closed, reference_acc=self.view.reference_acc,
                            backend=self.cfg.backend,
                            family_weights=self.policy.family_weights if self.evolving else {})
         try:
@@ -397,11 +397,6 @@ class Controller:
         d = self._harness_dir(version)
         return (yaml.safe_load((d / "knobs.yaml").read_text()) or {},
                 {p.name: p.read_text() for p in sorted(d.glob("*.py"))})
-
-    def _reference_acc(self) -> float | None:
-        """The root's mean validation accuracy: the reference recipe's, a condition skills weigh."""
-        val = (self.view.root.fitness.get("val") or {}) if self.view.root else {}
-        return sum(val.values()) / len(val) if val else None
 
     def _skills(self) -> list:
         if not self.cfg.search.skills:
@@ -419,7 +414,7 @@ class Controller:
             return
         lib = SkillLibrary(self.cfg.search.skills)
         try:
-            learn(lib, self.run_dir, self.cfg, self.task.target_level, self._reference_acc(), done)
+            learn(lib, self.run_dir, self.cfg, self.task.target_level, self.view.reference_acc, done)
         finally:
             lib.close()
 

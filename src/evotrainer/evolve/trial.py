@@ -239,7 +239,8 @@ class Trial:
                                                  read=self.read if child_seg.data_offset == 0 else None)
             value, clock, maker = shared.result()
         if maker == self.n:
-            self.clock.steps, self.clock.trained = self.clock.steps + clock.steps, self.clock.trained + clock.trained
+            self.clock.steps += clock.steps
+            self.clock.trained += clock.trained
             self.clock.reused += clock.reused
         return value, child
 

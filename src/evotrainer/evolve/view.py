@@ -58,6 +58,12 @@ class RunView:
         return max([t.id for t in self.trials] + [e.trial for e in self.of(TrialStarted)], default=0) + 1
 
     @cached_property
+    def reference_acc(self) -> float | None:
+        """The root's mean validation accuracy (the reference recipe's); None before it is scored."""
+        val = (self.root.fitness.get("val") if self.root else None) or {}
+        return sum(val.values()) / len(val) if val else None
+
+    @cached_property
     def plans(self) -> dict[int, TrialPlan]:
         """Trial number -> the plan it (last) started with (every trial but the root's)."""
         return {e.trial: e.plan for e in self.of(TrialStarted) if e.plan}
@@ -135,8 +141,6 @@ class RunView:
                   for e in self.of(ControlFinished, TrialFinished)
                   if isinstance(e, ControlFinished) or e.trial in kept]
         pop: list[Elite] = []
-        root_val = (self.root.fitness.get("val") if self.root else None) or {}
-        reference = sum(root_val.values()) / len(root_val) if root_val else None  # roles measure gains from it
-        for elite in self.elites(states):
-            pop, _ = promote(pop, elite, selection, reference)
+        for elite in self.elites(states):  # roles measure gains from the reference's accuracy
+            pop, _ = promote(pop, elite, selection, self.reference_acc)
         return pop
