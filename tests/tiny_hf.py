@@ -35,11 +35,13 @@ def build_tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
                                    chat_template=CHAT_TEMPLATE)
 
 
-def build_tiny_qwen(path: Path, hidden: int = 64, layers: int = 2, seed: int = 0) -> Path:
+def build_tiny_qwen(path: Path, hidden: int = 64, layers: int = 2, seed: int = 0, init: float = 0.02) -> Path:
+    """`init`: the weights' initial std (Qwen2's default 0.02 leaves a random model's next-token
+    distribution almost uniform: logits within about +-1 over 400 tokens)."""
     tok = build_tokenizer()
     config = Qwen2Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, tie_word_embeddings=True,
+                         max_position_embeddings=256, tie_word_embeddings=True, initializer_range=init,
                          bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
                          pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)

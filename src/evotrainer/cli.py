@@ -74,8 +74,11 @@ def cmd_pretrain(args) -> dict:
 def _runtime(args):
     from evotrainer.policy.config import PolicyConfig
     from evotrainer.runtime import Runtime
-    return Runtime(args.backend, PolicyConfig(args.dtype, args.device, not args.no_chat_template),
-                   args.micro_batch_size).validate()
+    from evotrainer.policy.adapters import LoraSpec
+    lora = LoraSpec(args.lora_rank, 2.0 * args.lora_rank) if getattr(args, "lora_rank", 0) else None
+    policy = PolicyConfig(args.dtype, args.device, not args.no_chat_template, getattr(args, "weights", "fp32"), lora)
+    return Runtime(args.backend, policy, args.micro_batch_size,
+                   gradient_checkpointing=getattr(args, "gradient_checkpointing", False)).validate()
 
 
 def cmd_train(args) -> dict:
@@ -363,7 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--model", default=None, help="any Hugging Face causal LM (a directory, or a hub id in the "
                     "local cache), or a checkpoint of ours (default: the built-in tiny model's cached SFT base)")
     sp.add_argument("--backend", default="embedded", help="embedded (our GRPO trainer, default) or trl")
-    sp.add_argument("--dtype", default="auto", help="auto, fp32, bf16 or fp16 (autocast; weights stay fp32)")
+    sp.add_argument("--dtype", default="auto", help="auto, fp32, bf16 or fp16: autocast precision of the passes")
+    sp.add_argument("--weights", default="fp32", help="fp32 or bf16: the dtype the weights are held in")
+    sp.add_argument("--lora-rank", type=int, default=0, metavar="R", help="train LoRA adapters of rank R "
+                    "(alpha 2R, every linear layer; 0: full fine-tuning); pip install 'evotrainer[peft]'")
+    sp.add_argument("--gradient-checkpointing", action="store_true",
+                    help="recompute activations in the backward pass (less memory, more compute)")
     sp.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     sp.add_argument("--no-chat-template", action="store_true", help="prompt with plain text even if the "
                     "tokenizer has a chat template")

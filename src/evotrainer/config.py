@@ -7,7 +7,12 @@
     model: null                  # the policy: a Hugging Face causal LM (a directory, or a hub id already
                                  # in the local cache); null: the built-in tiny model, SFT'd as `base:` says
     backend: embedded            # who trains a segment: embedded (our GRPO trainer) or trl (TRL's GRPOTrainer)
-    dtype: auto                  # auto | fp32 | bf16 | fp16: autocast precision; weights stay fp32
+    dtype: auto                  # auto | fp32 | bf16 | fp16: autocast precision of the passes
+    weights: fp32                # fp32 | bf16: the dtype the weights (and AdamW's moments) are held in
+    lora: null                   # LoRA adapters instead of full fine-tuning (pip install 'evotrainer[peft]'):
+                                 # {rank: 16, alpha: 32, dropout: 0.0, target_modules: all-linear}; each
+                                 # checkpoint holds the adapter only, on the run's model (policy/adapters.py)
+    gradient_checkpointing: false  # recompute activations in the backward pass: less memory, more compute
     device: auto                 # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     chat_template: true          # wrap prompts in the tokenizer's chat template when it has one
     micro_batch_size: 0          # rollouts per forward/backward, gradients accumulated (0: all at once)
@@ -125,6 +130,7 @@ import yaml
 
 from evotrainer.errors import UsageError
 from evotrainer.paths import DATA
+from evotrainer.policy.adapters import LoraSpec
 from evotrainer.policy.config import PolicyConfig
 from evotrainer.runtime import Runtime
 from evotrainer.sandbox import CHOICES as SANDBOXES
@@ -270,6 +276,9 @@ class RunConfig:
     model: str | None = None
     backend: str = "embedded"
     dtype: str = "auto"
+    weights: str = "fp32"
+    lora: dict | None = None
+    gradient_checkpointing: bool = False
     device: str = "auto"
     chat_template: bool = True
     micro_batch_size: int = 0
@@ -401,8 +410,9 @@ class RunConfig:
 
     def runtime(self) -> Runtime:
         """Backend, device and precision: what every training and evaluation job of the run shares."""
-        return Runtime(self.backend, PolicyConfig(self.dtype, self.device, self.chat_template),
-                       self.micro_batch_size, self.trl.use_vllm, self.trl.vllm_mode, self.tracking.report_to)
+        policy = PolicyConfig(self.dtype, self.device, self.chat_template, self.weights, LoraSpec.of(self.lora))
+        return Runtime(self.backend, policy, self.micro_batch_size, self.trl.use_vllm, self.trl.vllm_mode,
+                       self.tracking.report_to, self.gradient_checkpointing)
 
 
 def load_config(path: Path | str) -> RunConfig:

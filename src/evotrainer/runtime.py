@@ -10,12 +10,17 @@ a harness choice (an agent may not move the run to another device or backend).
         (0: the whole batch at once). The update is the same; only memory and speed change.
     use_vllm / vllm_mode: the TRL backend samples with vLLM (`colocate`: in the training
         process, sharing its GPU; `server`: a `trl vllm-serve` process). Needs vllm installed.
+    gradient_checkpointing: recompute each layer's activations in the backward pass instead of
+        keeping them (Chen et al. 2016): activation memory drops from one set per layer to
+        about one layer's, for roughly one more forward's compute. Both backends; off by default
+        (a small model on a CPU only slows down).
     report_to: the run's trackers (config `tracking.report_to`), passed to TRL as its own
         `report_to`, so a TRL job also logs TRL's metrics into its train directory.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from evotrainer.errors import UsageError
 from evotrainer.policy.config import PolicyConfig
@@ -32,6 +37,7 @@ class Runtime:
     use_vllm: bool = False
     vllm_mode: str = "colocate"
     report_to: tuple[str, ...] = ()
+    gradient_checkpointing: bool = False
 
     def validate(self, here: bool = True) -> "Runtime":
         """`here`: the jobs run on this machine (PolicyConfig.validate)."""
@@ -46,9 +52,17 @@ class Runtime:
         self.policy.validate(here)
         return self
 
+    def on_base(self, base: str | Path) -> "Runtime":
+        """This runtime for a run whose model is `base`: a LoRA run's adapters all sit on it."""
+        lora = self.policy.lora
+        if lora is None:
+            return self
+        return replace(self, policy=replace(self.policy, lora=replace(lora, base=str(Path(base).resolve()))))
+
     def to_dict(self) -> dict:
         return {"backend": self.backend, "policy": self.policy.to_dict(), "micro_batch_size": self.micro_batch_size,
-                "use_vllm": self.use_vllm, "vllm_mode": self.vllm_mode, "report_to": list(self.report_to)}
+                "use_vllm": self.use_vllm, "vllm_mode": self.vllm_mode, "report_to": list(self.report_to),
+                "gradient_checkpointing": self.gradient_checkpointing}
 
     @classmethod
     def of(cls, d: "dict | Runtime | None") -> "Runtime":

@@ -308,6 +308,7 @@ class Controller:
                                            self.on_event))
             started = self.store.events(RunStarted)
         self.base = started[0].base
+        self.runtime = self.runtime.on_base(self.base)  # a LoRA run's adapters sit on its base
         setup.use_key(self.task, started[0])
         if self.evolving:  # the policy files, from the lineage (a kill may have cut off the last one)
             search_policy.write_files(self.run_dir / "controller", self.initial_policy,

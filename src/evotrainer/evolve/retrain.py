@@ -45,7 +45,7 @@ def evaluate(task: Task, jobs: dict[str, list[str]], timeout_s: float,
     (ev,) = (executor or LocalPool(1)).run([Call(evaluate_checkpoints, dict(
         task=task.spec, level=task.target_level, jobs=jobs, policy=policy,
         key=task.key.hex() if task.key else None), reveal=task.data_files(),
-        reads=(*jobs, task.spec, *task.data_files()))], timeout_s, memory_mb)
+        reads=(*jobs, task.spec, *task.data_files(), *(runtime or Runtime()).policy.reads()))], timeout_s, memory_mb)
     if not ev.ok:
         raise RetrainFailed(f"the evaluator failed: {ev.label}: {ev.error}")
     return ev.value
@@ -101,7 +101,7 @@ def retrain(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int]
                 name_view(out / f"segment-{d}", view)
             continue
         calls.append(Call(train_schedule, args, writes=(str(out),), clean=True,  # a kill mid-way: starts clean
-                          reads=(base, view, *args["harnesses"])))
+                          reads=(base, view, *args["harnesses"], *runtime.policy.reads())))
         trained.append((name, seed, out, keys))
     where = [(name, seed, out / f"segment-{len(arms[name].harnesses)}") for name, seed, out, _ in jobs]
     watch = watcher(f"retraining {', '.join(arms)} on seeds {list(seeds)}", [

@@ -7,7 +7,7 @@ base) to the next depth. These are plain records: evolve/training.py trains them
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from evotrainer.lineage.state import State
@@ -45,10 +45,14 @@ class Clock:
     steps: int = 0
     trained: int = 0
     reused: int = 0
+    # what a checkpoint of its segments holds (policy/adapters.checkpoint_size, with the trainable
+    # parameters): a LoRA run's adapters are a fraction of its base; empty until a segment trained
+    checkpoint: dict = field(default_factory=dict)
 
     def budgets(self) -> dict:
         return {"steps": self.steps, "train_s": round(self.train_s, 2), "eval_s": round(self.eval_s, 2),
-                "segments_trained": self.trained, "segments_reused": self.reused}
+                "segments_trained": self.trained, "segments_reused": self.reused,
+                **({"checkpoint": self.checkpoint} if self.checkpoint else {})}
 
 
 class ControlFailed(RuntimeError):

@@ -45,6 +45,11 @@ def status(run_dir: Path | str) -> dict:
         "backend": started and started.runtime and started.runtime["backend"],
         "device": started and started.device,   # as resolved: cuda, bfloat16
         "executor": started and started.executor,  # local pool or Ray (runs before it: local)
+        # full fine-tuning or LoRA, and what a checkpoint of the latest trial that trained holds
+        # (runs from before `weights` was recorded show no key: their status reads as it did)
+        **({"policy": policy_text(started.runtime, next((b["checkpoint"] for b in reversed(spent)
+                                                         if "checkpoint" in b), None))}
+           if started and "weights" in (started.runtime or {}).get("policy", {}) else {}),
         # the isolation of untrusted code in the latest session (a fallback is a WARNING line)
         "sandbox": sessions[-1].sandbox["detail"] if sessions else None,
         "trials": len(trials), "labels": dict(Counter(t.label for t in trials)),
@@ -124,3 +129,26 @@ def lineage_tree(run_dir: Path | str) -> str:
                 walk(t.version, indent + 1)
     walk(None, 0)
     return "\n".join(lines)
+
+
+def policy_text(runtime: dict, checkpoint: dict | None) -> str:
+    """What trains and what a checkpoint holds, in a line: "LoRA r8 (alpha 16, all-linear) on
+    bf16 weights: adapters of 67.4 KB a checkpoint, 16,384 trainable parameters"."""
+    pol = runtime["policy"]
+    lora, weights = pol.get("lora"), pol["weights"]
+    targets = lora and lora["target_modules"]
+    what = (f"LoRA r{lora['rank']} (alpha {lora['alpha']:g}, {targets if isinstance(targets, str) else ', '.join(targets)})"
+            f" on {weights} weights" if lora else f"full fine-tuning, {weights} weights")
+    if not checkpoint:
+        return what
+    kind = "adapters" if checkpoint.get("adapter") else "weights"
+    params = checkpoint.get("trainable_params")
+    return (f"{what}: {kind} of {_size(checkpoint['weights_bytes'])} a checkpoint"
+            + (f", {params:,} trainable parameters" if params else ""))
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024

@@ -13,6 +13,7 @@ the numbers are the same with the cache or without it.
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed
 from evotrainer.evolve.stats import average_last
 from evotrainer.executors import Call, Executor, LocalPool
 from evotrainer.lineage import TrialRecord
+from evotrainer.policy.adapters import checkpoint_size
 from evotrainer.runtime import Runtime
 from evotrainer.tasks.base import Task
 from evotrainer.trainer.jobs import handed_draws, saved_checkpoints, segment_seed, train_segment
@@ -99,7 +101,7 @@ class Training:
                 self._reused(out, key, view)
                 continue
             calls.append(Call(train_segment, args, writes=(str(out),), clean=True,  # a resumed segment starts clean
-                              reads=(args["harness"], view, args["base"])))
+                              reads=(args["harness"], view, args["base"], *self.runtime.policy.reads())))
             where.append((i, seed, out, key))
         names = list(dict.fromkeys(sg.out_root.name for sg in segments))  # v1, v0-d2 (a control), replica-1
         watch = watcher(
@@ -120,6 +122,9 @@ class Training:
         dirs: dict[int, dict[int, str]] = {i: {} for i in range(len(segments))}
         for i, seed, out, _ in jobs:  # in the seeds' order, trained or reused
             dirs[i][seed] = str(out)
+            if not clock.checkpoint and i not in failed and (out / "run.json").is_file():
+                clock.checkpoint = {**checkpoint_size(out / "checkpoint"), "trainable_params":
+                                    json.loads((out / "run.json").read_text()).get("trainable_params")}
         if read is not None:
             for i, sg in enumerate(segments):
                 if i not in failed:

@@ -3,11 +3,18 @@
 One `PolicyConfig` travels with each job (training workers, the evaluator) as a plain
 dict, so the policy trains and is judged on the same device, precision and prompt format.
 
-    dtype: precision of the forward and backward passes. The weights and AdamW's moments
-        stay fp32 (TRL's default too: fp32 weights, bf16 mixed precision); `bf16` and
-        `fp16` autocast the model's matmuls (fp16 with a gradient scaler). `auto`: bf16 on
-        a CUDA device that supports it, else fp32 (CPU autocast is slower than fp32 for
-        small models, and MPS autocast is incomplete).
+    dtype: precision of the forward and backward passes: `bf16` and `fp16` autocast the
+        model's matmuls (fp16 with a gradient scaler). `auto`: bf16 on a CUDA device that
+        supports it, else fp32 (CPU autocast is slower than fp32 for small models, and MPS
+        autocast is incomplete).
+    weights: the dtype the weights are held in. `fp32` (the default; TRL's too: fp32 weights,
+        bf16 mixed precision): weights, gradients and AdamW's two moments take 16 bytes a
+        parameter. `bf16`: the weights and their gradients in bf16, and torch's AdamW keeps
+        its moments in the weights' dtype: 8 bytes a parameter, but an update smaller than
+        bf16's resolution (1/128 of a weight) is lost, so full fine-tuning in bf16 wants a
+        larger learning rate or `lora`. With `lora` the base is frozen in bf16 and the adapters
+        stay fp32 (with fp32 moments): the usual recipe for a model that does not fit.
+    lora: train LoRA adapters instead of every weight (policy/adapters.py; null: full fine-tuning).
     device: `auto` picks cuda, then mps, then cpu; or name one (`cpu`, `cuda`, `cuda:1`, `mps`).
     chat_template: wrap each prompt as one user message in the tokenizer's chat template,
         when it has one (instruction-tuned models expect it); off, or without a template,
@@ -22,8 +29,10 @@ from dataclasses import asdict, dataclass
 import torch
 
 from evotrainer.errors import UsageError
+from evotrainer.policy.adapters import LoraSpec
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
+WEIGHT_DTYPES = ("fp32", "bf16")
 FP16_NEEDS_CUDA = "dtype fp16 needs a CUDA device (its gradient scaler is CUDA's); use bf16 or fp32"
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -33,12 +42,21 @@ class PolicyConfig:
     dtype: str = "auto"
     device: str = "auto"
     chat_template: bool = True
+    weights: str = "fp32"
+    lora: LoraSpec | None = None
 
     def validate(self, here: bool = True) -> "PolicyConfig":
         """`here`: the jobs run on this machine, so the device must exist here (with a Ray
         executor they run on the cluster's nodes, which check it as they load the policy)."""
         if self.dtype not in DTYPES:
             raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        if self.weights not in WEIGHT_DTYPES:
+            raise UsageError(f"weights must be one of {', '.join(WEIGHT_DTYPES)}, got '{self.weights}'")
+        if self.weights == "bf16" and self.dtype == "fp16":
+            raise UsageError("weights bf16 with dtype fp16: the forward would run in fp16 on bf16 weights; "
+                             "use dtype bf16 or auto")
+        if self.lora is not None:
+            self.lora.validate()
         kind = self.device.split(":")[0]
         if kind not in ("auto", "cpu", "cuda", "mps"):
             raise UsageError(f"device must be auto, cpu, cuda, cuda:N or mps, got '{self.device}'")
@@ -78,11 +96,19 @@ class PolicyConfig:
             return contextlib.nullcontext()
         return torch.autocast(self.resolved_device().type, dtype=dtype)
 
+    def weights_dtype(self) -> torch.dtype:
+        return _TORCH_DTYPES[self.weights]
+
+    def reads(self) -> tuple[str, ...]:
+        """What a job loading a checkpoint under this config reads besides it: a LoRA run's base."""
+        return (self.lora.base,) if self.lora is not None and self.lora.base else ()
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "lora": None if self.lora is None else self.lora.to_dict()}
 
     @classmethod
     def of(cls, d: "dict | PolicyConfig | None") -> "PolicyConfig":
         if isinstance(d, PolicyConfig):
             return d
-        return cls(**(d or {}))
+        d = dict(d or {})
+        return cls(**{**d, "lora": LoraSpec.of(d.get("lora"))})

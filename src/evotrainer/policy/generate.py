@@ -38,7 +38,8 @@ def position_ids(mask: torch.Tensor) -> torch.Tensor:
 def with_cache(model, cache) -> dict:
     """The KV cache as a forward's keyword: `cache` from transformers 5 on, `past_key_values`
     before (5 still takes the old name, but prints a deprecation line in every process)."""
-    return {_cache_keyword(type(model)): cache}
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model passes it on
+    return {_cache_keyword(type(inner)): cache}
 
 
 @functools.lru_cache(maxsize=None)

@@ -22,6 +22,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Llama
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from evotrainer.errors import UsageError
+from evotrainer.policy.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, attach, is_adapter
 from evotrainer.policy.config import PolicyConfig
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
@@ -61,9 +62,11 @@ def build_model(vocab_size: int, hidden: int = 128, layers: int = 4, heads: int 
 
 
 def save_policy(model, tok, path: Path) -> None:
+    """A checkpoint in Hugging Face format; a LoRA policy's holds its adapter only (adapters.py)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
+    (path / "README.md").unlink(missing_ok=True)  # PEFT's model card: a template, nothing of ours
     tok.save_pretrained(path)
     # transformers writes the weights 0600; a checkpoint is read by other processes, sandboxed
     # jobs running as nobody among them (evotrainer.sandbox), as under the usual umask 022
@@ -78,8 +81,8 @@ class BadCheckpoint(UsageError):
 
 # every file save_policy (model and tokenizer .save_pretrained) and the trainer write into a
 # checkpoint; optimizer.pt is the next training segment's (loaded weights-only, never by the evaluator)
-WRITTEN = re.compile(r"(config|generation_config|tokenizer|tokenizer_config|special_tokens_map|added_tokens|vocab)"
-                     r"\.json|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json|merges\.txt|"
+WRITTEN = re.compile(r"(config|adapter_config|generation_config|tokenizer|tokenizer_config|special_tokens_map|added_tokens|vocab)"
+                     r"\.json|(adapter_)?model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json|merges\.txt|"
                      r"vocab\.txt|tokenizer\.model|chat_template\.(jinja|json)|optimizer\.pt")
 PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")  # formats whose loading can run code
 MAX_ENTRIES = 10000
@@ -131,13 +134,20 @@ def check_checkpoint(path: Path | str, written: bool = False) -> None:
     for shard in shards:
         if not isinstance(shard, str) or "/" in shard or not (path / shard).is_file():
             raise BadCheckpoint(f"checkpoint '{path}': its index names {_shown(shard)}, not a file of the checkpoint")
-    config = path / "config.json"
+    adapter = (path / ADAPTER_WEIGHTS).is_file()
+    config = path / (ADAPTER_CONFIG if adapter else "config.json")
     try:
         if config.stat().st_size > MAX_CONFIG_BYTES:
             raise ValueError(f"larger than {MAX_CONFIG_BYTES} bytes")
         cfg = json.loads(config.read_text())
     except (OSError, ValueError) as e:
-        raise BadCheckpoint(f"checkpoint '{path}': config.json is not readable JSON ({e})") from None
+        raise BadCheckpoint(f"checkpoint '{path}': {config.name} is not readable JSON ({e})") from None
+    if adapter:  # its shape is the run's LoRA spec, never read from here (adapters.attach)
+        if not isinstance(cfg, dict) or cfg.get("peft_type") != "LORA":
+            raise BadCheckpoint(f"checkpoint '{path}': {ADAPTER_CONFIG} is not a LoRA adapter's config")
+        if (path / "config.json").exists():  # nothing reads one here, and nothing should start to
+            raise BadCheckpoint(f"checkpoint '{path}' holds an adapter and a model config.json")
+        return
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str):
         raise BadCheckpoint(f"checkpoint '{path}': config.json is not a model config (no model_type)")
     if written and (cfg["model_type"] not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or "auto_map" in cfg):
@@ -183,24 +193,44 @@ def resolve_model(name: str | Path) -> str:
     return str(path.resolve())
 
 
-def load_policy(path: Path | str, cfg: PolicyConfig | None = None):
-    """(model, tokenizer) of a Hugging Face checkpoint, the model in fp32 on cfg's device.
+def load_policy(path: Path | str, cfg: PolicyConfig | None = None, trainable: bool = False):
+    """(model, tokenizer) of a Hugging Face checkpoint on cfg's device, its weights in cfg's
+    `weights` dtype. Under `cfg.lora` the model is the run's base with its adapter: the one
+    `path` holds, or (`path` is the base) a new one where the model is to be `trainable`;
+    for the evaluator (not trainable) the adapter is merged into the base.
 
     The tokenizer pads on the left (generation appends on the right) and, if it has no
     pad token, pads with its end token (as TRL does); pads are always masked out."""
     path = Path(path)
-    if not (path / "config.json").exists():
+    cfg = cfg or PolicyConfig()
+    lora = cfg.lora
+    if is_adapter(path) and lora is None:
+        raise BadCheckpoint(f"checkpoint '{path}' is a LoRA adapter: load it under the run's lora config "
+                            "(its base is the run's model)")
+    if not (path / "config.json").exists() and not is_adapter(path):
         raise UsageError(f"no checkpoint at '{path}' (expected config.json and model weights; "
                          "run `evotrainer pretrain` or pass --model PATH to a checkpoint)")
-    cfg = cfg or PolicyConfig()
     # a checkpoint a worker wrote is data from harness code: weights load only from safetensors,
     # no file it links out to is read, and no code named in its config ever runs (a job's
     # checkpoints were also checked, strictly, when it ended: executors.worker)
     check_checkpoint(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False,
+    weights_from = path
+    if lora is not None:
+        base = Path(lora.base)
+        if not lora.base:
+            raise UsageError("lora: the run's base model is not set (lora.base)")
+        if not is_adapter(path) and path.resolve() != base.resolve():
+            # a job of a LoRA run writes adapters; full weights in its place would escape the adapter
+            raise BadCheckpoint(f"checkpoint '{path}' holds whole weights, but this run trains LoRA adapters on {base}")
+        check_checkpoint(base)
+        weights_from = base
+    model = AutoModelForCausalLM.from_pretrained(weights_from, dtype=cfg.weights_dtype(), trust_remote_code=False,
                                                  use_safetensors=True)
+    if lora is not None and (trainable or is_adapter(path)):
+        model = attach(model, lora, path, trainable)
     model = model.to(cfg.resolved_device())
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(path if (path / "tokenizer_config.json").is_file() else weights_from,
+                                        trust_remote_code=False)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token

@@ -122,7 +122,7 @@ def final_chart(final: dict) -> Chart:
 def glance(data: RunData) -> str:
     st = data.status
     rows = [("state", st["state"]), ("task", st.get("task")), ("base", st.get("base")), ("backend", st.get("backend")),
-            ("device", st.get("device")), ("sandbox", st.get("sandbox")),
+            ("device", st.get("device")), ("policy", st.get("policy")), ("sandbox", st.get("sandbox")),
             ("trials", f"{st['trials']} finished, {len(data.in_flight)} in flight: "
                        + ", ".join(f"{k} {v}" for k, v in st["labels"].items())),
             ("noise floor", f"sd of a paired re-run of the root (same problems, other sampling seeds), the "

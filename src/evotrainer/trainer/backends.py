@@ -33,6 +33,9 @@ class Backend:
 def run_embedded(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
                  runtime, sample_seed: int | None = None) -> dict:
     from evotrainer.trainer.grpo import GRPOTrainer
+    from evotrainer.trainer.logprobs import enable_checkpointing
+    if runtime.gradient_checkpointing:
+        enable_checkpointing(model)
     trainer = GRPOTrainer(model, tok, task, harness, seed=seed, policy=runtime.policy,
                           micro_batch_size=runtime.micro_batch_size, sample_seed=sample_seed)
     if optimizer_state is not None:

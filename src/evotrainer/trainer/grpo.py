@@ -10,7 +10,10 @@ evaluation: the caller decides when to evaluate and with what.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import resource
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -25,9 +28,11 @@ from evotrainer.harness.losses import LOG_RATIO_CLAMP, POLICY_LOSSES
 from evotrainer.harness.rollouts import SlotError
 from evotrainer.harness.signal import Signal, harness_signal
 from evotrainer.trainer.accumulate import aggregation_weights, chunks
+from evotrainer.trainer.distributed import World
 from evotrainer.trainer.levels import LevelPicker
 from evotrainer.trainer.logprobs import completion_logprobs
 from evotrainer.trainer.optim import lr_at, make_adamw, resume_adamw
+from evotrainer.policy.adapters import reference, trainable
 from evotrainer.policy.config import PolicyConfig
 from evotrainer.policy.generate import Generation, decode, generate, select_rows
 from evotrainer.policy.prompts import encode_prompts, stop_token_ids
@@ -55,6 +60,9 @@ class StepMetrics:
     # pg_clipfrac and ppo_kl); both are 0 with num_iterations 1, where every ratio is 1
     clip_frac: float = 0.0
     approx_kl: float = 0.0
+    # the training process's peak so far: resident memory, and CUDA memory allocated (0 on a CPU)
+    peak_rss_mb: float = 0.0
+    peak_gpu_mb: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,7 +76,8 @@ def completion_width(task: Task, knobs) -> int:
 
 class GRPOTrainer:
     def __init__(self, model, tok, task: Task, harness: Harness, seed: int = 0,
-                 policy: PolicyConfig | None = None, micro_batch_size: int = 0, sample_seed: int | None = None):
+                 policy: PolicyConfig | None = None, micro_batch_size: int = 0, sample_seed: int | None = None,
+                 world: World | None = None):
         self.model, self.tok, self.task, self.harness = model, tok, task, harness
         self.policy = policy or PolicyConfig()
         self.micro_batch_size = micro_batch_size
@@ -87,12 +96,18 @@ class GRPOTrainer:
         self.stream = task.train_stream(seed)
         self.judged: list[Judgement] = []  # the verifier's verdicts on the last sample
         self.played: list[Played] | None = None  # a multi-turn task's episodes of the last sample
+        # the KL reference, the starting policy: (model, context to run it in). A LoRA policy's is
+        # itself with its adapter disabled or a frozen copy of it (adapters.reference), no second model
+        self.ref = None
+        if k.kl_coef > 0 and hasattr(model, "peft_config"):
+            self.ref = (model, reference(model))
+        elif k.kl_coef > 0:
+            self.ref = (copy.deepcopy(model).eval().requires_grad_(False), contextlib.nullcontext)
+        self.params = trainable(model)
+        self.world = world or World()
         self.opt = make_adamw(model, k)
         # fp16 autocast needs loss scaling, or small gradients underflow to zero
         self.scaler = torch.amp.GradScaler(self.device.type) if self.policy.compute_dtype() == torch.float16 else None
-        self.ref = None
-        if k.kl_coef > 0:  # frozen copy of the starting policy
-            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         model.train()
 
     # -- optimizer state across segments --------------------------------------------------
@@ -154,12 +169,17 @@ class GRPOTrainer:
                            self.played)
 
     def _update(self, gen: Generation, adv: torch.Tensor, row_keep: torch.Tensor) -> "UpdateStats":
-        """num_iterations optimizer steps on the sampled batch, each accumulated over micro-batches."""
-        k, h = self.k, self.harness
+        """num_iterations optimizer steps on the sampled batch, each accumulated over micro-batches.
+        Under data parallelism (self.world) `gen` holds this rank's rows of the batch: each rank's
+        loss takes the aggregation's weights over the whole batch, and the ranks sum their
+        gradients before every step (trainer/distributed.py)."""
+        k, h, world = self.k, self.harness, self.world
         B = adv.shape[0]
         # the mask is as wide as the budget, whatever the longest completion: Dr. GRPO divides by it
         loss_mask = torch.zeros(B, self.T, device=self.device)
         loss_mask[:, :gen.completion_mask.shape[1]] = gen.completion_mask.float() * row_keep[:, None]
+        masks = world.gather(loss_mask.cpu())  # (this rank's alone without parallelism)
+        start = sum(len(m) for m in masks[:world.rank])
         # The clipped surrogate of a row whose advantage is 0 is exactly 0, and so is its
         # gradient (without KL or entropy terms). Such rows (dead groups, mostly) skip the
         # training forward and backward; their zero per-token loss is put back before
@@ -167,11 +187,14 @@ class GRPOTrainer:
         exact_skip = h.policy_loss is POLICY_LOSSES.get("clipped") and not k.kl_coef and not k.entropy_coef
         active = (row_keep & (adv != 0)) if exact_skip else row_keep
         parts = chunks(active.nonzero().squeeze(-1), self.micro_batch_size)
-        weights = aggregation_weights(h.loss_agg, loss_mask) if len(parts) > 1 else None
+        weights = None
+        if len(parts) > 1 or world.parallel:
+            weights = aggregation_weights(h.loss_agg, torch.cat(masks).to(self.device))[start:start + B]
         old_logp, ref_logp = {}, {}
         stats = UpdateStats()
-        for _ in range(k.num_iterations if bool(row_keep.any()) else 0):
-            for p in self.model.parameters():  # zero, not None: Adam skips params without grads
+        kept = any(world.gather(bool(row_keep.any())))  # every rank steps, or none
+        for _ in range(k.num_iterations if kept else 0):
+            for p in self.params:  # zero, not None: Adam skips params without grads
                 p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
             loss_v = 0.0
             for c, idx in enumerate(parts):
@@ -181,8 +204,9 @@ class GRPOTrainer:
                 with self.policy.autocast():
                     logp, ent = completion_logprobs(self.model, sub, k.temperature, with_entropy=bool(k.entropy_coef))
                     if self.ref is not None and c not in ref_logp:
-                        with torch.no_grad():
-                            ref_logp[c] = completion_logprobs(self.ref, sub, k.temperature)[0]
+                        ref_model, ref_context = self.ref
+                        with torch.no_grad(), ref_context():
+                            ref_logp[c] = completion_logprobs(ref_model, sub, k.temperature)[0]
                 old = old_logp.setdefault(c, logp.detach())  # the sampling policy (ratio 1 on the first update)
                 loss_sub = h.policy_loss(logp, old, adv[idx], k.clip_low, k.clip_high)
                 m = sub.completion_mask.float()
@@ -204,10 +228,11 @@ class GRPOTrainer:
                     raise SlotError("loss is not finite")
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
                 loss_v += float(loss.detach())
+            world.sum_gradients(self.params)
             if self.scaler:
                 self.scaler.unscale_(self.opt)
             if k.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), k.max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(self.params, k.max_grad_norm)
             if self.scaler:
                 self.scaler.step(self.opt)
                 self.scaler.update()
@@ -258,11 +283,18 @@ def finish_step(step: int, rows: list, texts: list[str], scores: torch.Tensor, s
         loss=upd.loss, kl=upd.per_token(upd.kl), entropy=float(seq_ent.mean()), mean_logprob=float(seq_logp.mean()),
         length_mean=float(lengths.float().mean()), truncated=float(truncated.float().mean()),
         lr=lr, seconds=seconds, generate_seconds=generate_seconds,
-        clip_frac=upd.per_token(upd.clip), approx_kl=upd.per_token(upd.approx_kl))
+        clip_frac=upd.per_token(upd.clip), approx_kl=upd.per_token(upd.approx_kl), **peak_memory())
     records = rollout_records(step, rows, texts, scores, sig, lengths, truncated, seq_logp, seq_ent, judged)
     for r, p in zip(records, played or ()):
         agentic_fields(r, p)
     return m, records
+
+
+def peak_memory() -> dict:
+    """This process's peak resident memory and peak CUDA allocation so far, in MiB."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2 ** 20 if sys.platform == "darwin" else 2 ** 10)
+    gpu = torch.cuda.max_memory_allocated() / 2 ** 20 if torch.cuda.is_initialized() else 0.0
+    return {"peak_rss_mb": round(rss, 1), "peak_gpu_mb": round(gpu, 1)}
 
 
 def episode_fields(played: list[Played] | None) -> tuple:

@@ -65,6 +65,7 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
     from evotrainer.trainer.grpo import completion_width
     from evotrainer.trainer.segment import SegmentLog
     from evotrainer.policy import load_policy, save_policy
+    from evotrainer.policy.adapters import is_adapter, trainable
     from evotrainer.runtime import Runtime
 
     out_dir = Path(out)
@@ -72,18 +73,22 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
     h = load_harness(harness)
     shutil.copytree(h.path, out_dir / "harness", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
     rt = Runtime.of(runtime)
-    model, tok = load_policy(base, rt.policy)
+    model, tok = load_policy(base, rt.policy, trainable=True)
     t = get_task(task, level)
     if draws is not None:
         t.use_draws(draws)
     carried = Path(base, OPTIMIZER_FILE)
-    # a segment after the first: Adam goes on where the parent's stopped
-    state = torch.load(carried, weights_only=True, map_location=model.device) if carried.exists() else None
+    # a segment after the first: Adam goes on where the parent's stopped (a LoRA run's first
+    # segment starts a new adapter, whatever optimizer its base came with)
+    own = rt.policy.lora is None or is_adapter(base)
+    state = torch.load(carried, weights_only=True, map_location=model.device) if own and carried.exists() else None
     # what the evidence was sampled under: backtests re-score it against these
     (out_dir / "run.json").write_text(json.dumps({
         "task": task, "level": level, "seed": seed, "steps": steps, "group_size": h.knobs.group_size,
         "prompts_per_step": h.knobs.prompts_per_step, "max_new_tokens": completion_width(t, h.knobs),
-        "harness_hash": h.content_hash, "backend": rt.backend}, indent=2))
+        "harness_hash": h.content_hash, "backend": rt.backend,
+        "trainable_params": sum(p.numel() for p in trainable(model)),
+        "lora": None if rt.policy.lora is None else rt.policy.lora.to_dict()}, indent=2))
     log = SegmentLog(out_dir, steps, eval_every)
     try:
         state = get_backend(rt.backend).run(model, tok, t, h, seed=seed, steps=steps, log=log,

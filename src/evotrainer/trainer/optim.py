@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import torch
 
+from evotrainer.policy.adapters import trainable
+
 
 def make_adamw(model, knobs, cls=torch.optim.AdamW) -> torch.optim.AdamW:
-    return cls(model.parameters(), lr=knobs.lr, betas=(knobs.adam_beta1, knobs.adam_beta2),
+    """AdamW over the parameters that train (a LoRA policy's adapters; every weight otherwise).
+    Its moments take the parameters' dtype (policy/config.py: `weights`)."""
+    return cls(trainable(model), lr=knobs.lr, betas=(knobs.adam_beta1, knobs.adam_beta2),
                weight_decay=knobs.weight_decay)
 
 

@@ -52,7 +52,7 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     t0 = time.time()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    runtime = runtime or Runtime()
+    runtime = (runtime or Runtime()).on_base(base)  # a LoRA run's adapters sit on its base
     knobs = inspect_harness(harness_dir)
     check_backend(runtime, knobs, str(harness_dir or "the reference harness"), task)
     steps = knobs.steps if steps is None else steps
@@ -64,7 +64,8 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
         task=view, level=level, harness=harness,
         base=str(base), out=str(out), seed=seed, steps=steps, runtime=runtime.to_dict(),
         draws=handed_draws(task, harness, seed, steps), eval_every=eval_every),
-        timeout_s=timeout_s, memory_mb=memory_mb, on_poll=follow, writes=(str(out),), reads=(harness, str(base), view))
+        timeout_s=timeout_s, memory_mb=memory_mb, on_poll=follow, writes=(str(out),),
+        reads=(harness, str(base), view, *runtime.policy.reads()))
     (out / "worker.log").write_text(result.log_tail)
     if not result.ok:
         raise TrainingFailed(result, out)
@@ -75,7 +76,7 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
                        dict(task=task.spec, level=level, jobs=jobs, policy=runtime.policy.to_dict(),
                             key=task.key.hex() if task.key else None),
                        timeout_s=timeout_s, memory_mb=memory_mb, reveal=task.data_files(),
-                       reads=(*jobs, task.spec, *task.data_files()))
+                       reads=(*jobs, task.spec, *task.data_files(), *runtime.policy.reads()))
     if not ev.ok:
         (out / "worker.log").write_text(ev.log_tail)
         raise TrainingFailed(ev, out, stage="evaluation")

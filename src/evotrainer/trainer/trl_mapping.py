@@ -67,9 +67,9 @@ def grpo_config_kwargs(knobs, runtime, task_budget: int, seed: int, steps: int, 
     return dict(
         output_dir=output_dir, seed=seed, data_seed=seed, max_steps=steps * knobs.num_iterations,
         use_cpu=device.type == "cpu",
-        # on a CPU TRL's defaults (bf16 autocast, gradient checkpointing) only slow a run down
+        # on a CPU TRL's default bf16 autocast only slows a run down: the run's dtype decides
         bf16=str(dtype) == "torch.bfloat16", fp16=str(dtype) == "torch.float16",
-        gradient_checkpointing=device.type == "cuda",
+        gradient_checkpointing=runtime.gradient_checkpointing,
         per_device_train_batch_size=micro, gradient_accumulation_steps=accum, steps_per_generation=accum,
         num_generations=knobs.group_size, num_iterations=knobs.num_iterations,
         max_completion_length=knobs.completion_budget(task_budget),
