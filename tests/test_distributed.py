@@ -22,8 +22,9 @@ def one_update(harness: str, out: str, rank: int, size: int, rendezvous: str) ->
     try:
         tok = build_tokenizer()
         h = load_harness(harness)
-        tr = GRPOTrainer(build_model(len(tok)), tok, get_task("arith", 1), h, seed=0, world=world)
-        rows, gen, texts, scores = tr.sample()
+        tr = GRPOTrainer(build_model(len(tok)), tok, get_task("arith", 1), h, seed=0)
+        rows, gen, texts, scores = tr.sample()  # the whole batch, as one process samples it
+        tr.world = world
         G = h.knobs.group_size
         sig = harness_signal(h, Rollouts(rows, texts, scores, gen.lengths, gen.truncated, G, tr.T))
         groups = world.shard(len(rows) // G)
@@ -65,3 +66,34 @@ def test_two_processes_over_gloo_take_the_step_one_process_takes(tmp_path, agg):
         # gradient 5e-9, off by 2.3e-5 at lr 1e-3), so the weights agree to a twentieth of lr
         assert all(torch.allclose(a, b, rtol=0, atol=5e-5) for a, b in zip(single["weights"], r["weights"]))
     assert all(torch.equal(a, b) for a, b in zip(ranks[0]["weights"], ranks[1]["weights"]))  # one model, twice
+
+
+def test_what_data_parallelism_cannot_do_yet_is_refused_in_one_line():
+    from evotrainer.errors import UsageError
+    from evotrainer.runtime import Runtime
+    from evotrainer.trainer.backends import check_backend
+    with pytest.raises(UsageError, match="data_parallel 2 needs backend: embedded"):
+        Runtime("trl", data_parallel=2).validate()
+    with pytest.raises(UsageError, match="data_parallel must be an integer >= 1, got 0"):
+        Runtime(data_parallel=0).validate()
+    with pytest.raises(UsageError, match="cannot train the multi-turn task vault yet"):
+        check_backend(Runtime(data_parallel=2), load_harness(None).knobs, task=get_task("vault"))
+
+
+@pytest.mark.slow
+def test_train_with_two_processes_records_the_whole_batch_once_and_saves_one_checkpoint(tmp_path, tiny_qwen):
+    from helpers import cli
+    import json
+    h = write_harness(tmp_path / "h", {"reward.py": DIGITS}, reward="digit_share", lr=3e-3, prompts_per_step=6,
+                      group_size=4)
+    out = tmp_path / "out"
+    summary = cli("train", "--task", "arith", "--level", "2", "--model", tiny_qwen, "--harness", h,
+                  "--data-parallel", 2, "--steps", 4, "--eval-every", 2, "--out", out).json
+    assert json.loads((out / "run.json").read_text())["data_parallel"] == 2
+    records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
+    assert len(records) == 4 * 6 * 4 and len((out / "metrics.jsonl").read_text().splitlines()) == 4
+    # each step's 6 prompts, 3 sampled by each rank, recorded once by rank 0 in the batch's order
+    assert all(sorted(r["group_id"] for r in records if r["step"] == s) == sorted(list(range(6)) * 4)
+               for s in range(1, 5))
+    assert {p.name for p in (out / "checkpoints").iterdir()} == {"step-2"} and (out / "checkpoint").is_dir()
+    assert not (out / ".rendezvous").exists() and 0 <= summary["val"] <= 1

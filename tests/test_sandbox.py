@@ -48,7 +48,7 @@ def test_a_job_started_from_tmp_keeps_its_own_writable_tmp():
     assert r.ok and r.value == "/tmp", r.log_tail
 
 
-def test_no_network_not_even_loopback():
+def test_no_network_not_even_the_hosts_loopback_only_the_jobs_own():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
@@ -61,6 +61,11 @@ def test_no_network_not_even_loopback():
             server.accept()  # nothing reached the listener
     finally:
         server.close()
+    # the job's namespace has a loopback of its own, up (data-parallel ranks meet there), and no other interface
+    r = run_in_worker(worker_targets.own_loopback, timeout_s=60, cwd=HERE)
+    assert r.ok and r.value == "connected", r.value
+    r = run_in_worker(worker_targets.try_connect, {"port": 53, "host": "1.1.1.1"}, timeout_s=60, cwd=HERE)
+    assert r.ok and r.value.startswith("refused") and "unreachable" in r.value, r.value
 
 
 def test_the_hosts_unix_sockets_are_out_of_reach():

@@ -50,13 +50,22 @@ def sleep_forever():
 # Hostile jobs for the sandbox tests: each tries what untrusted code must not do, and
 # reports what happened (the sandbox's tests check the outside world as well).
 
-def try_connect(port):
+def try_connect(port, host="127.0.0.1"):
     import socket
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        socket.create_connection((host, port), timeout=2).close()
         return "connected"
     except OSError as e:
         return f"refused: {e}"
+
+
+def own_loopback():
+    """Listen on this namespace's 127.0.0.1 and connect to it (what data-parallel ranks do)."""
+    import socket
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        return try_connect(server.getsockname()[1])
 
 
 def read_env(name):

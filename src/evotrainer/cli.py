@@ -78,7 +78,8 @@ def _runtime(args):
     lora = LoraSpec(args.lora_rank, 2.0 * args.lora_rank) if getattr(args, "lora_rank", 0) else None
     policy = PolicyConfig(args.dtype, args.device, not args.no_chat_template, getattr(args, "weights", "fp32"), lora)
     return Runtime(args.backend, policy, args.micro_batch_size,
-                   gradient_checkpointing=getattr(args, "gradient_checkpointing", False)).validate()
+                   gradient_checkpointing=getattr(args, "gradient_checkpointing", False),
+                   data_parallel=getattr(args, "data_parallel", 1)).validate()
 
 
 def cmd_train(args) -> dict:
@@ -372,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(alpha 2R, every linear layer; 0: full fine-tuning); pip install 'evotrainer[peft]'")
     sp.add_argument("--gradient-checkpointing", action="store_true",
                     help="recompute activations in the backward pass (less memory, more compute)")
+    sp.add_argument("--data-parallel", type=int, default=1, metavar="N",
+                    help="training processes, each a share of every step's prompts (one per GPU; gloo on a CPU)")
     sp.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     sp.add_argument("--no-chat-template", action="store_true", help="prompt with plain text even if the "
                     "tokenizer has a chat template")

@@ -13,6 +13,8 @@
                                  # {rank: 16, alpha: 32, dropout: 0.0, target_modules: all-linear}; each
                                  # checkpoint holds the adapter only, on the run's model (policy/adapters.py)
     gradient_checkpointing: false  # recompute activations in the backward pass: less memory, more compute
+    data_parallel: 1             # training processes per segment (one per GPU; gloo on a CPU), each a
+                                 # share of every step's prompts, gradients summed: the one-process update
     device: auto                 # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     chat_template: true          # wrap prompts in the tokenizer's chat template when it has one
     micro_batch_size: 0          # rollouts per forward/backward, gradients accumulated (0: all at once)
@@ -37,7 +39,7 @@
       address: local             # local (a one-machine cluster started here) | auto (the cluster this
                                  # machine belongs to) | HOST:PORT (a head node) | ray://HOST:PORT (Ray Client)
       num_cpus: 1                # CPUs a job asks for (also its torch threads)
-      num_gpus: null             # GPUs a job asks for; null: 1 where `device` is cuda, or auto on a
+      num_gpus: null             # GPUs a job asks for; null: data_parallel where `device` is cuda, or auto on a
                                  # cluster with GPUs, else 0 (0.5: two jobs share a GPU)
       memory_mb: 0               # memory a job reserves in Ray's scheduler (0: none reserved;
                                  # worker_memory_mb still kills a job past it)
@@ -279,6 +281,7 @@ class RunConfig:
     weights: str = "fp32"
     lora: dict | None = None
     gradient_checkpointing: bool = False
+    data_parallel: int = 1
     device: str = "auto"
     chat_template: bool = True
     micro_batch_size: int = 0
@@ -398,7 +401,7 @@ class RunConfig:
         if self.executor == "ray":
             from evotrainer.executors.ray_tasks import RayExecutor
             r = self.ray
-            return RayExecutor(r.address, r.num_cpus, r.num_gpus, r.memory_mb, r.retries, self.device)
+            return RayExecutor(r.address, r.num_cpus, r.num_gpus, r.memory_mb, r.retries, self.device, self.data_parallel)
         # trials in flight share the pool: its workers are a limit on them all, not on each trial
         return LocalPool(self.workers, shared=self.search.concurrency > 1)
 
@@ -412,7 +415,7 @@ class RunConfig:
         """Backend, device and precision: what every training and evaluation job of the run shares."""
         policy = PolicyConfig(self.dtype, self.device, self.chat_template, self.weights, LoraSpec.of(self.lora))
         return Runtime(self.backend, policy, self.micro_batch_size, self.trl.use_vllm, self.trl.vllm_mode,
-                       self.tracking.report_to, self.gradient_checkpointing)
+                       self.tracking.report_to, self.gradient_checkpointing, self.data_parallel)
 
 
 def load_config(path: Path | str) -> RunConfig:

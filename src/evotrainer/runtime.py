@@ -14,6 +14,10 @@ a harness choice (an agent may not move the run to another device or backend).
         keeping them (Chen et al. 2016): activation memory drops from one set per layer to
         about one layer's, for roughly one more forward's compute. Both backends; off by default
         (a small model on a CPU only slows down).
+    data_parallel: training processes per segment, each with a copy of the model and a share
+        of every step's prompts (whole groups), their gradients summed before each step so the
+        update is the one process's (trainer/distributed.py); one per GPU on CUDA (a job is
+        given that many), gloo on a CPU. Embedded backend, single-turn tasks.
     report_to: the run's trackers (config `tracking.report_to`), passed to TRL as its own
         `report_to`, so a TRL job also logs TRL's metrics into its train directory.
 """
@@ -38,6 +42,7 @@ class Runtime:
     vllm_mode: str = "colocate"
     report_to: tuple[str, ...] = ()
     gradient_checkpointing: bool = False
+    data_parallel: int = 1
 
     def validate(self, here: bool = True) -> "Runtime":
         """`here`: the jobs run on this machine (PolicyConfig.validate)."""
@@ -47,9 +52,22 @@ class Runtime:
             raise UsageError(f"micro_batch_size must be >= 0 (0: the whole batch), got {self.micro_batch_size}")
         if self.vllm_mode not in VLLM_MODES:
             raise UsageError(f"vllm_mode must be one of {', '.join(VLLM_MODES)}, got '{self.vllm_mode}'")
+        if not isinstance(self.data_parallel, int) or self.data_parallel < 1:
+            raise UsageError(f"data_parallel must be an integer >= 1, got {self.data_parallel!r}")
+        if self.data_parallel > 1 and self.backend != "embedded":
+            raise UsageError(f"data_parallel {self.data_parallel} needs backend: embedded (the TRL backend over "
+                             "several processes, with accelerate, is not wired yet)")
+        if self.data_parallel > 1 and self.policy.dtype == "fp16":
+            raise UsageError("data_parallel > 1 with dtype fp16: each rank's gradient scaler would skip steps on its "
+                             "own; use bf16 or fp32")
         if self.use_vllm and self.backend != "trl":
             raise UsageError("use_vllm needs backend: trl (the embedded trainer samples with its own KV-cached loop)")
         self.policy.validate(here)
+        if here and self.data_parallel > 1 and self.policy.resolved_device().type == "cuda":
+            import torch
+            if torch.cuda.device_count() < self.data_parallel:
+                raise UsageError(f"data_parallel {self.data_parallel} asks for a GPU per process; torch sees "
+                                 f"{torch.cuda.device_count()}")
         return self
 
     def on_base(self, base: str | Path) -> "Runtime":
@@ -62,7 +80,7 @@ class Runtime:
     def to_dict(self) -> dict:
         return {"backend": self.backend, "policy": self.policy.to_dict(), "micro_batch_size": self.micro_batch_size,
                 "use_vllm": self.use_vllm, "vllm_mode": self.vllm_mode, "report_to": list(self.report_to),
-                "gradient_checkpointing": self.gradient_checkpointing}
+                "gradient_checkpointing": self.gradient_checkpointing, "data_parallel": self.data_parallel}
 
     @classmethod
     def of(cls, d: "dict | Runtime | None") -> "Runtime":

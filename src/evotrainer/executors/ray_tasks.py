@@ -88,14 +88,16 @@ def connect(address: str, num_cpus: int | None = None) -> None:
 
 @dataclass(frozen=True)
 class RayExecutor(Executor):
-    """Every call a Ray task; see the module docstring. `num_gpus` None: one GPU per job where
-    `device` names CUDA, or where it is `auto` and the cluster has GPUs; else none."""
+    """Every call a Ray task; see the module docstring. `num_gpus` None: `processes` GPUs per
+    job (the run's data_parallel, all on one node) where `device` names CUDA, or where it is
+    `auto` and the cluster has GPUs; else none."""
     address: str = "local"
     num_cpus: float = 1.0
     num_gpus: float | None = None
     memory_mb: int = 0
     retries: int = 2
     device: str = "auto"
+    processes: int = 1
     cwd: Path | None = None
 
     def start(self) -> None:
@@ -193,7 +195,7 @@ class RayExecutor(Executor):
         gpus = self.num_gpus
         if gpus is None:
             cuda = self.device.startswith("cuda") or (self.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
-            gpus = 1.0 if cuda else 0.0
+            gpus = float(self.processes) if cuda else 0.0
         want = {"CPU": self.num_cpus, "GPU": gpus, "memory": self.memory_mb * 2**20}
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
         if not any(all(n.get(k, 0) >= v for k, v in want.items() if v) for n in nodes):

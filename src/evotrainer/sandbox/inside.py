@@ -14,7 +14,9 @@ namespaces, plus a user namespace when the controller is not root), with the job
    private /tmp and /dev/shm, an empty /run; covers the concealed paths (split keys,
    held-out data) even inside those binds; makes that root read-only and pivots into it,
    the host's tree detached: nothing else of the machine is reachable, by any name;
-4. sets resource limits (CPU time, processes, file size, open files, address space);
+4. brings the network namespace's loopback up (its only interface: the job's own processes
+   may talk to each other, nothing beyond), and sets resource limits (CPU time, processes,
+   file size, open files, address space);
 5. execs `setpriv`, which drops to an unprivileged user (or, in a user namespace, drops every
    capability), sets no_new_privs and the parent-death signal, and execs the job with the
    spec's environment and nothing else.
@@ -316,10 +318,24 @@ def _warm(argv: list[str], env: dict, host: int) -> None:
     os._exit(code if code >= 0 else 128 - code)
 
 
+def _loopback_up() -> None:
+    """The new network namespace's loopback, up: the processes of one job (data-parallel ranks,
+    trainer/distributed.py) meet on its 127.0.0.1. The namespace has no other interface, so
+    nothing reaches out of it, and the host's own loopback is another namespace's."""
+    import fcntl
+    import socket
+    SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # struct ifreq: a name, then the flags
+        flags = struct.unpack_from("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH22x", b"lo", 0)))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+
+
 def main(spec_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
     host = _jail(spec) if spec["mounts"] else None
+    if spec["mounts"]:
+        _loopback_up()
     # 4. limits, which the job cannot raise again
     _limits(spec["limits"])
     os.chdir(spec["cwd"])

@@ -1,7 +1,7 @@
 """Who trains a segment: a registry of backends, each a `run` function and the list of what
 it cannot express.
 
-    run(model, tok, task, harness, seed, steps, log, optimizer_state, runtime, sample_seed) -> optimizer_state
+    run(model, tok, task, harness, seed, steps, log, optimizer_state, runtime, sample_seed, world) -> optimizer_state
     (`seed` draws the data: problems and curriculum levels; `sample_seed` the rollouts' sampling)
 
 trains `steps` steps on the model in place, records each through `log` (SegmentLog) and
@@ -31,23 +31,24 @@ class Backend:
 # entry point, in the worker, and TRL (seconds to import) only where a segment trains with it.
 
 def run_embedded(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
-                 runtime, sample_seed: int | None = None) -> dict:
+                 runtime, sample_seed: int | None = None, world=None) -> dict:
     from evotrainer.trainer.grpo import GRPOTrainer
     from evotrainer.trainer.logprobs import enable_checkpointing
     if runtime.gradient_checkpointing:
         enable_checkpointing(model)
     trainer = GRPOTrainer(model, tok, task, harness, seed=seed, policy=runtime.policy,
-                          micro_batch_size=runtime.micro_batch_size, sample_seed=sample_seed)
+                          micro_batch_size=runtime.micro_batch_size, sample_seed=sample_seed, world=world)
     if optimizer_state is not None:
         trainer.resume_optimizer(optimizer_state)
     for _ in range(steps):
         m, recs = trainer.step()
-        log.record(m.to_dict(), recs, model, tok)
+        if log is not None:  # (a data-parallel rank past the first records nothing)
+            log.record(m.to_dict(), recs, model, tok)
     return trainer.optimizer_state()
 
 
 def run_trl(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
-            runtime, sample_seed: int | None = None) -> dict:
+            runtime, sample_seed: int | None = None, world=None) -> dict:
     from evotrainer.trainer.trl_backend import run_trl as train_with_trl
     return train_with_trl(model, tok, task, harness, seed, steps, log, optimizer_state, runtime, sample_seed)
 
@@ -75,6 +76,9 @@ def check_backend(runtime, knobs, harness: str = "the harness", task=None) -> No
     backend = get_backend(runtime.backend)
     if isinstance(task, EnvTask) and backend.multi_turn:
         raise UsageError(f"backend {runtime.backend} cannot train the multi-turn task {task.name}: {backend.multi_turn}")
+    if isinstance(task, EnvTask) and runtime.data_parallel > 1:
+        raise UsageError(f"data_parallel {runtime.data_parallel} cannot train the multi-turn task {task.name} yet "
+                         "(its episodes are not gathered across processes); use data_parallel: 1")
     refused = backend.refusals(knobs, runtime)
     if refused:
         raise UsageError(f"backend {runtime.backend} cannot train {harness}: {refused[0]}")

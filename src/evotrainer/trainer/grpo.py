@@ -92,7 +92,9 @@ class GRPOTrainer:
         sample_seed = seed if sample_seed is None else sample_seed
         torch.manual_seed(sample_seed)
         self.levels = LevelPicker(harness, task, seed)
-        self.sampler = torch.Generator(device=self.device).manual_seed(sample_seed)
+        self.world = world or World()
+        # each rank samples its own share of the prompts with a stream of its own
+        self.sampler = torch.Generator(device=self.device).manual_seed(sample_seed + self.world.rank)
         self.stream = task.train_stream(seed)
         self.judged: list[Judgement] = []  # the verifier's verdicts on the last sample
         self.played: list[Played] | None = None  # a multi-turn task's episodes of the last sample
@@ -104,7 +106,6 @@ class GRPOTrainer:
         elif k.kl_coef > 0:
             self.ref = (copy.deepcopy(model).eval().requires_grad_(False), contextlib.nullcontext)
         self.params = trainable(model)
-        self.world = world or World()
         self.opt = make_adamw(model, k)
         # fp16 autocast needs loss scaling, or small gradients underflow to zero
         self.scaler = torch.amp.GradScaler(self.device.type) if self.policy.compute_dtype() == torch.float16 else None
@@ -122,6 +123,7 @@ class GRPOTrainer:
     def sample(self) -> tuple[list, Generation, list[str], torch.Tensor]:
         G = self.k.group_size
         problems = self.stream.batch(self.levels.levels(self.step_no, self.k.prompts_per_step))
+        problems = problems[self.world.shard(len(problems))]  # this rank's whole groups (all, in one process)
         if isinstance(self.task, EnvTask):
             return self._play(problems)
         ids, mask = encode_prompts(self.tok, [p.prompt for p in problems], self.policy.chat_template, self.device)
@@ -158,15 +160,20 @@ class GRPOTrainer:
         lr = lr_at(k, self.steps_before + self.step_no)  # warm-up counts the policy's steps, not this segment's
         for group in self.opt.param_groups:
             group["lr"] = lr
-        lengths, truncated = gen.lengths.cpu(), gen.truncated.cpu()
-        ro = Rollouts(rows, texts, scores, lengths, truncated, G, self.T, *episode_fields(self.played))
+        # the whole batch on every rank (trainer/distributed.py; one process: its own share, as it is)
+        shares = self.world.gather(Share(rows, texts, scores, gen.lengths.cpu(), gen.truncated.cpu(),
+                                         gen.logprobs.sum(-1).cpu(), gen.entropy.sum(-1).cpu(), self.judged))
+        b = Share.merge(shares)
+        ro = Rollouts(b.rows, b.texts, b.scores, b.lengths, b.truncated, G, self.T, *episode_fields(self.played))
         sig = harness_signal(h, ro)  # slots run on the CPU, on plain tensors
-        upd = self._update(gen, sig.advantages.to(self.device), sig.row_keep.to(self.device))
+        mine = slice(sum(len(s.rows) for s in shares[:self.world.rank]), None)
+        mine = slice(mine.start, mine.start + len(rows))
+        upd = self._update(gen, sig.advantages[mine].to(self.device), sig.row_keep[mine].to(self.device))
+        upd = UpdateStats.total(self.world.gather(upd))
 
-        self.levels.observe([p.level for p in rows[::G]], ro.grouped(scores).mean(1).tolist())
-        return finish_step(self.step_no, rows, texts, scores, sig, lengths, truncated, gen.logprobs.sum(-1).cpu(),
-                           gen.entropy.sum(-1).cpu(), upd, lr, time.perf_counter() - t0, t_gen, self.judged,
-                           self.played)
+        self.levels.observe([p.level for p in b.rows[::G]], ro.grouped(b.scores).mean(1).tolist())
+        return finish_step(self.step_no, b.rows, b.texts, b.scores, sig, b.lengths, b.truncated, b.logp_sum,
+                           b.entropy_sum, upd, lr, time.perf_counter() - t0, t_gen, b.judged, self.played)
 
     def _update(self, gen: Generation, adv: torch.Tensor, row_keep: torch.Tensor) -> "UpdateStats":
         """num_iterations optimizer steps on the sampled batch, each accumulated over micro-batches.
@@ -265,6 +272,35 @@ class UpdateStats:
 
     def per_token(self, total: float) -> float:
         return total / max(self.tokens, 1.0)
+
+    @staticmethod
+    def total(parts: list["UpdateStats"]) -> "UpdateStats":
+        """The ranks' stats of one step, summed (each rank's loss is its rows' share of the batch's)."""
+        if len(parts) == 1:
+            return parts[0]
+        return UpdateStats(*(sum(getattr(p, f) for p in parts) for f in ("loss", "kl", "clip", "approx_kl", "tokens")))
+
+
+@dataclass
+class Share:
+    """One rank's rollouts of a step, as the harness and the evidence read them."""
+    rows: list
+    texts: list[str]
+    scores: torch.Tensor
+    lengths: torch.Tensor
+    truncated: torch.Tensor
+    logp_sum: torch.Tensor     # [B] sums of the sampling policy's token log-probs
+    entropy_sum: torch.Tensor  # [B] and of its entropies
+    judged: list
+
+    @staticmethod
+    def merge(shares: list["Share"]) -> "Share":
+        if len(shares) == 1:
+            return shares[0]
+        return Share(*(sum((getattr(s, f) for s in shares), []) for f in ("rows", "texts")),
+                     *(torch.cat([getattr(s, f) for s in shares]) for f in ("scores", "lengths", "truncated",
+                                                                           "logp_sum", "entropy_sum")),
+                     sum((s.judged for s in shares), []))
 
 
 def finish_step(step: int, rows: list, texts: list[str], scores: torch.Tensor, sig: Signal, lengths: torch.Tensor,

@@ -17,6 +17,7 @@ the worker only.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -56,7 +57,29 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
     (evotrainer.runtime.Runtime as a dict) names the backend, device and precision.
     `seed` draws the data; the sampling seed is `sampling_seed(seed, harness, replica)`.
     `eval_every` is the run's checkpoint schedule (never the harness's: it decides what the
-    evaluator scores)."""
+    evaluator scores). With `data_parallel` N > 1 this process starts N training processes,
+    one model copy each (trainer/distributed.py), and waits for them; rank 0 writes."""
+    from evotrainer.harness import load_harness
+    from evotrainer.runtime import Runtime
+
+    rt = Runtime.of(runtime)
+    args = (task, level, harness, base, out, seed, steps, rt.to_dict(), draws, eval_every, replica)
+    if rt.data_parallel == 1:
+        return _segment(0, *args)
+    import torch.multiprocessing as mp
+    Path(out).mkdir(parents=True, exist_ok=True)
+    meet = Path(out, ".rendezvous")  # where the ranks find each other (gone when they are done)
+    meet.unlink(missing_ok=True)
+    try:
+        mp.spawn(_segment, args=args, nprocs=rt.data_parallel, join=True)
+    finally:
+        meet.unlink(missing_ok=True)
+    return {"steps": steps, "harness_hash": load_harness(harness).content_hash[:12]}
+
+
+def _segment(rank: int, task: str, level: int | None, harness: str, base: str, out: str, seed: int, steps: int,
+             runtime: dict, draws: dict | None, eval_every: int, replica: int) -> dict:
+    """One training process of a segment: all of it, or rank `rank` of `data_parallel`."""
     import torch
 
     from evotrainer.catalog import get_task
@@ -68,11 +91,20 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
     from evotrainer.policy.adapters import is_adapter, trainable
     from evotrainer.runtime import Runtime
 
+    from evotrainer.trainer.distributed import join, leave
+
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    h = load_harness(harness)
-    shutil.copytree(h.path, out_dir / "harness", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
     rt = Runtime.of(runtime)
+    world = join(rank, rt.data_parallel, str(out_dir / ".rendezvous"),
+                 "nccl" if rt.policy.resolved_device().type == "cuda" else "gloo")
+    if world.parallel:  # rank r on GPU r of the job's; the job's CPU threads split among the ranks
+        if rt.policy.resolved_device().type == "cuda":
+            rt = dataclasses.replace(rt, policy=dataclasses.replace(rt.policy, device=f"cuda:{rank}"))
+        torch.set_num_threads(max(1, torch.get_num_threads() // world.size))
+    h = load_harness(harness)
+    if rank == 0:
+        shutil.copytree(h.path, out_dir / "harness", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
     model, tok = load_policy(base, rt.policy, trainable=True)
     t = get_task(task, level)
     if draws is not None:
@@ -83,21 +115,26 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
     own = rt.policy.lora is None or is_adapter(base)
     state = torch.load(carried, weights_only=True, map_location=model.device) if own and carried.exists() else None
     # what the evidence was sampled under: backtests re-score it against these
-    (out_dir / "run.json").write_text(json.dumps({
-        "task": task, "level": level, "seed": seed, "steps": steps, "group_size": h.knobs.group_size,
-        "prompts_per_step": h.knobs.prompts_per_step, "max_new_tokens": completion_width(t, h.knobs),
-        "harness_hash": h.content_hash, "backend": rt.backend,
-        "trainable_params": sum(p.numel() for p in trainable(model)),
-        "lora": None if rt.policy.lora is None else rt.policy.lora.to_dict()}, indent=2))
-    log = SegmentLog(out_dir, steps, eval_every)
+    if rank == 0:
+        (out_dir / "run.json").write_text(json.dumps({
+            "task": task, "level": level, "seed": seed, "steps": steps, "group_size": h.knobs.group_size,
+            "prompts_per_step": h.knobs.prompts_per_step, "max_new_tokens": completion_width(t, h.knobs),
+            "harness_hash": h.content_hash, "backend": rt.backend,
+            "trainable_params": sum(p.numel() for p in trainable(model)),
+            "lora": None if rt.policy.lora is None else rt.policy.lora.to_dict(),
+            "data_parallel": world.size}, indent=2))
+    log = SegmentLog(out_dir, steps, eval_every) if rank == 0 else None  # the other ranks record nothing
     try:
         state = get_backend(rt.backend).run(model, tok, t, h, seed=seed, steps=steps, log=log,
                                             optimizer_state=state, runtime=rt,
-                                            sample_seed=sampling_seed(seed, h.content_hash, replica))
+                                            sample_seed=sampling_seed(seed, h.content_hash, replica), world=world)
     finally:
-        log.close()
-    save_policy(model, tok, out_dir / "checkpoint")
-    torch.save(state, out_dir / "checkpoint" / OPTIMIZER_FILE)
+        if log is not None:
+            log.close()
+        leave(world)
+    if rank == 0:
+        save_policy(model, tok, out_dir / "checkpoint")
+        torch.save(state, out_dir / "checkpoint" / OPTIMIZER_FILE)
     return {"steps": steps, "harness_hash": h.content_hash[:12]}
 
 
