@@ -90,7 +90,6 @@ def _segment(rank: int, task: str, level: int | None, harness: str, base: str, o
     from evotrainer.policy import load_policy, save_policy
     from evotrainer.policy.adapters import is_adapter, trainable
     from evotrainer.runtime import Runtime
-
     from evotrainer.trainer.distributed import join, leave
 
     out_dir = Path(out)

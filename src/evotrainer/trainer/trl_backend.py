@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -225,9 +225,11 @@ def run_trl(model, tok, task, harness, seed: int, steps: int, log, optimizer_sta
     transformers.logging.set_verbosity_error()
     tracker_files(runtime.report_to, log.out_dir / "trl")
     # TRL's seed drives its sampling; our level picker and stream draw the data from `seed`
-    config = GRPOConfig(**grpo_config_kwargs(k, runtime, task.max_new_tokens,
-                                             seed if sample_seed is None else sample_seed, steps,
-                                             str(log.out_dir / "trl")))
+    kwargs = grpo_config_kwargs(k, runtime, task.max_new_tokens, seed if sample_seed is None else sample_seed, steps,
+                                str(log.out_dir / "trl"))
+    if "activation_checkpointing" in {f.name for f in fields(GRPOConfig)}:  # transformers 5's name
+        kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
+    config = GRPOConfig(**kwargs)
     opt = make_adamw(model, k, GatedAdamW)
     steps_before = resume_adamw(opt, optimizer_state, k) if optimizer_state is not None else 0
     # the learning rate of each optimizer step: num_iterations steps share one sampled batch
