@@ -233,3 +233,9 @@ def test_a_lora_run_continues_adapters_across_segments_and_the_final_replay_and_
     assert {"val", "test"} <= set(final["comparison"])
     cli("report", run)
     assert "LoRA r4" in (run / "report.html").read_text()
+    # a user scores a checkpoint of the run: its base and adapter spec come from the run's record
+    ckpt = sorted(run.glob("final/*/seed-100/segment-2/checkpoint"))[0]
+    scored = cli("evaluate", "--task", "arith", "--level", 1, "--model", ckpt, "--run", run, "--split", "val").json
+    assert 0 <= scored["greedy"] <= 1
+    refused = cli("evaluate", "--task", "arith", "--level", 1, "--model", ckpt, code=2)
+    assert "is a LoRA adapter: pass --run RUN" in refused.err and "Traceback" not in refused.err

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -120,6 +121,7 @@ def cmd_evaluate(args) -> dict:
     """Greedy accuracy and pass@k of a checkpoint, in the evaluator's sandboxed process."""
     from evotrainer.evaluate.sampled import evaluate_sampled  # the job's target; deferred as every import here (torch)
     from evotrainer.executors import run_in_worker
+    from evotrainer.policy.adapters import LoraSpec, is_adapter
     from evotrainer.policy.model import resolve_model
     task = _task(args)
     if args.split == "all" and not hasattr(task, "problems"):
@@ -127,7 +129,7 @@ def cmd_evaluate(args) -> dict:
                          f"{task.name} has val and test")
     if args.samples < 0 or any(k < 1 or k > max(args.samples, 1) for k in args.k):
         raise UsageError(f"--k values must be in 1..--samples ({args.samples}), got {args.k}")
-    key = None
+    key, started, policy = None, None, _runtime(args).policy
     if args.run is not None:  # that run's held-out problems (its split key)
         from evotrainer.evolve.status import open_run
         from evotrainer.lineage.events import RunStarted
@@ -140,10 +142,18 @@ def cmd_evaluate(args) -> dict:
         if not started or started[0].split_key is None:
             raise UsageError(f"run '{args.run}' has no split key on record (not started, or older than split keys)")
         key = split_key(started[0].split_key).hex()
-    model = str(resolve_model(args.model))
+    if is_adapter(args.model):  # a LoRA run's checkpoint: its base and adapter spec are the run's
+        lora = started and (started[0].runtime or {}).get("policy", {}).get("lora")
+        if not lora:
+            raise UsageError(f"'{args.model}' is a LoRA adapter: pass --run RUN, the LoRA run that trained it "
+                             "(its base model and adapter spec are on record there)")
+        policy = dataclasses.replace(policy, lora=dataclasses.replace(LoraSpec.of(lora), base=started[0].base))
+        model = str(Path(args.model).resolve())
+    else:
+        model = str(resolve_model(args.model))
     r = run_in_worker(evaluate_sampled, dict(
         task=task.spec, level=task.target_level, checkpoint=model, split=args.split, samples=args.samples,
-        ks=list(args.k), temperature=args.temperature, policy=_runtime(args).policy.to_dict(), key=key),
+        ks=list(args.k), temperature=args.temperature, policy=policy.to_dict(), key=key),
         timeout_s=args.timeout, memory_mb=args.memory_mb, reveal=task.data_files())
     if not r.ok:
         raise RunFailed(f"evaluation {r.label}: {r.error}")
