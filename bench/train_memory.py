@@ -75,8 +75,8 @@ def main() -> None:
             for p in [model, *model.iterdir()]:
                 p.chmod(p.stat().st_mode | 0o055)
             for backend in args.backends:
-                for mode in args.modes:
-                    r = run_mode(model, MODES[mode], backend, args, tmp / f"{size}-{backend}-{len(mode)}-{hash(mode)}")
+                for i, mode in enumerate(args.modes):
+                    r = run_mode(model, MODES[mode], backend, args, tmp / f"{size}-{backend}-{i}")
                     if "error" in r:
                         print(f"| {size} | {backend} | {mode} | failed: {r['error']} | | | | {r['seconds']:.0f} |", flush=True)
                         continue

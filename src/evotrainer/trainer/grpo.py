@@ -166,8 +166,8 @@ class GRPOTrainer:
         b = Share.merge(shares)
         ro = Rollouts(b.rows, b.texts, b.scores, b.lengths, b.truncated, G, self.T, *episode_fields(self.played))
         sig = harness_signal(h, ro)  # slots run on the CPU, on plain tensors
-        mine = slice(sum(len(s.rows) for s in shares[:self.world.rank]), None)
-        mine = slice(mine.start, mine.start + len(rows))
+        start = sum(len(s.rows) for s in shares[:self.world.rank])
+        mine = slice(start, start + len(rows))
         upd = self._update(gen, sig.advantages[mine].to(self.device), sig.row_keep[mine].to(self.device))
         upd = UpdateStats.total(self.world.gather(upd))
 
@@ -185,7 +185,7 @@ class GRPOTrainer:
         # the mask is as wide as the budget, whatever the longest completion: Dr. GRPO divides by it
         loss_mask = torch.zeros(B, self.T, device=self.device)
         loss_mask[:, :gen.completion_mask.shape[1]] = gen.completion_mask.float() * row_keep[:, None]
-        masks = world.gather(loss_mask.cpu())  # (this rank's alone without parallelism)
+        masks = world.gather(loss_mask.cpu()) if world.parallel else [loss_mask]
         start = sum(len(m) for m in masks[:world.rank])
         # The clipped surrogate of a row whose advantage is 0 is exactly 0, and so is its
         # gradient (without KL or entropy terms). Such rows (dead groups, mostly) skip the
