@@ -2,6 +2,12 @@
 
     .venv/bin/python bench/sandbox_cost.py [--rounds 10] [--steps 8]
 
+First, a job's start: milliseconds from a job submitted to its harness code running (torch and
+the reference harness loaded, as a training job has them before its first slot call), each
+job a fresh sandboxed interpreter (cold) against a fork of the fork server
+(sandbox/forkserver.py: warm), alternating; the warm side's first job, which starts the
+server, is reported on its own.
+
 Rounds interleave the two (plain, sandboxed, plain, ...) so that the machine's drift falls
 on both. A *worker* is `run_in_worker` of a trivial target (Python start, our child, the
 result back); a *program* is `python3 -c pass` started in a sandbox of its own; a *group of
@@ -32,7 +38,8 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))  # worker_targets: the trivial target
 
 from evotrainer.executors import run_in_worker, use_isolation  # noqa: E402
-from worker_targets import add  # noqa: E402
+from worker_targets import add, harness_ready  # noqa: E402
+from evotrainer.executors.worker import close_fork_servers, use_fork_server  # noqa: E402
 from evotrainer.sandbox import Isolation, Jail, command, probe  # noqa: E402
 from evotrainer.sandbox.programs import Program, run_programs  # noqa: E402
 
@@ -46,6 +53,16 @@ def worker_ms(level: Isolation) -> float:
     r = run_in_worker(add, {"a": 1, "b": 2}, timeout_s=60, cwd=ROOT / "tests", poll_s=0.01)
     assert r.ok and r.value == 3, r.log_tail
     return 1000 * (time.perf_counter() - t)
+
+
+def job_start_ms(level: Isolation, warm: bool) -> float:
+    """Submitted -> the job's harness code running, as a fresh interpreter or a fork of the server."""
+    use_isolation(level)
+    use_fork_server(warm)
+    t = time.time()
+    r = run_in_worker(harness_ready, timeout_s=120, cwd=ROOT / "tests", poll_s=0.01)
+    assert r.ok, r.log_tail
+    return 1000 * (r.value - t)
 
 
 def program_ms(level: Isolation) -> float:
@@ -107,6 +124,17 @@ def main() -> None:
     level = probe()
     if level is not Isolation.NAMESPACES:
         print(f"note: this machine allows only '{level.value}' isolation; measuring that")
+    close_fork_servers()
+    first = job_start_ms(level, warm=True)  # starts the server: its imports, once per controller
+    cold, warm = [], []
+    for _ in range(args.rounds):
+        cold.append(job_start_ms(level, warm=False))
+        warm.append(job_start_ms(level, warm=True))
+    mc, mw = statistics.median(cold), statistics.median(warm)
+    print(f"job start to harness code ({level.value}): fresh interpreter {mc:7.1f} ms  fork server {mw:7.1f} ms  "
+          f"ratio {mc / mw:5.1f}  (medians of {args.rounds}; the server's own start, with its first job: "
+          f"{first:.0f} ms)")
+    use_fork_server(True)
     for name, fn in (("worker start", worker_ms), ("program run", program_ms), ("group of 8 programs", group_ms)):
         plain, boxed = [], []
         for _ in range(args.rounds):

@@ -148,3 +148,12 @@ def probe(paths):
         except OSError as e:
             out[p] = f"refused: {type(e).__name__}"
     return out | {"job": sys.argv[1]}
+
+
+def harness_ready():
+    """The moment harness code runs in a job: torch and the reference harness loaded (what a
+    training job needs before its first slot call), on the machine's wall clock."""
+    import torch  # noqa: F401
+    from evotrainer.harness import REFERENCE, load_harness
+    load_harness(REFERENCE)
+    return time.time()

@@ -21,6 +21,7 @@ labelled:
 """
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import os
@@ -39,6 +40,7 @@ from typing import Any, Callable
 from evotrainer import sandbox
 from evotrainer.executors.targets import target_of
 from evotrainer.sandbox import Isolation, Jail
+from evotrainer.sandbox.forkserver import Forked, Server
 # the level in force and the tree kill live in the sandbox (programs.py needs them too); named here as before
 from evotrainer.sandbox.processes import isolation, kill_tree, use_isolation  # noqa: F401
 from evotrainer.sandbox.processes import tree as _tree
@@ -223,13 +225,19 @@ class _Job:
         self.level = isolation()
         jail = Jail(read=call.inputs(cwd) if call else (), write=tuple(call.writes) if call else (), env=extra,
                     reveal=tuple(call.reveal) if call else (), later=call is None)
-        argv, env = sandbox.command(argv, jail, self.level, self.dir, cwd, timeout_s)
-        if env is None:  # sandbox: none, the caller's own environment
-            env = dict(os.environ) | extra
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if wait else subprocess.DEVNULL, stdout=self.log,
-                                     stderr=subprocess.STDOUT, cwd=cwd, env=env,
-                                     pass_fds=[f.fileno() for f in self.locks],  # held by the job while it lives
-                                     start_new_session=True)  # its own process group
+        server = _server(self.level) if call is not None else None
+        self.proc: subprocess.Popen | Forked | None = None
+        if server is not None:  # a fork of a process that has imported torch: no start-up
+            sandbox.prepare(argv, jail, self.level, self.dir, cwd, timeout_s)
+            self.proc = server.start(self.dir, self.log.fileno(), [f.fileno() for f in self.locks])
+        if self.proc is None:
+            argv, env = sandbox.command(argv, jail, self.level, self.dir, cwd, timeout_s)
+            if env is None:  # sandbox: none, the caller's own environment
+                env = dict(os.environ) | extra
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if wait else subprocess.DEVNULL, stdout=self.log,
+                                         stderr=subprocess.STDOUT, cwd=cwd, env=env,
+                                         pass_fds=[f.fileno() for f in self.locks],  # held by the job while it lives
+                                         start_new_session=True)  # its own process group
         for f in self.locks:  # the job's copy holds the lock now
             f.close()
 
@@ -260,7 +268,7 @@ class _Job:
 
     def discard(self) -> None:
         """Kill it and remove its files, without a result (a warm worker never given a job)."""
-        kill_tree(self.proc)
+        _stop(self.proc)
         if self.proc.stdin:
             self.proc.stdin.close()
         self.log.close()
@@ -274,7 +282,12 @@ class _Job:
         (Linux /proc; without it, macOS, the kernel's own limits apply)."""
         if not memory_mb or self.over_memory is not None or self.proc.poll() is not None:
             return
-        rss_mb = sum(map(_rss_pages, _tree(self.proc.pid))) * os.sysconf("SC_PAGE_SIZE") // 2**20
+        if self.proc.pid is None:
+            return  # a forked job not started yet
+        pids = _tree(self.proc.pid)
+        if isinstance(self.proc, Forked):
+            pids = pids[1:]  # its wrapper: a fork of the server, whose pages the job's count already
+        rss_mb = sum(map(_rss_pages, pids)) * os.sysconf("SC_PAGE_SIZE") // 2**20
         if rss_mb > memory_mb:
             self.over_memory = rss_mb
             kill_tree(self.proc)
@@ -282,7 +295,7 @@ class _Job:
     def finish(self, timeout_s: float) -> WorkerResult:
         was_running = self.proc.poll() is None
         killed = was_running and time.monotonic() - self.t0 > timeout_s
-        kill_tree(self.proc)  # also reaps grandchildren a finished worker left behind
+        _stop(self.proc)  # also reaps grandchildren a finished worker left behind
         self.log.seek(0)
         tail = self.log.read().decode("utf-8", "replace")[-TAIL_CHARS:]
         self.log.close()
@@ -316,6 +329,50 @@ class _Job:
             return WorkerResult("oom", error="killed by SIGKILL (out of memory)", log_tail=tail, seconds=seconds)
         return WorkerResult("crash", error=f"worker exited with code {self.proc.returncode}", log_tail=tail,
                             seconds=seconds)
+
+
+def _stop(proc: subprocess.Popen | Forked) -> None:
+    """Kill a started job's whole tree and reap it, however it was started."""
+    if isinstance(proc, Forked):
+        proc.kill()
+    else:
+        kill_tree(proc)
+
+
+# what every job imports: loaded once by the fork server, never again by a job
+PRELOAD = ("torch", "transformers", "evotrainer.executors.child", "evotrainer.harness", "evotrainer.trainer.jobs",
+           "evotrainer.trainer.grpo", "evotrainer.evaluate.greedy", "evotrainer.backtest.rescore")
+_servers: dict[Isolation, Server] = {}
+_servers_lock = threading.Lock()
+_fork = sys.platform == "linux"
+
+
+def use_fork_server(on: bool) -> None:
+    """Whether this process starts its jobs from a fork server (the default on Linux: no
+    seconds of imports per job) or each as a fresh interpreter (a cold job)."""
+    global _fork
+    _fork = on and sys.platform == "linux"
+
+
+def close_fork_servers() -> None:
+    with _servers_lock:
+        for server in _servers.values():
+            server.close()
+        _servers.clear()
+
+
+def _server(level: Isolation) -> Server | None:
+    """The fork server for sandboxed jobs at `level` (started on its first job), or None: the
+    explicit opt-out (sandbox: none) runs cold jobs in the caller's own environment."""
+    if not _fork or level is Isolation.NONE:
+        return None
+    with _servers_lock:
+        if level not in _servers:
+            _servers[level] = Server(PRELOAD, sandbox.job_env(), os.getcwd())
+        return _servers[level]
+
+
+atexit.register(close_fork_servers)
 
 
 OUTPUT_LIMIT = 100_000  # entries of one job's output directory, at most

@@ -330,15 +330,22 @@ def _loopback_up() -> None:
         fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
 
 
-def main(spec_path: str) -> None:
-    with open(spec_path) as f:
-        spec = json.load(f)
+def confine(spec: dict) -> int | None:
+    """Steps 1-4 in this process (PID 1 of the new namespaces): the root, the loopback, the
+    limits, the job's working directory. Returns a warm worker's fd of the host's tree."""
     host = _jail(spec) if spec["mounts"] else None
     if spec["mounts"]:
         _loopback_up()
     # 4. limits, which the job cannot raise again
     _limits(spec["limits"])
     os.chdir(spec["cwd"])
+    return host
+
+
+def main(spec_path: str) -> None:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    host = confine(spec)
     # 5. an unprivileged job, with only the spec's environment
     argv = spec["argv"]
     if spec["setpriv"]:
@@ -352,6 +359,32 @@ def main(spec_path: str) -> None:
     if host is not None:
         _warm(argv, spec["env"], host)
     os.execve(argv[0], argv, spec["env"])
+
+
+# --- step 5 without exec: a job forked from a process that has imported torch (forkserver.py) ---
+
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 1, 24, 38, 47, 4
+CAP_VERSION_3 = 0x20080522
+
+
+def drop_privileges(spec: dict, last_cap: int) -> None:
+    """What `setpriv` does for a cold job (main above), in this process: with namespaces every
+    capability gone (bounding, ambient, inheritable, permitted, effective), then nobody's user
+    and no groups where the controller is root; no_new_privs; death with the parent, set again
+    after the change of user, which clears it."""
+    if spec["mounts"]:
+        for cap in range(last_cap + 1):
+            _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop a capability from the bounding set")
+        _check(_libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient capabilities")
+    if spec["uid"] is not None:
+        os.setgroups([])
+        os.setresgid(spec["gid"], spec["gid"], spec["gid"])
+        os.setresuid(spec["uid"], spec["uid"], spec["uid"])
+    if spec["mounts"]:  # header {version, pid 0: this thread}, then two all-zero {effective, permitted, inheritable}
+        header, data = struct.pack("Ii", CAP_VERSION_3, 0), bytes(24)
+        _check(_libc.capset(header, data), "capset")
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _check(_libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "parent-death signal")
 
 
 def can_idmap(path: str) -> None:

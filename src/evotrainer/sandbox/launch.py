@@ -372,6 +372,20 @@ def command(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: P
     if level is Isolation.NONE:  # trusted, but still dies with its caller (a Ray worker cancelled with force)
         setpriv = shutil.which("setpriv") if sys.platform == "linux" else None
         return ([setpriv, "--pdeathsig", "KILL", *argv] if setpriv else argv), None
+    spec = prepare(argv, jail, level, job_dir, cwd, timeout_s)
+    inside = [sys.executable, "-I", "-S", str(Path(__file__).with_name("inside.py")), str(job_dir / "sandbox.json")]
+    if spec["mounts"]:
+        # setpriv first: unshare (our child) dies with us, and its child, the job, with it
+        return [spec["setpriv"], "--pdeathsig", "KILL", *_unshare_args(), *inside], spec["env"]
+    return ([spec["setpriv"], "--pdeathsig", "KILL", *inside] if spec["setpriv"] else inside), spec["env"]
+
+
+def prepare(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: Path | None = None,
+            timeout_s: float | None = None) -> dict:
+    """The spec of a job at `level` (NAMESPACES or LIMITS), written to job_dir/sandbox.json for
+    the sandbox's first process (inside.py) and returned: its root (binds, links, devices,
+    masks), limits, user and environment. Its output directories are made, and, where the
+    job runs as nobody, given to nobody."""
     cwd = Path(cwd or os.getcwd()).resolve()
     env = job_env(jail.env)
     limits = jail.limits.rlimits()
@@ -386,19 +400,13 @@ def command(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: P
     if root:  # the job runs as nobody: its output directories must be its own
         for p in write:
             os.chown(p, NOBODY, NOBODY)
-    setpriv = shutil.which("setpriv")
     spec = {"argv": argv, "env": env, "cwd": str(cwd), "tmp_mb": jail.limits.tmp_mb, "limits": limits,
-            "uid": NOBODY if root else None, "gid": NOBODY if root else None, "setpriv": setpriv,
+            "uid": NOBODY if root else None, "gid": NOBODY if root else None, "setpriv": shutil.which("setpriv"),
             "mounts": mounts, "later": jail.later and mounts, "mask": _masks(jail)}
     if mounts:
         spec |= view(jail.read, write, root, cwd)
-    spec_file = job_dir / "sandbox.json"
-    spec_file.write_text(json.dumps(spec))
-    inside = [sys.executable, "-I", "-S", str(Path(__file__).with_name("inside.py")), str(spec_file)]
-    if mounts:
-        # setpriv first: unshare (our child) dies with us, and its child, the job, with it
-        return [setpriv, "--pdeathsig", "KILL", *_unshare_args(), *inside], env
-    return ([setpriv, "--pdeathsig", "KILL", *inside] if setpriv else inside), env
+    (job_dir / "sandbox.json").write_text(json.dumps(spec))
+    return spec
 
 
 def can_bind_later() -> bool:
