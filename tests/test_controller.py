@@ -22,17 +22,16 @@ def test_sigkill_mid_trial_then_resume_completes_every_trial_once(tiny_run):
     cfg, run = tiny_run
     p = start_cli("run", cfg, "--out", run, "--json")
     deadline = time.time() + 240
-    while time.time() < deadline:  # wait until trial 1 is under way, then kill everything
+    while time.time() < deadline:  # wait until trial 1 trains, then kill everything
         db = run / "lineage.sqlite"
-        if db.exists():
+        if db.exists() and (run / "versions" / "v1").exists():
             store = LineageStore(db)
             started = [s.trial for s in store.pending()]
             store.close()
             if 1 in started:
                 break
         assert p.poll() is None, p.communicate()
-        time.sleep(0.2)
-    time.sleep(1.5)  # inside the trial: backtest or training
+        time.sleep(0.05)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     store = LineageStore(run / "lineage.sqlite")

@@ -111,44 +111,22 @@ def test_pool_caps_each_workers_threads():
     assert r.value == [1, "1"]  # a tuple comes back as JSON
 
 
-def test_a_warm_worker_runs_the_job_it_is_given_in_the_process_started_before():
-    from evotrainer.executors import Warm
-    warm = Warm(cwd=HERE)
-    pid, job_dir = warm._job.proc.pid, str(warm._job.dir)
-    time.sleep(0.5)
-    r = run_in_worker(worker_targets.my_job_dir, timeout_s=60, cwd=HERE, warm=warm)
-    assert r.label == "ok" and r.value == job_dir  # no fresh process: the warm one ran it
-    assert warm.take() is None  # it runs one job only
-    again = run_in_worker(worker_targets.my_job_dir, timeout_s=60, cwd=HERE, warm=warm)
-    assert again.label == "ok" and again.value != job_dir  # nothing warm left: a fresh worker
-    assert not alive(pid)
-
-
-def test_a_warm_worker_never_used_leaves_no_process_and_a_dead_one_is_not_used():
-    from evotrainer.executors import Warm
-    unused = Warm(cwd=HERE)
-    pid = unused._job.proc.pid
-    unused.close()
-    assert not alive(pid)
-    dead = Warm(cwd=HERE)
-    dead._job.proc.kill()
-    dead._job.proc.wait()
-    r = run_in_worker(worker_targets.add, {"a": 1, "b": 1}, timeout_s=60, cwd=HERE, warm=dead)
-    assert r.label == "ok" and r.value == 2
-
-
-def test_a_warm_worker_dies_with_its_caller():
+def test_the_fork_server_dies_with_its_caller():
+    """Killed with SIGKILL (no cleanup runs), the caller leaves no fork server behind: it
+    reads EOF on its socket, which the kernel closes with the caller."""
     import signal
     import subprocess
     import sys
-    script = ("import os, signal; from evotrainer.executors import Warm; w = Warm(); "
-              "print(w._job.proc.pid, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert out.returncode == -signal.SIGKILL
+    script = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import os, signal, worker_targets; "
+              "from pathlib import Path; from evotrainer.executors import run_in_worker, worker; "
+              f"assert run_in_worker(worker_targets.add, {{'a': 1, 'b': 1}}, timeout_s=120, cwd=Path({str(HERE)!r})).value == 2; "
+              "print(worker._server(worker.isolation())._proc.pid, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == -signal.SIGKILL, out.stderr
     pid = int(out.stdout.split()[0])
-    deadline = time.monotonic() + 30  # it reads EOF on its stdin once it has imported torch
+    deadline = time.monotonic() + 10
     while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.1)
     assert not alive(pid)
 
 

@@ -13,7 +13,7 @@ import pytest
 import worker_targets
 from helpers import write_harness
 from evotrainer.evaluate.greedy import evaluate_checkpoints
-from evotrainer.executors import Warm, run_in_worker
+from evotrainer.executors import run_in_worker
 from evotrainer.policy import build_model, build_tokenizer, save_policy
 from evotrainer.sandbox import Isolation, probe
 from evotrainer.sandbox import launch
@@ -93,23 +93,19 @@ def test_a_training_job_sees_its_inputs_and_nothing_else_of_the_run_the_cwd_or_h
     assert "reward.py" in seen[str(run / "harnesses" / "v1")]
 
 
-def test_a_warm_worker_sees_the_inputs_of_the_job_it_is_given_and_no_more(tmp_path):
+def test_jobs_forked_from_one_server_each_see_their_own_inputs_and_no_more(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):
         d.mkdir()
         (d / "rows.jsonl").write_text(f"rows of {d.name}")
-    warm = Warm(cwd=HERE, reads=(str(tmp_path),))
-    job_dir = str(warm._job.dir)
-    r = run_in_worker(worker_targets.probe, {"paths": [str(a / "rows.jsonl"), str(b / "rows.jsonl")]},
-                      timeout_s=60, cwd=HERE, warm=warm, reads=(str(a),))
-    assert r.ok and r.value == {str(a / "rows.jsonl"): "read: rows of a", str(b / "rows.jsonl"): "refused: FileNotFoundError",
-                                "job": job_dir}, r.log_tail  # the warm worker ran it, with a bound in as it was given
-    # a call that reads beyond what the warm worker may serve starts a fresh worker instead
-    elsewhere = Warm(cwd=HERE, reads=(str(a),))
-    job_dir = str(elsewhere._job.dir)
-    r = run_in_worker(worker_targets.probe, {"paths": [str(b / "rows.jsonl")]}, timeout_s=60, cwd=HERE,
-                      warm=elsewhere, reads=(str(b),))
-    assert r.ok and r.value[str(b / "rows.jsonl")] == "read: rows of b" and r.value["job"] != job_dir
+    both = [str(a / "rows.jsonl"), str(b / "rows.jsonl")]
+    first = run_in_worker(worker_targets.probe, {"paths": both}, timeout_s=60, cwd=HERE, reads=(str(a),))
+    second = run_in_worker(worker_targets.probe, {"paths": both}, timeout_s=60, cwd=HERE, reads=(str(b),))
+    assert first.ok and second.ok, first.log_tail + second.log_tail
+    assert first.value[both[0]] == "read: rows of a" and first.value[both[1]] == "refused: FileNotFoundError"
+    # the next job of the same server: its own input, nothing of the job before
+    assert second.value[both[1]] == "read: rows of b" and second.value[both[0]] == "refused: FileNotFoundError"
+    assert first.value["job"] != second.value["job"]
 
 
 @pytest.mark.slow

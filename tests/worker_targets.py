@@ -111,11 +111,6 @@ def daemon_then_sleep(marker):
     sleep_forever()
 
 
-def my_job_dir():
-    """The job directory this worker process was started with (a warm one before its job)."""
-    return sys.argv[1]
-
-
 def list_run():
     """What /run holds (named here: a path in a job's arguments is one it may read)."""
     return sorted(os.listdir("/run"))
@@ -157,3 +152,18 @@ def harness_ready():
     from evotrainer.harness import REFERENCE, load_harness
     load_harness(REFERENCE)
     return time.time()
+
+
+def identity():
+    """What a job is, beyond whoami: its capabilities and privileges (/proc/self/status),
+    whether torch was imported before the job began (a fork of the server) and what its open
+    descriptors lead to."""
+    status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\t" in line)
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass  # the listing's own
+    return {"preloaded": "torch" in sys.modules, "fds": fds,
+            **{k: status[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")}}

@@ -19,7 +19,7 @@ from evotrainer.backtest.analysis import BacktestConfig, BacktestReport, analyse
 from evotrainer.backtest.rescore import rescore
 from evotrainer.errors import UsageError
 from evotrainer.evidence.records import evidence_of
-from evotrainer.executors import Warm, run_in_worker
+from evotrainer.executors import run_in_worker
 from evotrainer.harness.legality import check_harness
 
 
@@ -42,9 +42,7 @@ class BacktestOutcome:
 
 
 def backtest(evidence_dir: Path | str, candidate_dir: Path | str, parent_dir: Path | str | None = None,
-             cfg: BacktestConfig = BacktestConfig(), timeout_s: float = 600.0,
-             warm: Warm | None = None) -> BacktestOutcome:
-    """`warm`: a worker started earlier to rescore in (the caller closes it, used or not)."""
+             cfg: BacktestConfig = BacktestConfig(), timeout_s: float = 600.0) -> BacktestOutcome:
     ev, cand = Path(evidence_dir), Path(candidate_dir)
     if not (ev / "evidence.jsonl").is_file():
         raise UsageError(f"no rollout evidence at '{ev}' (expected evidence.jsonl from `evotrainer train`)")
@@ -56,7 +54,7 @@ def backtest(evidence_dir: Path | str, candidate_dir: Path | str, parent_dir: Pa
     legality = check_harness(cand, parent_dir)
     if not legality.legal:
         return BacktestOutcome("illegal", legality.reasons)
-    res = run_in_worker(rescore, {"evidence_dir": str(ev), "harness_dir": str(cand)}, timeout_s=timeout_s, warm=warm,
+    res = run_in_worker(rescore, {"evidence_dir": str(ev), "harness_dir": str(cand)}, timeout_s=timeout_s,
                         reads=(str(ev / "evidence.jsonl"), str(ev / "run.json"), str(cand)))  # not ev's checkpoints
     if not res.ok:
         return BacktestOutcome(res.label, [res.error or res.label], log_tail=res.log_tail)

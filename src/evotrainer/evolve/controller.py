@@ -61,7 +61,7 @@ from evotrainer.evolve.tools import TrialTools
 from evotrainer.evolve.training import Training
 from evotrainer.evolve.trial import Trial
 from evotrainer.evolve.view import RunView
-from evotrainer.executors import Warm, use_isolation
+from evotrainer.executors import use_isolation
 from evotrainer.harness import REFERENCE, inspect_harness
 from evotrainer.harness.candidate import Candidate, propose_files, vet
 from evotrainer.harness.knobs import load_knobs
@@ -136,12 +136,11 @@ class Controller:
         self.training: Training | None = None   # set up with the base (`_setup`)
         self._findings_of: dict[tuple, Future] = {}  # a state is diagnosed once, as child and as parent
         self._reader: ThreadPoolExecutor | None = None  # read_later's thread, while a run is under way
-        self._warm: Warm | None = None  # the next backtest's worker, started early (prewarm)
         self.view = RunView((), ())  # the lineage as the current trial began (`_look`)
         self._escalated: tuple[RunView, Escalation | None] | None = None  # decided once per view
         self.trackers: TrackerSet = TrackerSet([], self._tracker_failed)  # opened by `run`
         # trials in flight (search.concurrency > 1) share these: one lock per service they call back
-        self._lock = threading.RLock()          # findings readers, the warm worker, checkouts, finishing
+        self._lock = threading.RLock()          # findings readers, checkouts, finishing
         self._once: dict[tuple, Future] = {}    # controls two trials in flight both need: trained once
         self._cancel = threading.Event()        # set: trials in flight stop their workers (a kill, an error)
 
@@ -177,21 +176,13 @@ class Controller:
                 self._search_parallel(t_end, resumed)
             else:
                 self._search(t_end)
-            self._close_warm()
             self.final()  # reads no evidence: the last trial's is stored beside it
         finally:
-            self._close_warm()
             self.trackers.close()
             self.training.join_ingest()
             if self._reader is not None:
                 self._reader.shutdown()
                 self._reader = None
-
-    def _close_warm(self) -> None:
-        """A warm worker no backtest took (the budget ran out, or the run stopped)."""
-        warm = self.take_warm()
-        if warm is not None:
-            warm.close()
 
     def _search(self, t_end: float) -> None:
         while (view := self._look()).spent < self.cfg.budget.trials:
@@ -419,20 +410,6 @@ class Controller:
         finally:
             lib.close()
 
-    def prewarm(self) -> None:
-        """Start the next backtest's worker now, where a trial will still follow: its Python and
-        torch start-up (~1.5 s) then runs beside the controller's scoring and bookkeeping of
-        this trial, on a core that would be idle, instead of before the next trial's backtest."""
-        with self._lock:
-            if self.run_backtests and self._warm is None \
-                    and self.view.spent + 1 < self.cfg.budget.trials:
-                self._warm = Warm(reads=(str(self.run_dir.resolve()),))  # its backtest reads evidence and harnesses there
-
-    def take_warm(self) -> Warm | None:
-        with self._lock:
-            warm, self._warm = self._warm, None
-        return warm
-
     def _findings(self, state: State) -> list[dict]:
         """The worst finding per diagnostic over the state's seeds, critical and blocking first
         (diagnosis.worst_findings), read once per state: as a child and again as a parent."""
@@ -478,12 +455,10 @@ class Controller:
         def read(sg: Segment, dirs: dict[int, str]) -> None:  # a replica's evidence is never read
             if sg is segments[0]:
                 self.read_later(sg.version, dirs)
-                self.prewarm()  # the first trial's backtest worker starts up while the root is scored
         state, *replicas = self.training.train(segments, clock, read=read)
         for s in (state, *replicas):
             if isinstance(s, SegmentFailed):
                 raise ControlFailed(f"the root harness failed: {s}")
-        self.prewarm()
         noise = noise_floor(state.val, [r.val for r in replicas])
         self._finish(TrialRecord(
             id=0, version="v0", parents=[], agent="-", intervention="root", depth=1,
@@ -511,7 +486,7 @@ class Controller:
         return TrialTools(
             cfg=self.cfg, run_dir=self.run_dir, view=view, repo=self.repo, training=self.training,
             run_backtests=self.run_backtests, harness_dir=self._harness_dir, candidate=self._candidate,
-            findings=self._findings, read_later=self.read_later, prewarm=self.prewarm, take_warm=self.take_warm,
+            findings=self._findings, read_later=self.read_later,
             record=self._record, ask=self._ask, finish=lambda rec, state: self._finish(rec, state, trial_plan),
             stage=self.stage, show=self.on_event, once=self.once)
 

@@ -12,7 +12,6 @@ from evotrainer.config import RunConfig
 from evotrainer.evolve.state import State
 from evotrainer.evolve.training import Training
 from evotrainer.evolve.view import RunView
-from evotrainer.executors import Warm
 from evotrainer.harness.candidate import Candidate
 from evotrainer.harness.versions import HarnessRepo
 from evotrainer.lineage import TrialRecord
@@ -31,8 +30,6 @@ class TrialTools:
     candidate: Callable[[str, str, dict, dict, str], Candidate]  # parent, version, knobs, files, hypothesis
     findings: Callable[[State], list[dict]]           # a state's worst findings (read once per state)
     read_later: Callable[[str, dict[int, str]], None]  # start reading a state's findings in a thread
-    prewarm: Callable[[], None]          # start the next backtest's worker, where a trial will follow
-    take_warm: Callable[[], Warm | None]
     record: Callable[[Event], None]      # an event into the lineage, and shown
     ask: Callable[[GateWaiting], GateDecided]          # a person's decision at a gate (approval.ask)
     finish: Callable[[TrialRecord, State | None], None]  # the trial's record, and the state it keeps

@@ -150,13 +150,9 @@ class Trial:
         trial, and so does an earlier sibling that would train exactly alike (equivalent)."""
         if not self.tools.run_backtests:
             return Screened(tuple(replays), "skipped")
-        here, warm = self.tools.harness_dir, self.tools.take_warm()
-        try:
-            bt = backtest(self.parent.dirs[min(self.parent.dirs)], here(self.version), here(self.parent.version),
-                          timeout_s=self.tools.cfg.budget.trial_timeout_s, warm=warm)
-        finally:
-            if warm is not None:
-                warm.close()
+        here = self.tools.harness_dir
+        bt = backtest(self.parent.dirs[min(self.parent.dirs)], here(self.version), here(self.parent.version),
+                      timeout_s=self.tools.cfg.budget.trial_timeout_s)
         if not bt.passed:
             return Outcome(bt.label, "; ".join(bt.reasons), patch, Screened(label=bt.label, reasons=tuple(bt.reasons)))
         screened = Screened(tuple(replays), bt.label, tuple(bt.reasons), bt.signal, rest_key(here(self.version)))
@@ -279,15 +275,13 @@ class Trial:
 
     def read(self, segment: Segment, dirs: dict[int, str]) -> None:
         """A trained segment's findings, read while it is scored (the gate and the next proposal
-        read them); and the next trial's backtest worker starts up beside the scoring too."""
+        read them)."""
         self.tools.read_later(segment.version, dirs)
-        self.tools.prewarm()
 
     def judge(self, patch: str, screened: Screened, control: State, child: State) -> Outcome:
         """The promotion gate (paired gain over the control beyond the noise floor, no blocking
         finding), then a person at the completion gate where there is one: an abort there is
         measured and recorded, never kept."""
-        self.tools.prewarm()  # where no segment was read (it is started once: a no-op after `read`)
         findings = self.tools.findings(child)
         blocking = [f"{f['diagnostic']} = {f['value']:g}" for f in findings if f["blocking"]]
         null, extra = self._null(), []

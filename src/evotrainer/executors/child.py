@@ -15,20 +15,15 @@ from pathlib import Path
 from evotrainer.executors.targets import resolve  # (its package is imported already: this runs as -m)
 
 
-def main(job_dir: str, wait: bool = False) -> int:
+def main(job_dir: str) -> int:
     job_dir = Path(job_dir)
-    if wait:  # a warm worker (worker.Warm): import what every job needs, then wait for the job
-        import torch  # noqa: F401
-        import evotrainer.harness  # noqa: F401
-        sys.stdin.buffer.read()  # EOF: the caller gave the job, closed it unused, or died
-        if not (job_dir / "job.json").exists():
-            return 0
     job = json.loads((job_dir / "job.json").read_text())
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ.setdefault(var, "1")
     if job.get("isolation"):  # programs this job runs (sandbox.programs) get the run's level, not a new probe
-        from evotrainer.executors.worker import use_isolation
-        use_isolation(job["isolation"])
+        from evotrainer.sandbox import Isolation  # (which a job inside namespaces could not repeat as a non-root user)
+        from evotrainer.sandbox.processes import use_isolation
+        use_isolation(Isolation(job["isolation"]))
     if job.get("threads"):
         import torch  # every target here uses torch; cap it before the target builds anything
         torch.set_num_threads(job["threads"])
@@ -52,4 +47,4 @@ def main(job_dir: str, wait: bool = False) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], wait="--wait" in sys.argv[2:]))
+    sys.exit(main(sys.argv[1]))

@@ -106,33 +106,29 @@ class NamedCall:
 def run_in_worker(target: Callable[..., Any], kwargs: dict | None = None, timeout_s: float = 600.0,
                   memory_mb: int | None = 8192, cwd: Path | None = None,
                   on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
-                  threads: int | None = None, warm: Warm | None = None, writes: tuple[str, ...] = (),
+                  threads: int | None = None, writes: tuple[str, ...] = (),
                   reveal: tuple[str, ...] = (), reads: tuple[str, ...] | None = None) -> WorkerResult:
-    """Run `target(**kwargs)` in a fresh process (or in `warm`, started earlier); `on_poll`
-    runs in the caller while it waits; `reads`, `writes` and `reveal` as in Call."""
+    """Run `target(**kwargs)` in a worker of its own; `on_poll` runs in the caller while it
+    waits; `reads`, `writes` and `reveal` as in Call."""
     call = Call(target, kwargs or {}, tuple(writes), reveal=tuple(reveal), reads=None if reads is None else tuple(reads))
-    return run_all([call], 1, timeout_s, memory_mb, cwd, on_poll, poll_s, threads, warm)[0]
+    return run_all([call], 1, timeout_s, memory_mb, cwd, on_poll, poll_s, threads)[0]
 
 
 def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memory_mb: int | None = 8192,
             cwd: Path | None = None, on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
-            threads: int | None = None, warm: Warm | None = None,
-            slots: threading.Semaphore | None = None) -> list[WorkerResult]:
+            threads: int | None = None, slots: threading.Semaphore | None = None) -> list[WorkerResult]:
     """Run the calls, at most `workers` at a time, each in its own process group with its own
     deadline (`timeout_s` from its own start) and memory limit; results in the calls' order.
     `slots`: shared with other callers in other threads, each job holds one while it runs.
 
     `threads` caps each worker's intra-op threads (OMP/MKL and torch), so that `workers`
-    processes share the cores instead of oversubscribing them. The first call runs in `warm`
-    where it is given and still alive (it was started with its own `cwd` and `threads`)."""
-    return run_named([c.named() for c in calls], workers, timeout_s, memory_mb, cwd, on_poll, poll_s, threads, warm,
-                     slots)
+    processes share the cores instead of oversubscribing them."""
+    return run_named([c.named() for c in calls], workers, timeout_s, memory_mb, cwd, on_poll, poll_s, threads, slots)
 
 
 def run_named(calls: list[NamedCall], workers: int = 1, timeout_s: float = 600.0, memory_mb: int | None = 8192,
               cwd: Path | None = None, on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
-              threads: int | None = None, warm: Warm | None = None,
-              slots: threading.Semaphore | None = None) -> list[WorkerResult]:
+              threads: int | None = None, slots: threading.Semaphore | None = None) -> list[WorkerResult]:
     """`run_all` of calls already named: a Ray task runs its driver's call here, on its node,
     without importing the target (only the worker does)."""
     if workers < 1:
@@ -143,9 +139,7 @@ def run_named(calls: list[NamedCall], workers: int = 1, timeout_s: float = 600.0
         while waiting or running:
             while waiting and len(running) < workers and (slots is None or slots.acquire(blocking=False)):
                 i, call = waiting.pop(0)
-                job = warm.take() if warm is not None else None
-                job = job.give(call) if job is not None else None
-                running.append((i, job or _Job(call, cwd, threads, timeout_s)))
+                running.append((i, _Job(call, cwd, threads, timeout_s)))
             for _, job in running:
                 job.check_memory(memory_mb)
             for i, job in [r for r in running if r[1].done(timeout_s)]:
@@ -167,112 +161,41 @@ def run_named(calls: list[NamedCall], workers: int = 1, timeout_s: float = 600.0
     return results
 
 
-class Warm:
-    """A worker started before its job is known: Python, torch and our modules imported, it
-    waits on its stdin for the job. A backtest's rescore takes ~2.5 s in a fresh worker, ~1.5 s
-    of it starting up; started while the controller works on one core (scoring the last trial)
-    and the other is idle, that start-up leaves the critical path. Give it to `run_in_worker`
-    (it runs one job, the first), and `close()` it whether or not it ran one: a warm worker
-    never used is killed there, and dies by itself when the caller's end of its stdin closes.
-    It writes nothing, so it serves calls that return data only; its root holds the Python
-    environment until its job comes, and then that job's inputs, bound in as it is given
-    (sandbox.inputs): never more. `reads` bounds what those may be (a call that reads
-    elsewhere gets a fresh worker). Where the kernel cannot bind them in later (before Linux
-    5.2) none is started: every call gets a fresh worker."""
-
-    def __init__(self, cwd: Path | None = None, threads: int | None = None, reads: tuple[str, ...] = (),
-                 timeout_s: float = 600.0):
-        self._job: _Job | None = None
-        if isolation() is not Isolation.NAMESPACES or sandbox.can_bind_later():
-            self._job = _Job(None, cwd, threads, timeout_s)
-            self._job.may_read = tuple(_real(r, self._job.cwd) for r in reads)
-
-    def take(self) -> _Job | None:
-        """Its started worker, once, if it is still waiting (else None: start a fresh one)."""
-        job, self._job = self._job, None
-        if job is not None and job.proc.poll() is not None:
-            job.discard()
-            return None
-        return job
-
-    def close(self) -> None:
-        if self._job is not None:
-            self._job.discard()
-            self._job = None
-
-
 class _Job:
-    """One started worker: its sandboxed process tree, its job directory and its log. Started
-    with no call, it is warm: it waits for `give`."""
+    """One started worker: its sandboxed process tree, its job directory and its log."""
 
-    def __init__(self, call: NamedCall | None, cwd: Path | None, threads: int | None, timeout_s: float):
+    def __init__(self, call: NamedCall, cwd: Path | None, threads: int | None, timeout_s: float):
         self.t0, self.call, self.cwd = time.monotonic(), call, Path(cwd or os.getcwd())
-        self.may_read: tuple[str, ...] = ()  # a warm worker's bound on its job's inputs
         self._tmp = tempfile.TemporaryDirectory(prefix="evotrainer-worker-")
         self.dir, self.threads = Path(self._tmp.name), threads
-        self.locks = [_writer_lock(Path(w)) for w in (call.writes if call else ())]
-        if call is not None and call.clean:
+        self.locks = [_writer_lock(Path(w)) for w in call.writes]
+        if call.clean:
             for w in call.writes:
                 shutil.rmtree(w, ignore_errors=True)
-        if call is not None:
-            self._write(call)
+        (self.dir / "job.json").write_text(json.dumps({"target": call.target, "kwargs": call.kwargs,
+                                                       "threads": threads, "isolation": isolation().value}))
         extra = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}
         # read by the OpenMP/MKL runtimes when torch loads; the child also calls set_num_threads
         self.over_memory: int | None = None  # resident MB when it was killed for memory
         self.log = open(self.dir / "log.txt", "w+b")
-        wait = [] if call is not None else ["--wait"]
-        argv = [sys.executable, "-m", "evotrainer.executors.child", str(self.dir), *wait]
+        argv = [sys.executable, "-m", "evotrainer.executors.child", str(self.dir)]
         self.level = isolation()
-        jail = Jail(read=call.inputs(cwd) if call else (), write=tuple(call.writes) if call else (), env=extra,
-                    reveal=tuple(call.reveal) if call else (), later=call is None)
-        server = _server(self.level) if call is not None else None
+        jail = Jail(read=call.inputs(cwd), write=tuple(call.writes), env=extra, reveal=tuple(call.reveal))
+        server = _server(self.level)
         self.proc: subprocess.Popen | Forked | None = None
         if server is not None:  # a fork of a process that has imported torch: no start-up
             sandbox.prepare(argv, jail, self.level, self.dir, cwd, timeout_s)
             self.proc = server.start(self.dir, self.log.fileno(), [f.fileno() for f in self.locks])
-        if self.proc is None:
+        if self.proc is None:  # a fresh interpreter (sandbox: none, or no fork server here)
             argv, env = sandbox.command(argv, jail, self.level, self.dir, cwd, timeout_s)
             if env is None:  # sandbox: none, the caller's own environment
                 env = dict(os.environ) | extra
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if wait else subprocess.DEVNULL, stdout=self.log,
-                                         stderr=subprocess.STDOUT, cwd=cwd, env=env,
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+                                         cwd=cwd, env=env,
                                          pass_fds=[f.fileno() for f in self.locks],  # held by the job while it lives
                                          start_new_session=True)  # its own process group
         for f in self.locks:  # the job's copy holds the lock now
             f.close()
-
-    def _write(self, call: NamedCall) -> None:
-        (self.dir / "job.json").write_text(json.dumps({"target": call.target, "kwargs": call.kwargs,
-                                                       "threads": self.threads, "isolation": isolation().value}))
-
-    def give(self, call: NamedCall) -> _Job | None:
-        """A warm worker's job: written, its inputs sent to the sandbox's first process, which
-        binds them in, then its stdin closed, which starts it; the deadline counts from here.
-        None (the worker discarded) for a call that reads beyond the worker's bound."""
-        if call.writes:
-            raise ValueError("a warm worker's sandbox writes nothing: start a fresh one for a call with writes")
-        reads = call.inputs(self.cwd)
-        if not all(any(_within(_real(r, self.cwd), m) for m in self.may_read) for r in reads):
-            self.discard()
-            return None
-        self.call = call
-        self._write(call)
-        self.t0 = time.monotonic()
-        try:
-            if self.level is Isolation.NAMESPACES:
-                self.proc.stdin.write(sandbox.inputs(reads, Jail(reveal=tuple(call.reveal)), self.cwd))
-            self.proc.stdin.close()
-        except OSError:
-            pass  # it died meanwhile: finish() labels it
-        return self
-
-    def discard(self) -> None:
-        """Kill it and remove its files, without a result (a warm worker never given a job)."""
-        _stop(self.proc)
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        self.log.close()
-        self._tmp.cleanup()
 
     def done(self, timeout_s: float) -> bool:
         return self.proc.poll() is not None or time.monotonic() - self.t0 > timeout_s
@@ -304,7 +227,7 @@ class _Job:
             res = self._label(killed, was_running, tail, seconds, timeout_s)
         finally:
             self._tmp.cleanup()
-        why = refused_output(self.call.writes) if res.ok and self.call is not None else None
+        why = refused_output(self.call.writes) if res.ok else None
         if why:  # the job's own failure (harness code ran in it), said in one line
             return WorkerResult("crash", error=f"its output was refused: {why}", log_tail=tail, seconds=seconds)
         return res
@@ -408,14 +331,6 @@ def refused_output(writes) -> str | None:
             except BadCheckpoint as e:
                 return str(e)
     return None
-
-
-def _real(path: str, cwd: Path) -> str:
-    return os.path.realpath(os.path.join(cwd, path))
-
-
-def _within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _rss_pages(pid: int) -> int:

@@ -15,7 +15,7 @@ Each job is still alone in its own sandbox, built exactly as for a cold job (ins
                       reports its exit status; it is what the controller kills
         job (fork)    PID 1 of the new namespaces: mounts its /proc, builds and enters its
                       root (inside.confine), drops every privilege (inside.drop_privileges),
-                      takes the job's environment, and runs the worker's child.main
+                      takes the job's environment, and runs its `python -m MODULE`
 
 What holds for a cold job holds here: the job sees only its root, no network, no other
 process; it is nobody (or capability-less); it dies with the wrapper (parent-death signal),
@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import runpy
 import select
 import signal
 import socket
@@ -134,8 +135,8 @@ class Server:
         return ours
 
     def start(self, job_dir: Path, log: int, locks: list[int]) -> Forked | None:
-        """Ask for the job in `job_dir` (its sandbox.json and job.json written): its output to
-        `log`, holding `locks` while it lives."""
+        """Ask for the job whose sandbox.json is in `job_dir` (launch.prepare; its command
+        `python -m MODULE ARGS...`): its output to `log`, holding `locks` while it lives."""
         report, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with self._lock:
@@ -198,11 +199,17 @@ def _job(spec: dict, job_dir: str, last_cap: int) -> None:
     inside.drop_privileges(spec, last_cap)
     os.environ.clear()
     os.environ.update(spec["env"])
-    sys.path[0] = spec["cwd"]  # as `python -m` has it: the job's working directory first
+    # the job's command, `python -m MODULE ARGS...`, as that interpreter would run it: its
+    # working directory first on the path, the module as __main__, its exit status ours
+    sys.path[0] = spec["cwd"]
     importlib.invalidate_caches()
-    from evotrainer.executors import child
-    sys.argv = [child.__file__, job_dir]  # as a cold job's `python -m evotrainer.executors.child DIR`
-    code = child.main(job_dir)
+    _, flag, module, *args = spec["argv"]
+    sys.argv = [flag, *args]  # runpy puts the module's file first
+    code = 0
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -25,11 +25,8 @@ Because the job is PID 1 of its PID namespace, the kernel kills every process in
 that called setsid() included, the moment the job exits or is killed; and `unshare` (outside)
 kills the job when it dies itself, which happens when the controller dies (see launch.py).
 
-A warm worker (spec "later": started before its job is known) keeps this process as PID 1:
-the host's tree stays attached under an empty, unreadable cover at /.host, this process
-starts the job's Python (which imports what every job needs and waits), and when the
-controller sends the job's inputs on stdin it binds them into the root (read-only), detaches
-the host's tree, then lets the job go and lives as long as it does.
+A job forked from the fork server (forkserver.py) goes through steps 1-4 here too
+(`confine`), and step 5 in its own process (`drop_privileges`), without an exec.
 
 Only the standard library here: this runs before the job's own interpreter set-up.
 """
@@ -115,7 +112,7 @@ def _point(target: str, is_dir: bool) -> None:
         os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
 
 
-# --- idmapped binds and binds after the pivot: the new mount API ------------------------------
+# --- idmapped binds: the new mount API -------------------------------------------------------
 
 _userns_fds: dict[tuple[int, int], int] = {}
 
@@ -216,28 +213,22 @@ def _cover(paths: list[str], root: str) -> None:
             _mount("/dev/null", root + path, None, MS_BIND)
 
 
-def _pivot(later: bool) -> int | None:
-    """Enter the root built at NEW_ROOT. The host's tree is detached, or, for a warm worker,
-    kept under an empty cover at /.host (an fd to it returned) for the job's inputs."""
+def _pivot() -> None:
+    """Enter the root built at NEW_ROOT, the host's tree detached."""
     os.chdir(NEW_ROOT)
     number = PIVOT_ROOT.get(os.uname().machine)
-    if number is None:  # no pivot_root number known here (nor a warm worker: launch.can_bind_later)
+    if number is None:  # no pivot_root number known here
         _mount(".", "/", None, MS_MOVE)  # the root moved over the host's, which a job without
         os.chroot(".")                   # capabilities cannot climb out of
         os.chdir("/")
-        return None
-    _check(_libc.syscall(number, b".", b".host" if later else b"."), "pivot_root")
-    if later:
-        host = os.open("/.host", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        _tmpfs("/.host", 0, "0000", MS_RDONLY | MS_NOEXEC)
-    else:  # the old root, stacked on the new one by pivot_root(".", "."), goes
-        host = None
-        _check(_libc.umount2(b".", MNT_DETACH), "umount the host's root")
+        return
+    # the old root, stacked on the new one by pivot_root(".", "."), goes
+    _check(_libc.syscall(number, b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", MNT_DETACH), "umount the host's root")
     os.chdir("/")
-    return host
 
 
-def _jail(spec: dict) -> int | None:
+def _jail(spec: dict) -> None:
     os.umask(0o022)
     # 1. everything the job reaches, opened while it is still visible
     opened = [(path, how, os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC))
@@ -261,11 +252,9 @@ def _jail(spec: dict) -> int | None:
     _mount(None, NEW_ROOT + "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.makedirs(NEW_ROOT + "/run", exist_ok=True)  # empty: the host's sockets live in its own
     os.makedirs(NEW_ROOT + spec["cwd"], exist_ok=True)
-    if spec["later"]:
-        os.mkdir(NEW_ROOT + "/.host", 0)
     _cover(spec["mask"], NEW_ROOT)
     _mount(None, NEW_ROOT, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    return _pivot(spec["later"])
+    _pivot()
 
 
 def _limits(lim: dict) -> None:
@@ -273,49 +262,6 @@ def _limits(lim: dict) -> None:
         if value is not None:
             res = getattr(resource, name)
             resource.setrlimit(res, (int(value), int(value)))
-
-
-def _inject(request: dict, host: int) -> None:
-    """A warm worker's inputs, bound read-only at their own names from the covered host tree."""
-    _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)  # for the mount points, briefly
-    try:
-        for path, how in request["binds"]:
-            tree = _clone(host, path.lstrip("/"))
-            _point(path, stat.S_ISDIR(os.fstat(tree).st_mode))
-            if isinstance(how, list):
-                _read_only(tree, how)
-            _attach(tree, path)
-            os.close(tree)
-            if not isinstance(how, list):  # read-only the classic way (mount_setattr is Linux 5.12)
-                keep = os.statvfs(path).f_flag & KEEP
-                _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | keep)
-        _links(request["links"], "")
-        _cover([m for m in request["mask"] if any(_within(m, p) for p, _ in request["binds"])], "")
-    finally:
-        _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-
-
-def _warm(argv: list[str], env: dict, host: int) -> None:
-    """A warm worker's PID 1: start the job's Python now, bind its inputs when the controller
-    sends them (on our stdin, then EOF), then let it go (EOF on its stdin) and end with it."""
-    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the job, the same user in a user namespace, cannot reach in
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.dup2(r, 0)
-        os.close(r)
-        os.close(w)
-        os.execve(argv[0], argv, env)
-    os.close(r)
-    request = sys.stdin.buffer.read()
-    if request:
-        _inject(json.loads(request), host)
-    os.close(host)
-    for _ in ("cover", "host"):  # the host's tree goes before the job starts: as a cold job's does
-        _check(_libc.umount2(b"/.host", MNT_DETACH), "umount /.host")
-    os.close(w)
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    os._exit(code if code >= 0 else 128 - code)
 
 
 def _loopback_up() -> None:
@@ -330,22 +276,21 @@ def _loopback_up() -> None:
         fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
 
 
-def confine(spec: dict) -> int | None:
+def confine(spec: dict) -> None:
     """Steps 1-4 in this process (PID 1 of the new namespaces): the root, the loopback, the
-    limits, the job's working directory. Returns a warm worker's fd of the host's tree."""
-    host = _jail(spec) if spec["mounts"] else None
+    limits, the job's working directory."""
     if spec["mounts"]:
+        _jail(spec)
         _loopback_up()
     # 4. limits, which the job cannot raise again
     _limits(spec["limits"])
     os.chdir(spec["cwd"])
-    return host
 
 
 def main(spec_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
-    host = confine(spec)
+    confine(spec)
     # 5. an unprivileged job, with only the spec's environment
     argv = spec["argv"]
     if spec["setpriv"]:
@@ -356,8 +301,6 @@ def main(spec_path: str) -> None:
             drop += ["--reuid", str(spec["uid"]), "--regid", str(spec["gid"]), "--clear-groups"]
         # (without --reuid, in a user namespace, the job's root is the controller's own user outside)
         argv = [spec["setpriv"], *drop, "--", *argv]
-    if host is not None:
-        _warm(argv, spec["env"], host)
     os.execve(argv[0], argv, spec["env"])
 
 

@@ -92,15 +92,13 @@ class Limits:
 @dataclass(frozen=True)
 class Jail:
     """What one job may reach: the paths it reads and writes (besides the Python environment
-    and the system's files, which every job reads), its limits and its environment. `later`:
-    its inputs are not known yet (a warm worker): they come with its job (`inputs()`)."""
+    and the system's files, which every job reads), its limits and its environment."""
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     env: dict = field(default_factory=dict)
     reveal: tuple[str, ...] = ()  # concealed paths this job may see after all (the evaluator's data)
     hide: tuple[str, ...] = ()    # paths hidden from this job alone (conceal: from every job)
-    later: bool = False
 
 
 _concealed: set[str] = set()
@@ -303,11 +301,11 @@ def _owner_map(path: str, root: bool) -> list[int] | None:
     return [st.st_uid, st.st_gid]
 
 
-def view(read, write=(), root: bool = False, cwd: Path | None = None, base: bool = True) -> dict:
+def view(read, write=(), root: bool = False, cwd: Path | None = None) -> dict:
     """What a job's root holds besides its tmpfs mounts: binds [[path, how], ...] (how: "rw",
     "ro", or [uid, gid]: read-only, idmapped so that this owner reads as nobody), the links on
-    the way to them, and the devices. `base`: with the system's files, the Python environment
-    and the devices every job has. Paths are bound at their real location, outer first; a
+    the way to them, and the devices: the system's files, the Python environment and the
+    devices every job has, and its own `read` and `write`. Paths are bound at their real location, outer first; a
     read path inside another read path of the same kind is not bound again."""
     cwd = Path(cwd or os.getcwd())
     binds: dict[str, object] = {}
@@ -335,7 +333,7 @@ def view(read, write=(), root: bool = False, cwd: Path | None = None, base: bool
 
     for p in write:
         add(p, "rw")
-    for p in (*SYSTEM, *_environment_paths(binds), *(f"/etc/{e}" for e in ETC)) if base else ():
+    for p in (*SYSTEM, *_environment_paths(binds), *(f"/etc/{e}" for e in ETC)):
         add(p, "ro")
     for p in read:
         add(p, "read")
@@ -347,7 +345,7 @@ def view(read, write=(), root: bool = False, cwd: Path | None = None, base: bool
             binds.setdefault(m, binds.pop(p))
     kept = [(p, how) for p, how in binds.items()
             if how == "rw" or not any(q != p and carried(p, q) and binds[q] == how for q in binds)]
-    devices = sorted(d for pattern in DEVICES for d in glob.glob(f"/dev/{pattern}")) if base else []
+    devices = sorted(d for pattern in DEVICES for d in glob.glob(f"/dev/{pattern}"))
     return {"binds": sorted(kept, key=lambda b: (len(b[0]), b[0])), "links": sorted(links.items()), "dev": devices}
 
 
@@ -402,27 +400,11 @@ def prepare(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: P
             os.chown(p, NOBODY, NOBODY)
     spec = {"argv": argv, "env": env, "cwd": str(cwd), "tmp_mb": jail.limits.tmp_mb, "limits": limits,
             "uid": NOBODY if root else None, "gid": NOBODY if root else None, "setpriv": shutil.which("setpriv"),
-            "mounts": mounts, "later": jail.later and mounts, "mask": _masks(jail)}
+            "mounts": mounts, "mask": _masks(jail)}
     if mounts:
         spec |= view(jail.read, write, root, cwd)
     (job_dir / "sandbox.json").write_text(json.dumps(spec))
     return spec
-
-
-def can_bind_later() -> bool:
-    """Whether a warm worker's inputs can be bound in after it started (open_tree and
-    move_mount, Linux 5.2; pivot_root's number known): where not, no worker is started
-    before its job is known."""
-    from evotrainer.sandbox.inside import PIVOT_ROOT
-    release = tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2]) if sys.platform == "linux" else ()
-    return release >= (5, 2) and os.uname().machine in PIVOT_ROOT
-
-
-def inputs(read, jail: Jail, cwd: Path | None = None) -> bytes:
-    """What a warm worker (started with Jail(later=True)) is sent with its job: the binds and
-    links that show it `read` (and the masks within them), for its first process to mount."""
-    root = os.geteuid() == 0
-    return json.dumps(view(read, (), root, cwd, base=False) | {"mask": _masks(jail)}).encode()
 
 
 def record(level: Isolation) -> dict:

@@ -23,7 +23,7 @@ def use_isolation(level: Isolation | str) -> Isolation:
     """Set this process's sandbox level for every worker it starts (the controller does, from
     the run config's `sandbox:`); 'auto' probes. Returns the level in force."""
     global _isolation
-    new = resolve(level) if isinstance(level, str) else level
+    new = level if isinstance(level, Isolation) else resolve(level)  # (an Isolation is a str too)
     if new is not Isolation.NAMESPACES and new not in _warned:
         print(f"evotrainer sandbox: {describe(new)}", file=sys.stderr)  # never silently weaker
         _warned.add(new)

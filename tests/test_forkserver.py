@@ -1,0 +1,67 @@
+"""Warm workers: a job forked from the fork server is the same job a fresh interpreter is
+(the same sandbox, user, capabilities, environment and view), only started without the
+imports; the server itself is out of every job's reach and goes with its controller."""
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import worker_targets
+from evotrainer.executors import run_in_worker
+from evotrainer.executors import worker
+from evotrainer.sandbox import Isolation, probe
+
+HERE = Path(__file__).parent
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server is Linux's")
+
+
+@pytest.fixture
+def cold():
+    worker.use_fork_server(False)
+    yield
+    worker.use_fork_server(True)
+
+
+def _identity(tmp_path):
+    r = run_in_worker(worker_targets.identity, timeout_s=120, cwd=HERE, writes=(str(tmp_path / "out"),))
+    assert r.ok, r.log_tail
+    return r.value
+
+
+def test_a_forked_job_has_the_cold_jobs_sandbox_without_its_imports(tmp_path, cold):
+    cold_id, cold_who = _identity(tmp_path), run_in_worker(worker_targets.whoami, timeout_s=60, cwd=HERE).value
+    worker.use_fork_server(True)
+    warm_id, warm_who = _identity(tmp_path), run_in_worker(worker_targets.whoami, timeout_s=60, cwd=HERE).value
+    assert not cold_id.pop("preloaded") and warm_id.pop("preloaded")  # torch was there before the job began
+    assert {k: v for k, v in warm_who.items() if k != "home"} == {k: v for k, v in cold_who.items() if k != "home"}
+    cold_fds, warm_fds = cold_id.pop("fds"), warm_id.pop("fds")
+    assert warm_id == cold_id  # capabilities, no_new_privs, the same either way
+    if probe() is Isolation.NAMESPACES:
+        assert warm_who["pid"] == 1 and warm_id["CapEff"] == warm_id["CapBnd"] == warm_id["CapPrm"] == "0" * 16
+        assert warm_id["NoNewPrivs"] == "1"
+    # its descriptors: stdin, its log, and the writer's lock on its output; nothing of the server's
+    for fds in (cold_fds, warm_fds):
+        assert not any(t.startswith("socket:") for t in fds.values()), fds
+        assert any(t.endswith(".out.lock") for t in fds.values()), fds
+
+
+def test_a_dead_server_is_started_again_and_a_job_never_lands_in_it(tmp_path):
+    assert run_in_worker(worker_targets.add, {"a": 1, "b": 2}, timeout_s=60, cwd=HERE).value == 3
+    server = worker._server(worker.isolation())
+    os.kill(server._proc.pid, signal.SIGKILL)
+    server._proc.wait()
+    r = run_in_worker(worker_targets.identity, timeout_s=120, cwd=HERE)
+    assert r.ok and r.value["preloaded"], r.log_tail
+
+
+def test_a_job_killed_at_its_deadline_takes_its_children_and_leaves_the_server(tmp_path):
+    from helpers import processes_with
+    marker = f"evotrainer-fork-spin-{time.monotonic_ns()}"
+    r = run_in_worker(worker_targets.spin_with_child, {"marker": marker}, timeout_s=3, cwd=HERE)
+    assert r.label == "timeout" and processes_with(marker + "-child") == []
+    server = worker._server(worker.isolation())
+    assert server._proc.poll() is None  # still serving
+    assert run_in_worker(worker_targets.add, {"a": 2, "b": 2}, timeout_s=60, cwd=HERE).value == 4
