@@ -10,8 +10,9 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
 # nothing lands in the user's cache or data: the tests' split keys, cached bases and skill
 # libraries stay in the clone (.gitignore'd), reused by its next test run. Set before
 # evotrainer is imported (evotrainer/paths.py reads them once) and inherited by every
-# command the tests start.
-TEST_HOME = Path(__file__).resolve().parents[1] / ".test-home"
+# command the tests start. Each pytest-xdist worker (scripts/test.sh runs two) has its own,
+# so that two never build one cached base or split key at once.
+TEST_HOME = Path(__file__).resolve().parents[1] / ".test-home" / os.environ.get("PYTEST_XDIST_WORKER", "main")
 os.environ["XDG_CACHE_HOME"] = str(TEST_HOME / "cache")
 os.environ["XDG_DATA_HOME"] = str(TEST_HOME / "data")
 

@@ -37,7 +37,7 @@ def test_a_user_with_xdg_variables_gets_their_directories(tmp_path):
 
 
 def test_the_tests_and_every_command_they_start_use_the_clones_own_directories():
-    test_home = CLONE / ".test-home"
+    test_home = CLONE / ".test-home" / os.environ.get("PYTEST_XDIST_WORKER", "main")  # one per test process
     assert defaults(dict(os.environ)) == [str(test_home / "cache" / "evotrainer"),
                                           str(test_home / "cache" / "evotrainer" / "keys"),
                                           str(test_home / "data" / "evotrainer" / "skills.sqlite")]

@@ -5,7 +5,9 @@ evotrainer before it does anything: seconds of CPU for a job whose work may take
 of that. Here one server process per controller (and per sandbox level) imports them once,
 then forks for each job. The fork is a fresh process with nothing of any other job in it:
 the server never runs a job, never imports harness code, never initialises CUDA (a forked
-CUDA context is unusable), and holds no secret (it starts with a job's own environment).
+CUDA context is unusable: were a preloaded module ever to, each job would exec a fresh
+interpreter in its sandbox instead), and holds no secret (it starts with a job's own
+environment).
 Each job is still alone in its own sandbox, built exactly as for a cold job (inside.py):
 
     server            imports, then waits on its socket for requests (job dir, and the
@@ -186,7 +188,7 @@ def _send(sock_fd: int, msg: dict) -> bool:
         return False
 
 
-def _job(spec: dict, job_dir: str, last_cap: int) -> None:
+def _job(spec: dict, job_dir: str, last_cap: int, fresh: bool) -> None:
     from evotrainer.sandbox import inside
     inside._check(inside._libc.prctl(inside.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "parent-death signal")
     null = os.open("/dev/null", os.O_RDONLY)
@@ -197,6 +199,8 @@ def _job(spec: dict, job_dir: str, last_cap: int) -> None:
         inside._mount("proc", "/proc", "proc", inside.MS_NOSUID | inside.MS_NODEV | inside.MS_NOEXEC)
     inside.confine(spec)
     inside.drop_privileges(spec, last_cap)
+    if fresh:
+        os.execve(spec["argv"][0], spec["argv"], spec["env"])
     os.environ.clear()
     os.environ.update(spec["env"])
     # the job's command, `python -m MODULE ARGS...`, as that interpreter would run it: its
@@ -219,7 +223,7 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWN
     0x20000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000)
 
 
-def _wrapper(request: dict, fds: list[int], server_pid: int) -> None:
+def _wrapper(request: dict, fds: list[int], server_pid: int, fresh: bool) -> None:
     from evotrainer.sandbox import inside
     report, log, *locks = fds
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's SIG_IGN would make waitpid fail
@@ -251,7 +255,7 @@ def _wrapper(request: dict, fds: list[int], server_pid: int) -> None:
         os.close(report)
         os.close(log)
         try:
-            _job(spec, job_dir, last_cap)
+            _job(spec, job_dir, last_cap, fresh)
         except BaseException:
             import traceback
             traceback.print_exc()
@@ -282,18 +286,18 @@ def serve(fd: int, preload: list[str]) -> None:
         try:
             msg, fds, _, _ = socket.recv_fds(sock, 65536, MAX_FDS)
         except OSError:
-            return
-        if not msg:
-            return  # the controller is gone
+            msg = b""
+        if not msg:  # the controller is gone: at once, without the interpreter's shutdown, so
+            os._exit(0)  # that the wrappers' parent-death signal, and their jobs', fire now
+        # a preloaded module that initialised CUDA would hand every fork an unusable context:
+        # then each job execs a fresh interpreter in its sandbox instead (slower, never wrong)
         torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_initialized():
-            print("evotrainer fork server: CUDA was initialised here; a fork would inherit it: stopping", file=sys.stderr)
-            return  # the controller starts cold jobs from now on
+        fresh = torch is not None and torch.cuda.is_initialized()
         pid = os.fork()
         if pid == 0:
             try:
                 sock.close()
-                _wrapper(json.loads(msg), fds, me)
+                _wrapper(json.loads(msg), fds, me, fresh)
             finally:
                 os._exit(1)
         for f in fds:
