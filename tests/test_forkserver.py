@@ -1,6 +1,7 @@
 """Warm workers: a job forked from the fork server is the same job a fresh interpreter is
 (the same sandbox, user, capabilities, environment and view), only started without the
 imports; the server itself is out of every job's reach and goes with its controller."""
+import json
 import os
 import signal
 import sys
@@ -8,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import worker_targets
 from evotrainer.executors import run_in_worker
@@ -65,3 +67,33 @@ def test_a_job_killed_at_its_deadline_takes_its_children_and_leaves_the_server(t
     server = worker._server(worker.isolation())
     assert server._proc.poll() is None  # still serving
     assert run_in_worker(worker_targets.add, {"a": 2, "b": 2}, timeout_s=60, cwd=HERE).value == 4
+
+
+def test_a_forked_training_job_trains_bit_for_bit_as_a_fresh_one(tmp_path, ckpt, cold):
+    """The same segment (3 steps, a reward that moves the weights; one thread and the
+    default) cold and forked: the same metrics and the same weights, to the bit."""
+    from safetensors.torch import load_file
+    from helpers import write_harness
+    from evotrainer.trainer.jobs import train_segment
+    h = write_harness(tmp_path / "h", {"reward.py": "def r(x):\n    return x.lengths.float()\n"}, reward="r")
+    base = load_file(str(ckpt / "model.safetensors"))
+
+    def segment(out: Path, threads):
+        r = run_in_worker(train_segment, dict(task="arith", level=1, harness=str(h), base=str(ckpt),
+                                              out=str(out), seed=3, steps=3),
+                          timeout_s=300, writes=(str(out),), reads=(str(h), str(ckpt)), threads=threads)
+        assert r.ok, r.log_tail
+        clock = ("seconds", "generate_seconds", "peak_rss_mb", "peak_gpu_mb")
+        metrics = [{k: v for k, v in json.loads(line).items() if k not in clock}
+                   for line in (out / "metrics.jsonl").read_text().splitlines()]
+        weights = load_file(str(out / "checkpoint" / "model.safetensors"))
+        return metrics, weights
+
+    for threads in (1, None):
+        worker.use_fork_server(False)
+        cold_m, cold_w = segment(tmp_path / f"cold-{threads}", threads)
+        worker.use_fork_server(True)
+        warm_m, warm_w = segment(tmp_path / f"warm-{threads}", threads)
+        assert warm_m == cold_m and len(cold_m) == 3 and any(m["loss"] != 0 for m in cold_m)
+        assert any(not torch.equal(cold_w[k], base[k]) for k in base)  # it trained
+        assert cold_w.keys() == warm_w.keys() and all(torch.equal(cold_w[k], warm_w[k]) for k in cold_w)
