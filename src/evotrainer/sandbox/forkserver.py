@@ -77,12 +77,15 @@ class Forked:
 
     def wait(self) -> int:
         self._read(block=True)
-        self._report.close()  # the wrapper, waiting for this, ends
         return self.returncode
 
     def kill(self) -> None:
         """Kill the wrapper, its group and every descendant, and wait until they are gone (the
-        job's namespace goes with its PID 1); before it started, make sure it never runs."""
+        job's namespace goes with its PID 1); before it reported, make sure it never runs (it
+        kills its job when our end of the socket closes). Once: the wrapper's pid is ours to
+        signal only while that socket is open (the wrapper lives until it closes)."""
+        if self._report.fileno() < 0:
+            return
         self._read(block=False)
         if self.pid is not None:
             from evotrainer.sandbox.processes import tree
@@ -106,9 +109,8 @@ class Forked:
                 select.select([fd], [], [], 10)  # readable once that process has ended
                 os.close(fd)
         if self.returncode is None:
-            self._report.shutdown(socket.SHUT_RDWR)  # a wrapper not yet started finds no one to report to, and ends
             self.returncode = -signal.SIGKILL
-        self._report.close()
+        self._report.close()  # a wrapper not yet started finds no one to report to, and ends
 
 
 class Server:
@@ -264,6 +266,15 @@ def _wrapper(request: dict, fds: list[int], server_pid: int, fresh: bool) -> Non
     os.close(log)
     for fd in locks:  # the job holds them now, and its processes after it
         os.close(fd)
+    # wait for the job, or for the controller to close its end (it gave up on this job, or
+    # died): then the job goes at once, whatever the parent-death chain would do
+    try:
+        job = os.pidfd_open(pid)  # Linux 5.3; before it, only the parent-death chain
+        readable, _, _ = select.select([job, report], [], [])
+        if report in readable and job not in readable:
+            os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     _send(report, {"code": code})
     try:
