@@ -25,6 +25,8 @@ import worker_targets
 ray = pytest.importorskip("ray")
 from evotrainer.executors.ray_tasks import RayExecutor  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("test_ray_executor")  # one Ray cluster at a time on this machine
+
 HERE = Path(__file__).parent
 
 
