@@ -18,6 +18,6 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
 fi
 bash scripts/setup-venv.sh .venv-test dev
 if [ -n "$apt_job" ]; then wait "$apt_job"; fi
-# two test processes (pytest-xdist), each test wherever one is free, but a file marked
-# xdist_group keeps its tests in one (they share a module fixture; one Ray cluster at a time)
-.venv-test/bin/python -m pytest tests -n 2 --dist loadgroup --durations=25 "${tier[@]}" "$@"
+# two test processes (pytest-xdist), a file's tests in one of them: a file's tests share its
+# fixtures, and the Ray cluster tests never run beside each other
+.venv-test/bin/python -m pytest tests -n 2 --dist loadfile --durations=25 "${tier[@]}" "$@"

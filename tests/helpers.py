@@ -161,3 +161,15 @@ def agent_context(findings=(), knobs=None, tried=(), tmp_path: Path | None = Non
         kw |= {"harness_dir": shutil.copytree(REFERENCE, tmp_path / "parent"), "workdir": tmp_path / "agents"}
     return AgentContext(findings=list(findings), knobs=knobs or ref, root_knobs=ref, target_level=3,
                         tried=frozenset(tried), **kw)
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether `ancestor` is a parent, grandparent, ... of `pid` (Linux /proc)."""
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return False
+        if pid == ancestor:
+            return True
+    return False

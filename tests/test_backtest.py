@@ -14,8 +14,6 @@ from evotrainer.evidence.records import RolloutRecord
 from evotrainer.cli import main
 from helpers import readable, write_harness
 
-pytestmark = pytest.mark.xdist_group("test_backtest")  # its tests share a module fixture: built once, in one test process
-
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "harnesses"
 LENGTH_PAY, PARTIAL_CREDIT = EXAMPLES / "length_pay", EXAMPLES / "partial_credit"
 INVERTED = "def inverted(r):\n    return 1 - r.scores\n"

@@ -12,8 +12,6 @@ from evotrainer.sandbox import Isolation, probe
 from evotrainer.tasks.codegen import FUNCTIONS, HEADER
 from helpers import processes_with
 
-pytestmark = pytest.mark.xdist_group("test_codegen")  # its tests share a module fixture: built once, in one test process
-
 
 @pytest.fixture(scope="module")
 def task():

@@ -16,8 +16,6 @@ from evotrainer.lineage import LineageStore
 from evotrainer.lineage.events import TrialResumed
 from helpers import readable, start_cli, write_harness
 
-pytestmark = pytest.mark.xdist_group("test_controller")  # its tests share a module fixture: built once, in one test process
-
 
 @pytest.mark.slow
 def test_sigkill_mid_trial_then_resume_completes_every_trial_once(tiny_run):

@@ -14,8 +14,6 @@ from evotrainer.sandbox import Isolation, probe
 from evotrainer.tasks.arith import ArithConfig, ArithTask
 from evotrainer.tasks.humaneval import make, truncate
 
-pytestmark = pytest.mark.xdist_group("test_humaneval")  # its tests share a module fixture: built once, in one test process
-
 
 @pytest.fixture(scope="module")
 def task():

@@ -18,8 +18,6 @@ from evotrainer.policy.model import BadCheckpoint
 from evotrainer.trainer.grpo import GRPOTrainer
 from evotrainer.trainer.logprobs import checkpointed, completion_logprobs, enable_checkpointing
 
-pytestmark = pytest.mark.xdist_group("test_lora")  # its tests share a module fixture: built once, in one test process
-
 
 @pytest.fixture(scope="session")
 def peaked_qwen(tmp_path_factory):

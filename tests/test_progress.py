@@ -1,14 +1,14 @@
 """The live progress of training workers, read from their metrics files."""
 from pathlib import Path
 
-from evotrainer.evolve.progress import Job, steps_done, watcher
+from evotrainer.evolve.progress import Job, Watcher, steps_done
 
 
 def test_steps_are_counted_from_metrics_lines_and_reported_when_they_move(tmp_path: Path):
     seg, sched = tmp_path / "v1" / "seed-0", tmp_path / "evolved" / "seed-100"
     jobs = [Job("v1 seed 0", seg, 10), Job("evolved seed 100", sched, 6)]
     seen = []
-    poll = watcher("trial 1", jobs, seen.append, every_s=0)
+    poll = Watcher("trial 1", jobs, seen.append, every_s=0)
     poll()  # nothing written yet: zero, not an error
     assert seen[-1].done == 0 and seen[-1].total == 16
     seg.mkdir(parents=True)
@@ -27,11 +27,13 @@ def test_a_watcher_reads_the_files_at_most_once_per_interval(tmp_path: Path):
     seg = tmp_path / "v1" / "seed-0"
     seg.mkdir(parents=True)
     seen = []
-    poll = watcher("trial 1", [Job("v1 seed 0", seg, 10)], seen.append, every_s=3600)
+    poll = Watcher("trial 1", [Job("v1 seed 0", seg, 10)], seen.append, every_s=3600)
     poll()
     (seg / "metrics.jsonl").write_text('{"step": 1}\n')
     poll()  # within the interval: the new line is not read yet
     assert [p.done for p in seen] == [0]
+    poll.flush()  # the pool has returned: the last counts, at once
+    assert [p.done for p in seen] == [0, 1]
 
 
 def test_a_seeds_steps_follow_its_segments_and_a_half_written_line_is_skipped(tmp_path: Path):

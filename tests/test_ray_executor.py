@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import processes_with, readable, tiny_run_config
+from helpers import descends_from, processes_with, readable, tiny_run_config
 from evotrainer.cli import main
 from evotrainer.config import config_from_dict
 from evotrainer.errors import UsageError
@@ -24,8 +24,6 @@ import worker_targets
 
 ray = pytest.importorskip("ray")
 from evotrainer.executors.ray_tasks import RayExecutor  # noqa: E402
-
-pytestmark = pytest.mark.xdist_group("test_ray_executor")  # one Ray cluster at a time on this machine
 
 HERE = Path(__file__).parent
 
@@ -104,7 +102,9 @@ def test_a_ray_worker_killed_mid_job_is_retried_or_a_labelled_crash(tmp_path, re
     deadline = time.monotonic() + 60
     while not (out / "starts").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    (worker,) = ray_workers_running_a_job()
+    assert eventually(lambda: processes_with(marker))  # the job's child, started next
+    # the Ray worker running this job: an ancestor of its child (through the worker's fork server)
+    (worker,) = [w for w in ray_workers_running_a_job() if descends_from(processes_with(marker)[0], w)]
     os.kill(worker, signal.SIGKILL)
     th.join(120)
     assert not th.is_alive()

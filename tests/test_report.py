@@ -13,8 +13,6 @@ from helpers import readable, tiny_run_config
 from evotrainer.cli import main
 from test_approval import next_gate, start
 
-pytestmark = pytest.mark.xdist_group("test_report")  # its tests share a module fixture: built once, in one test process
-
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # a root's closed network refuses Chromium's own background connections: keep them off
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import worker_targets
-from helpers import processes_with
+from helpers import descends_from, processes_with
 from evotrainer.executors import run_in_worker
 from evotrainer.sandbox import Isolation, probe
 
@@ -148,20 +148,9 @@ run_all([Call(worker_targets.daemon_then_sleep, {{"marker": {marker!r}}}),
     assert processes_with(daemon), "the daemon never started"
     # every process it started: the fork server, each job's wrapper and job, or a cold job's
     # unshare and job, and what the jobs started
-    family = [p for p in processes_with("") if _ancestor(ctl.pid, p)]
+    family = [p for p in processes_with("") if descends_from(p, ctl.pid)]
     assert len(family) >= 3
     os.kill(ctl.pid, signal.SIGKILL)
     ctl.wait()
     time.sleep(2)
     assert processes_with(daemon) == [] and set(family) & set(processes_with("")) == set()
-
-
-def _ancestor(ancestor: int, pid: int) -> bool:
-    while pid > 1:
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            return False
-        if pid == ancestor:
-            return True
-    return False

@@ -69,20 +69,27 @@ def seed_metrics(seed_dir: Path) -> list[dict]:
     return rows
 
 
-def watcher(title: str, jobs: Sequence[Job], report: Callable[[Progress], None],
-            every_s: float = 0.5) -> Callable[[], None]:
+class Watcher:
     """An `on_poll` for the worker pool: reports a Progress whenever a step count moved,
     reading the files at most once per `every_s` (the pool polls every 0.1 s, and counting
-    every line ten times a second took ~2 s of a 10-minute run's CPU from the workers)."""
-    last: list[tuple[str, int, int] | None] = [None]
-    read_at = [-math.inf]
+    every line ten times a second took ~2 s of a 10-minute run's CPU from the workers).
+    `flush()` once the pool has returned: the last counts, however soon after the last read
+    (jobs that end within `every_s` of it would otherwise be shown unfinished)."""
 
-    def poll() -> None:
-        if time.monotonic() - read_at[0] < every_s:
+    def __init__(self, title: str, jobs: Sequence[Job], report: Callable[[Progress], None], every_s: float = 0.5):
+        self.title, self.jobs, self.report, self.every_s = title, jobs, report, every_s
+        self.last: tuple[tuple[str, int, int], ...] | None = None
+        self.read_at = -math.inf
+
+    def __call__(self) -> None:
+        if time.monotonic() - self.read_at < self.every_s:
             return
-        read_at[0] = time.monotonic()
-        counts = tuple((j.name, min(steps_done(j.out), j.steps), j.steps) for j in jobs)
-        if counts != last[0]:
-            last[0] = counts
-            report(Progress(title, sum(c[1] for c in counts), sum(c[2] for c in counts), counts))
-    return poll
+        self.read_at = time.monotonic()
+        counts = tuple((j.name, min(steps_done(j.out), j.steps), j.steps) for j in self.jobs)
+        if counts != self.last:
+            self.last = counts
+            self.report(Progress(self.title, sum(c[1] for c in counts), sum(c[2] for c in counts), counts))
+
+    def flush(self) -> None:
+        self.read_at = -math.inf
+        self()

@@ -20,7 +20,7 @@ from typing import Callable, Mapping, Sequence
 
 from evotrainer.config import EvalConfig
 from evotrainer.evaluate.greedy import evaluate_checkpoints
-from evotrainer.evolve.progress import Job, Progress, watcher
+from evotrainer.evolve.progress import Job, Progress, Watcher
 from evotrainer.evolve.segment_cache import (SegmentCache, cached_scores, chain_keys, checkpoint_identity,
                                              draws_digest, name_view, numbers, score_inputs, start_identity,
                                              task_identity, tree_digest)
@@ -104,12 +104,14 @@ def retrain(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int]
                           reads=(base, view, *args["harnesses"], *runtime.policy.reads())))
         trained.append((name, seed, out, keys))
     where = [(name, seed, out / f"segment-{len(arms[name].harnesses)}") for name, seed, out, _ in jobs]
-    watch = watcher(f"retraining {', '.join(arms)} on seeds {list(seeds)}", [
+    watch = Watcher(f"retraining {', '.join(arms)} on seeds {list(seeds)}", [
         Job(f"{name} seed {seed}", out, arms[name].steps * len(arms[name].harnesses)) for name, seed, out, _ in trained],
         on_progress) if on_progress and calls else None
     t = time.time()
     results = executor.part_of(len(jobs)).run(calls, timeout_s * max(len(a.harnesses) for a in arms.values()),
                                               memory_mb, watch)
+    if watch is not None:
+        watch.flush()
     train_s = time.time() - t
     for (name, seed, out, keys), res in zip(trained, results):
         if not res.ok:

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 from evotrainer.config import RunConfig
 from evotrainer.evidence import EvidenceStore
-from evotrainer.evolve.progress import Job, Progress, watcher
+from evotrainer.evolve.progress import Job, Progress, Watcher
 from evotrainer.evolve.retrain import RetrainFailed, evaluate
 from evotrainer.evolve.segment_cache import (SegmentCache, SegmentInputs, cached_scores, checkpoint_identity,
                                              draws_digest, name_view, numbers, score_inputs, segment_key,
@@ -104,11 +104,13 @@ class Training:
                               reads=(args["harness"], view, args["base"], *self.runtime.policy.reads())))
             where.append((i, seed, out, key))
         names = list(dict.fromkeys(sg.out_root.name for sg in segments))  # v1, v0-d2 (a control), replica-1
-        watch = watcher(
+        watch = Watcher(
             f"training {', '.join(names)}: {self.segment_steps} steps x {len(jobs) // len(segments)} seeds",
             [Job(f"{segments[i].out_root.name} s{seed}", out, self.segment_steps) for i, seed, out, _ in where],
             self.on_progress) if self.on_progress and calls else None
         results = self._pool(calls, clock, watch, len(jobs)) if calls else []
+        if watch is not None:
+            watch.flush()
         clock.steps += self.segment_steps * len(calls)
         clock.trained, clock.reused = clock.trained + len(calls), clock.reused + len(jobs) - len(calls)
         failed: dict[int, SegmentFailed] = {}
