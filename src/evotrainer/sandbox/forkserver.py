@@ -88,7 +88,7 @@ class Forked:
             return
         self._read(block=False)
         if self.pid is not None:
-            from evotrainer.sandbox.processes import tree
+            from evotrainer.sandbox.processes import kill_all, tree
             pids = tree(self.pid)
             handles = []  # opened before the kill: a pid reused meanwhile is not waited for
             for pid in pids:
@@ -96,15 +96,7 @@ class Forked:
                     handles.append(os.pidfd_open(pid))
                 except OSError:
                     pass
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            kill_all(self.pid, pids)
             for fd in handles:
                 select.select([fd], [], [], 10)  # readable once that process has ended
                 os.close(fd)

@@ -40,9 +40,14 @@ def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL a started job's whole process tree and group (its children included) and reap it.
     In the sandbox, the job is PID 1 of its namespace: when it dies the kernel kills the rest,
     setsid() or not; the explicit kill of every descendant covers the other levels too."""
-    pids = tree(proc.pid)
+    kill_all(proc.pid, tree(proc.pid))
+    proc.wait()
+
+
+def kill_all(leader: int, pids: list[int]) -> None:
+    """SIGKILL the process group `leader` leads and each of `pids` (those already gone skipped)."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(leader, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     for pid in pids:
@@ -50,7 +55,6 @@ def kill_tree(proc: subprocess.Popen) -> None:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    proc.wait()
 
 
 def tree(pid: int) -> list[int]:
