@@ -165,7 +165,7 @@ class _Job:
     """One started worker: its sandboxed process tree, its job directory and its log."""
 
     def __init__(self, call: NamedCall, cwd: Path | None, threads: int | None, timeout_s: float):
-        self.t0, self.call, self.cwd = time.monotonic(), call, Path(cwd or os.getcwd())
+        self.t0, self.call = time.monotonic(), call
         self._tmp = tempfile.TemporaryDirectory(prefix="evotrainer-worker-")
         self.dir, self.threads = Path(self._tmp.name), threads
         self.locks = [_writer_lock(Path(w)) for w in call.writes]
@@ -213,7 +213,7 @@ class _Job:
         rss_mb = sum(map(_rss_pages, pids)) * os.sysconf("SC_PAGE_SIZE") // 2**20
         if rss_mb > memory_mb:
             self.over_memory = rss_mb
-            kill_tree(self.proc)
+            _stop(self.proc)
 
     def finish(self, timeout_s: float) -> WorkerResult:
         was_running = self.proc.poll() is None

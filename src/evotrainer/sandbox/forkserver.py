@@ -48,16 +48,15 @@ MAX_FDS = 64
 
 class Forked:
     """A job started by the server, as the worker sees a Popen: pid (the wrapper's; None until
-    it reported), poll(), wait(), returncode (negative: killed by that signal), kill()."""
+    it reported), poll(), returncode (negative: killed by that signal), kill()."""
 
     def __init__(self, report: socket.socket):
         self._report, self.pid, self.returncode = report, None, None
-        self.stdin = None
 
-    def _read(self, block: bool) -> None:
+    def _read(self) -> None:
         while self.returncode is None:
             try:
-                msg = self._report.recv(4096, 0 if block else socket.MSG_DONTWAIT)
+                msg = self._report.recv(4096, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return
             except OSError:
@@ -72,11 +71,7 @@ class Forked:
                 self.returncode = int(news["code"])
 
     def poll(self) -> int | None:
-        self._read(block=False)
-        return self.returncode
-
-    def wait(self) -> int:
-        self._read(block=True)
+        self._read()
         return self.returncode
 
     def kill(self) -> None:
@@ -86,7 +81,7 @@ class Forked:
         signal only while that socket is open (the wrapper lives until it closes)."""
         if self._report.fileno() < 0:
             return
-        self._read(block=False)
+        self._read()
         if self.pid is not None:
             from evotrainer.sandbox.processes import kill_all, tree
             pids = tree(self.pid)

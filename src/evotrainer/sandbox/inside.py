@@ -147,16 +147,16 @@ def _userns(uid: int, gid: int) -> int:
     return _userns_fds[(uid, gid)]
 
 
-def _clone(dfd: int, path: str = "") -> int:
-    """A detached copy of the mount tree at dfd/path (a plain copy, else with its submounts:
+def _clone(fd: int) -> int:
+    """A detached copy of the mount tree `fd` opened (a plain copy, else with its submounts:
     in a nested sandbox the outer one's mounts under it are locked to it)."""
-    flags = OPEN_TREE_CLONE | os.O_CLOEXEC | (0 if path else AT_EMPTY_PATH)
+    flags = OPEN_TREE_CLONE | os.O_CLOEXEC | AT_EMPTY_PATH
     try:
-        return _check(_libc.syscall(SYS_OPEN_TREE, dfd, path.encode(), flags), f"open_tree {path}")
+        return _check(_libc.syscall(SYS_OPEN_TREE, fd, b"", flags), "open_tree")
     except OSError as e:
         if e.errno != errno.EINVAL:
             raise
-        return _check(_libc.syscall(SYS_OPEN_TREE, dfd, path.encode(), flags | AT_RECURSIVE), f"open_tree {path}")
+        return _check(_libc.syscall(SYS_OPEN_TREE, fd, b"", flags | AT_RECURSIVE), "open_tree")
 
 
 def _read_only(tree: int, owner: list[int] | None) -> None:
