@@ -1,4 +1,7 @@
-"""Data parallelism of the embedded trainer: 2 processes over gloo take the step 1 process takes."""
+"""Data parallelism: 2 processes over gloo take the step 1 process takes (embedded trainer, and TRL under accelerate)."""
+import json
+import random
+
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -68,12 +71,64 @@ def test_two_processes_over_gloo_take_the_step_one_process_takes(tmp_path, agg):
     assert all(torch.equal(a, b) for a, b in zip(ranks[0]["weights"], ranks[1]["weights"]))  # one model, twice
 
 
+def fixed_completions(trainer, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+    """TRL's sampling replaced by completions that are a function of the prompt and the row's
+    place in its group, so that one process and two (each sampling its share of the rows) train
+    on the same batch. Some groups hold no digit (digit_share 0: the filter drops them)."""
+    tok, seen, out = trainer.processing_class, {}, []
+    digits, letters = ([tok.convert_tokens_to_ids(c) for c in cs] for cs in ("0123456789", "abcdefxyz"))
+    for ids in prompt_ids:
+        k = seen[tuple(ids)] = seen.get(tuple(ids), -1) + 1
+        group = random.Random(f"{ids}")  # (str seeds hash the same in every process)
+        rng = random.Random(f"{ids}/{k}")
+        pool = letters if group.random() < 0.3 else digits + letters
+        out.append([rng.choice(pool) for _ in range(rng.randint(2, 7))] + [trainer.eos_token_ids[0]])
+    return out, None
+
+
+def trl_segment(rank, harness, base, out, size, rendezvous):
+    """One TRL step of the real segment path (join, accelerate, DDP), sampling fixed."""
+    from evotrainer.trainer import jobs, trl_backend
+    from evotrainer.runtime import Runtime
+    trl_backend.HarnessGRPOTrainer._generate_single_turn = fixed_completions
+    torch.set_num_threads(1)
+    runtime = Runtime("trl", data_parallel=size).to_dict()
+    jobs._segment(rank, "arith", 2, harness, base, out, 0, 1, runtime, None, 0, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
+def test_trl_over_two_processes_takes_the_step_one_process_takes(tmp_path, tiny_qwen, agg):
+    # token_mean: TRL's denominator is the kept tokens of both processes; seq_mean_token_mean:
+    # the mean over kept rows of the whole batch, not of each process's share
+    from evotrainer.policy import load_policy
+    h = write_harness(tmp_path / "h", {"reward.py": DIGITS}, prompts_per_step=6, group_size=4, reward="digit_share",
+                      loss_agg=agg, group_filter="drop_dead", lr=1e-3)
+    one, two = tmp_path / "one", tmp_path / "two"
+    trl_segment(0, str(h), tiny_qwen, str(one), 1, "")
+    mp.spawn(trl_segment, args=(str(h), tiny_qwen, str(two), 2, str(tmp_path / "rendezvous")), nprocs=2, join=True)
+    records = [[json.loads(line) for line in (d / "evidence.jsonl").read_text().splitlines()] for d in (one, two)]
+    assert len(records[1]) == 24 and [r["completion"] for r in records[0]] == [r["completion"] for r in records[1]]
+    assert [r["advantage"] for r in records[0]] == pytest.approx([r["advantage"] for r in records[1]], abs=1e-6)
+    kept = [r["kept"] for r in records[1]]
+    assert 0 < sum(kept) < 24  # the filter dropped a group, so the kept-row weighting is exercised
+    assert json.loads((two / "run.json").read_text())["data_parallel"] == 2
+    base = dict(load_policy(tiny_qwen)[0].named_parameters())
+    w1, w2 = (dict(load_policy(d / "checkpoint")[0].named_parameters()) for d in (one, two))
+    moved = max(float((w1[n] - base[n]).abs().max()) for n in base)
+    assert moved > 5e-4  # Adam's first step moves a weight by about lr
+    # Adam's first step is lr x g / (|g| + eps): agreement to a twentieth of lr (see above)
+    assert all(torch.allclose(w1[n], w2[n], rtol=0, atol=5e-5) for n in w1)
+
+
 def test_what_data_parallelism_cannot_do_yet_is_refused_in_one_line():
     from evotrainer.errors import UsageError
     from evotrainer.runtime import Runtime
     from evotrainer.trainer.backends import check_backend
-    with pytest.raises(UsageError, match="data_parallel 2 needs backend: embedded"):
-        Runtime("trl", data_parallel=2).validate()
+    knobs = load_harness(None).knobs  # the reference: 64 prompts x 8
+    with pytest.raises(UsageError, match="data_parallel 3 does not divide the batch of 512 rollouts"):
+        check_backend(Runtime("trl", data_parallel=3), knobs)
+    check_backend(Runtime("trl", data_parallel=2), knobs)
     with pytest.raises(UsageError, match="data_parallel must be an integer >= 1, got 0"):
         Runtime(data_parallel=0).validate()
     with pytest.raises(UsageError, match="cannot train the multi-turn task vault yet"):

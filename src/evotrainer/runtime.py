@@ -17,7 +17,7 @@ a harness choice (an agent may not move the run to another device or backend).
     data_parallel: training processes per segment, each with a copy of the model and a share
         of every step's prompts (whole groups), their gradients summed before each step so the
         update is the one process's (trainer/distributed.py); one per GPU on CUDA (a job is
-        given that many), gloo on a CPU. Embedded backend, single-turn tasks.
+        given that many), gloo on a CPU. Both backends (TRL under accelerate, its DDP), single-turn tasks.
     report_to: the run's trackers (config `tracking.report_to`), passed to TRL as its own
         `report_to`, so a TRL job also logs TRL's metrics into its train directory.
 """
@@ -54,9 +54,6 @@ class Runtime:
             raise UsageError(f"vllm_mode must be one of {', '.join(VLLM_MODES)}, got '{self.vllm_mode}'")
         if not isinstance(self.data_parallel, int) or self.data_parallel < 1:
             raise UsageError(f"data_parallel must be an integer >= 1, got {self.data_parallel!r}")
-        if self.data_parallel > 1 and self.backend != "embedded":
-            raise UsageError(f"data_parallel {self.data_parallel} needs backend: embedded (the TRL backend over "
-                             "several processes, with accelerate, is not wired yet)")
         if self.data_parallel > 1 and self.policy.dtype == "fp16":
             raise UsageError("data_parallel > 1 with dtype fp16: each rank's gradient scaler would skip steps on its "
                              "own; use bf16 or fp32")

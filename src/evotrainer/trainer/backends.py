@@ -50,7 +50,7 @@ def run_embedded(model, tok, task, harness, seed: int, steps: int, log, optimize
 def run_trl(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
             runtime, sample_seed: int | None = None, world=None) -> dict:
     from evotrainer.trainer.trl_backend import run_trl as train_with_trl
-    return train_with_trl(model, tok, task, harness, seed, steps, log, optimizer_state, runtime, sample_seed)
+    return train_with_trl(model, tok, task, harness, seed, steps, log, optimizer_state, runtime, sample_seed, world)
 
 
 BACKENDS = {

@@ -45,6 +45,15 @@ class World:
         dist.all_gather_object(out, obj)
         return out
 
+    def same_start(self, params) -> None:
+        """Every rank's parameters set to rank 0's (as DDP does when it wraps a model): a new
+        LoRA adapter's random init must not depend on each process's random state."""
+        if not self.parallel:
+            return
+        with torch.no_grad():
+            for p in params:
+                dist.broadcast(p.data, src=0)
+
     def sum_gradients(self, params) -> None:
         """Each parameter's gradient summed over the ranks, in place (one flat all-reduce)."""
         if not self.parallel:

@@ -106,6 +106,7 @@ class GRPOTrainer:
         elif k.kl_coef > 0:
             self.ref = (copy.deepcopy(model).eval().requires_grad_(False), contextlib.nullcontext)
         self.params = trainable(model)
+        self.world.same_start(self.params)
         self.opt = make_adamw(model, k)
         # fp16 autocast needs loss scaling, or small gradients underflow to zero
         self.scaler = torch.amp.GradScaler(self.device.type) if self.policy.compute_dtype() == torch.float16 else None

@@ -16,11 +16,19 @@ TRL samples, computes the loss and steps the optimizer; the harness enters at fo
   trainer writes, through the same SegmentLog.
 
 What TRL cannot express is refused before training (trl_mapping.trl_refusals).
-Single process only: groups are whole within the one process that trains.
+
+Data parallelism (`data_parallel` N > 1, trainer/distributed.py's processes): TRL runs under
+accelerate as N processes, each with a copy of the model and a contiguous 1/N of every
+sampled batch's rows, DDP averaging the gradients. Every process reads the whole prompt
+stream (TRL's iterable path shards batches, it does not dispatch them), so prompt ids agree;
+the reward function gathers the batch's rows from every process and runs the harness's
+signal on all of them (a group may straddle two processes), so each process holds the
+signal one process would compute and keeps its own rows of it; rank 0 writes the evidence.
 """
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -32,6 +40,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from evotrainer.harness.rollouts import Rollouts
 from evotrainer.harness.signal import Signal, harness_signal
+from evotrainer.trainer.distributed import World
 from evotrainer.trainer.grpo import UpdateStats, finish_step
 from evotrainer.trainer.levels import LevelPicker
 from evotrainer.trainer.optim import lr_at, make_adamw, resume_adamw
@@ -50,8 +59,9 @@ class Batch:
     truncated: torch.Tensor
     signal: Signal
     judged: list                       # the task's Judgements, one per row
-    logp_sum: torch.Tensor = None      # [B] sum of the sampling policy's token log-probs
-    entropy_sum: torch.Tensor = None   # [B] sum of its per-token entropies
+    mine: slice                        # this process's rows of the batch (all of them in one process)
+    logp_sum: torch.Tensor = None      # [rows of mine] sum of the sampling policy's token log-probs
+    entropy_sum: torch.Tensor = None   # [rows of mine] sum of its per-token entropies
     stats: UpdateStats = field(default_factory=UpdateStats)
     started: float = 0.0
     generate_s: float = 0.0
@@ -69,8 +79,10 @@ class GatedAdamW(torch.optim.AdamW):
 class HarnessGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer with the harness's reward, filter, advantage and curriculum."""
 
-    def __init__(self, *args, task, harness, chat_template: bool, seed: int, log, steps_before: int = 0, **kwargs):
+    def __init__(self, *args, task, harness, chat_template: bool, seed: int, log, steps_before: int = 0,
+                 world: World | None = None, **kwargs):
         self.task, self.harness, self.segment_log = task, harness, log
+        self.world = world or World()
         self.evo_chat_template = chat_template  # (TRL sets its own self.chat_template)
         self.level_picker = LevelPicker(harness, task, seed)
         self.stream = task.train_stream(seed)
@@ -105,37 +117,44 @@ class HarnessGRPOTrainer(GRPOTrainer):
 
     # -- reward, filter, advantage -------------------------------------------------------
     def harness_reward(self, prompts, completions, completion_ids, pid, **_):
-        """TRL's reward function: verifier scores, then the harness's signal for the whole batch."""
-        problems = [self.problems[i] for i in pid]
+        """TRL's reward function: verifier scores of this process's rows, then the harness's
+        signal for the whole batch (every process's rows, gathered); this process's rewards."""
         ended = [bool(ids) and ids[-1] in self.stop_ids for ids in completion_ids]
         texts = decode_ids(self.processing_class, [ids[:-1] if e else ids for ids, e in zip(completion_ids, ended)])
-        judged = self.task.judge_many(problems, texts)
+        judged = self.task.judge_many([self.problems[i] for i in pid], texts)
+        shares = self.world.gather((list(pid), texts, judged, [len(ids) for ids in completion_ids], ended))
+        start = sum(len(share[0]) for share in shares[:self.world.rank])
+        pid, texts, judged, lengths, ended = (sum((list(share[i]) for share in shares), []) for i in range(5))
+        problems = [self.problems[i] for i in pid]
         scores = torch.tensor([j.score for j in judged], dtype=torch.float32)
-        lengths = torch.tensor([len(ids) for ids in completion_ids])
-        truncated = torch.tensor([not e for e in ended])
+        lengths, truncated = torch.tensor(lengths), torch.tensor([not e for e in ended])
         sig = harness_signal(self.harness, Rollouts(problems, texts, scores, lengths, truncated, self.G, self.budget))
-        self.rollout_batch = Batch(problems, texts, scores, lengths, truncated, sig, judged,
-                           logp_sum=torch.zeros(len(problems)), entropy_sum=torch.zeros(len(problems)),
-                           started=self._batch_start, generate_s=self._generate_s)
+        mine = slice(start, start + len(completion_ids))
+        self.rollout_batch = Batch(problems, texts, scores, lengths, truncated, sig, judged, mine,
+                                   logp_sum=torch.zeros(len(completion_ids)), entropy_sum=torch.zeros(len(completion_ids)),
+                                   started=self._batch_start, generate_s=self._generate_s)
         self.level_picker.observe([p.level for p in problems[::self.G]], scores.view(-1, self.G).mean(1).tolist())
-        return sig.rewards.tolist()
+        return sig.rewards[mine].tolist()
 
     def _generate_and_score_completions(self, inputs):
         self._batch_start = getattr(self, "_last_step_end", None) or time.perf_counter()
         out = super()._generate_and_score_completions(inputs)
-        sig, dev = self.rollout_batch.signal, out["advantages"].device
-        keep = sig.row_keep.to(dev)
-        adv = sig.advantages.to(dev)
-        if LOSS_TYPES[self.harness.knobs.loss_agg] != "dapo" and bool(keep.any()):
-            # TRL's per-sequence losses average over every row of a micro-batch; scaling the
-            # advantages by rows / kept rows makes that the mean over kept rows, as ours
-            # (the clipped surrogate is linear in the advantage)
-            adv = adv * (len(keep) / keep.sum())
+        b, dev = self.rollout_batch, out["advantages"].device
+        kept = int(b.signal.row_keep.sum())  # over the whole batch: every process steps, or none
+        keep = b.signal.row_keep[b.mine].to(dev)
+        adv = b.signal.advantages[b.mine].to(dev)
+        if LOSS_TYPES[self.harness.knobs.loss_agg] != "dapo" and kept:
+            # TRL's per-sequence losses average over every row of a micro-batch (and DDP over
+            # the processes' equal shares); scaling the advantages by rows / kept rows makes
+            # that the mean over kept rows, as ours (the clipped surrogate is linear in it)
+            adv = adv * (len(b.signal.row_keep) / kept)
         out["advantages"] = adv
         out["tool_mask"] = keep[:, None].expand_as(out["completion_mask"]).to(out["completion_mask"].dtype)
-        out["num_items_in_batch"] = (out["completion_mask"] * out["tool_mask"]).sum()
+        # the token mean's denominator: kept tokens over every process's rows (TRL divides it by
+        # the process count, and DDP's average of the processes' gradients makes it whole again)
+        out["num_items_in_batch"] = self.accelerator.gather((out["completion_mask"] * out["tool_mask"]).sum()).sum()
         out["row_index"] = torch.arange(len(keep), device=dev)
-        getattr(self.optimizer, "optimizer", self.optimizer).skip = not bool(keep.any())  # accelerate wraps it
+        getattr(self.optimizer, "optimizer", self.optimizer).skip = not kept  # accelerate wraps it
         return out
 
     # -- evidence from the loss forward ---------------------------------------------------
@@ -174,13 +193,18 @@ class HarnessGRPOTrainer(GRPOTrainer):
     # -- one sampled batch done -----------------------------------------------------------
     def batch_done(self) -> None:
         """After the last optimizer step on a batch: its metrics and records, as the embedded trainer's."""
-        b = self.rollout_batch
+        b, world = self.rollout_batch, self.world
         self.batches_done += 1
         now = time.perf_counter()
+        logp, entropy = (torch.cat(world.gather(x)) for x in (b.logp_sum, b.entropy_sum))
+        stats = UpdateStats.total(world.gather(b.stats))
+        stats.loss /= world.size  # each process's loss is its share's; DDP trains on their mean
         m, recs = finish_step(self.batches_done, b.problems, b.texts, b.scores, b.signal, b.lengths, b.truncated,
-                              b.logp_sum, b.entropy_sum, b.stats,
-                              lr_at(self.harness.knobs, self.steps_before + self.batches_done),
+                              logp, entropy, stats, lr_at(self.harness.knobs, self.steps_before + self.batches_done),
                               now - b.started, b.generate_s, b.judged)
+        if self.segment_log is None:  # a data-parallel process past the first records nothing
+            self._last_step_end = now
+            return
         self.segment_log.record(m.to_dict(), recs, self.model, self.processing_class)
         if self.args.report_to and self.args.report_to != ["none"]:
             # to the trackers TRL was given: our step's metrics beside TRL's own averages (TRL's
@@ -217,16 +241,33 @@ def tracker_files(report_to, out: Path) -> None:
         os.environ.setdefault("TRACKIO_DIR", str(out / "trackio"))
 
 
+def accelerate_world(world: World) -> None:
+    """Tell accelerate (which TRL's Trainer builds) this process's place among the segment's
+    processes, the way `accelerate launch` would: the process group is already joined
+    (distributed.join), so accelerate adopts it; OMP_NUM_THREADS keeps the threads the job
+    chose (unset, accelerate resets them to cores / processes). This process is the job's own."""
+    if not world.parallel:
+        return
+    os.environ.update(RANK=str(world.rank), LOCAL_RANK=str(world.rank), WORLD_SIZE=str(world.size),
+                      LOCAL_WORLD_SIZE=str(world.size), OMP_NUM_THREADS=str(torch.get_num_threads()))
+
+
 def run_trl(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
-            runtime, sample_seed: int | None = None) -> dict:
+            runtime, sample_seed: int | None = None, world: World | None = None) -> dict:
     """Backend entry point (backends.py): train `steps` sampled batches with TRL."""
     import transformers
-    k = harness.knobs
+    k, world = harness.knobs, world or World()
     transformers.logging.set_verbosity_error()
-    tracker_files(runtime.report_to, log.out_dir / "trl")
-    # TRL's seed drives its sampling; our level picker and stream draw the data from `seed`
-    kwargs = grpo_config_kwargs(k, runtime, task.max_new_tokens, seed if sample_seed is None else sample_seed, steps,
-                                str(log.out_dir / "trl"))
+    accelerate_world(world)
+    if log is not None:
+        out = log.out_dir / "trl"
+        tracker_files(runtime.report_to, out)
+    else:  # a data-parallel process past the first: TRL saves and logs on the first only
+        out = Path(tempfile.gettempdir(), f"evotrainer-trl-rank-{world.rank}")
+    # TRL's seed drives its sampling (each process its own stream, as the embedded trainer's
+    # ranks); our level picker and stream draw the data from `seed`
+    sampling = (seed if sample_seed is None else sample_seed) + world.rank
+    kwargs = grpo_config_kwargs(k, runtime, task.max_new_tokens, sampling, steps, str(out))
     if "activation_checkpointing" in {f.name for f in fields(GRPOConfig)}:  # transformers 5's name
         kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
     config = GRPOConfig(**kwargs)
@@ -237,7 +278,7 @@ def run_trl(model, tok, task, harness, seed: int, steps: int, log, optimizer_sta
         opt, lambda s: lr_at(k, steps_before + s // k.num_iterations + 1) / k.lr)
     trainer = HarnessGRPOTrainer(model=model, args=config, processing_class=tok, optimizers=(opt, sched),
                                  task=task, harness=harness, chat_template=runtime.policy.chat_template, seed=seed,
-                                 log=log, steps_before=steps_before)
+                                 log=log, steps_before=steps_before, world=world)
     trainer.remove_callback(transformers.PrinterCallback)
     trainer.train()
     return {"optimizer": opt.state_dict(), "steps": steps_before + steps}

@@ -43,13 +43,23 @@ def trl_refusals(knobs, runtime) -> list[str]:
         out.append(f"entropy_coef > 0 under loss_agg {knobs.loss_agg}: TRL's entropy bonus is a token mean "
                    "whatever the loss type; use loss_agg: token_mean, entropy_coef: 0, or backend: embedded")
     batch = knobs.prompts_per_step * knobs.group_size
+    processes = runtime.data_parallel
+    if batch % processes:
+        out.append(f"data_parallel {processes} does not divide the batch of {batch} rollouts (prompts_per_step x "
+                   "group_size; each process takes an equal share); pick a divisor of it")
+        return out
+    if knobs.entropy_coef and processes > 1:
+        out.append(f"entropy_coef > 0 with data_parallel {processes}: TRL averages its entropy bonus per process, "
+                   "ours over the whole batch; use entropy_coef: 0, data_parallel: 1, or backend: embedded")
+    rows = batch // processes  # one process's share
     if knobs.entropy_coef and 0 < runtime.micro_batch_size < batch:
         # micro-batches hold different numbers of tokens, so a mean of their means is not the batch's
         out.append(f"entropy_coef > 0 with micro_batch_size {runtime.micro_batch_size} (of a batch of {batch} "
                    "rollouts): TRL averages its entropy bonus per micro-batch, ours over the whole batch; use "
                    "micro_batch_size: 0, entropy_coef: 0, or backend: embedded")
-    if runtime.micro_batch_size and batch % runtime.micro_batch_size:
-        out.append(f"micro_batch_size {runtime.micro_batch_size} does not divide the batch of {batch} rollouts "
+    if runtime.micro_batch_size and rows % runtime.micro_batch_size:
+        share = f"a process's {rows} of the batch's {batch} rollouts" if processes > 1 else f"the batch of {batch} rollouts"
+        out.append(f"micro_batch_size {runtime.micro_batch_size} does not divide {share} "
                    "(TRL accumulates whole micro-batches); pick a divisor of it")
     return out
 
@@ -57,10 +67,11 @@ def trl_refusals(knobs, runtime) -> list[str]:
 def grpo_config_kwargs(knobs, runtime, task_budget: int, seed: int, steps: int, output_dir: str) -> dict:
     """GRPOConfig arguments that train like the embedded trainer under the same harness: one
     generation of prompts_per_step x group_size rollouts per sampled batch, num_iterations
-    optimizer steps on it (TRL counts each as a step), micro-batches accumulated."""
-    batch = knobs.prompts_per_step * knobs.group_size
-    micro = runtime.micro_batch_size or batch
-    accum = batch // micro
+    optimizer steps on it (TRL counts each as a step), micro-batches accumulated; under
+    data_parallel, each process's share of the rows in its own micro-batches."""
+    rows = knobs.prompts_per_step * knobs.group_size // runtime.data_parallel
+    micro = runtime.micro_batch_size or rows
+    accum = rows // micro
     device = runtime.policy.resolved_device()
     dtype = runtime.policy.compute_dtype()
     loss_type = LOSS_TYPES[knobs.loss_agg]
