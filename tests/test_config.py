@@ -114,7 +114,7 @@ def test_base_sft_settings_and_a_harness_beside_the_config(tmp_path):
     assert cfg.harness == str((tmp_path / "h").resolve())   # found from any working directory
     p = cfg.base.pretrain_config()
     assert (p.max_steps, p.batch_size, cfg.base.require_target) == (250, 32, False)
-    assert load_config_default_steps(tmp_path) == 1500
+    assert load_config_default_steps(tmp_path) == 1500  # the task's own
     cfg_file.write_text("task: vault\nbase:\n  max_steps: -1\n")
     with pytest.raises(UsageError, match="base.max_steps"):
         load_config(cfg_file)
@@ -123,7 +123,9 @@ def test_base_sft_settings_and_a_harness_beside_the_config(tmp_path):
 def load_config_default_steps(tmp_path):
     f = tmp_path / "d.yaml"
     f.write_text("task: vault\n")
-    return load_config(f).base.pretrain_config().max_steps
+    from evotrainer.catalog import get_task
+    from evotrainer.trainer.pretrain import resolved
+    return resolved(get_task("vault"), load_config(f).base.pretrain_config()).max_steps
 
 
 def test_a_ray_address_where_nothing_answers_stops_the_run_before_it_starts(tmp_path, capsys):

@@ -4,7 +4,8 @@ import shutil
 import pytest
 
 from evotrainer.catalog import get_task
-from evotrainer.trainer.pretrain import PretrainConfig, PretrainFailed, base_path, pretrain
+from evotrainer.trainer.pretrain import (PretrainConfig, PretrainFailed, announce, base_path, cache_key, pretrain,
+                                         resolved, stages_to_build)
 from evotrainer.policy import load_policy
 from evotrainer.tasks.keys import key_path, split_key
 
@@ -40,7 +41,7 @@ def test_pretrain_stops_at_the_target_accuracy(tmp_path):
     # 1-digit sums are learnt quickly; a low target stops long before max_steps
     cfg = PretrainConfig(max_steps=400, check_every=10, probe_size=20, batch_size=64, target_acc=0.3)
     seen = []
-    path, meta = pretrain(task, cfg, tmp_path / "a", progress=lambda step, loss, acc: seen.append(step))
+    path, meta = pretrain(task, cfg, tmp_path / "a", progress=lambda p: seen.append(p.step))
     assert meta["probe_acc"] >= 0.3 and meta["steps"] < 400
     # the smoothed mean of 3 checks describes the model at its middle check, which is the base
     assert meta["steps"] == seen[-1] - cfg.check_every
@@ -88,3 +89,32 @@ def test_a_task_may_stop_sft_on_sampled_accuracy_and_its_bases_get_their_own_key
     vault = get_task("vault")   # its own stop: 10% sampled at temperature 1; arith keeps 25% greedy
     assert (vault.sft_probe_temperature, resolved(vault, PretrainConfig()).target_acc) == (1.0, 0.1)
     assert resolved(task, PretrainConfig()).target_acc == 0.25 and resolved(task, cfg).target_acc == 0.5
+
+
+def test_each_task_builds_its_default_base_its_own_way_and_says_so_before_sft(tmp_path):
+    arith3 = get_task("arith", 3)
+    assert resolved(arith3, PretrainConfig()).warm_start == 2  # 3 digits from scratch: a long plateau
+    assert resolved(get_task("arith", 2), PretrainConfig()).warm_start == 0
+    assert resolved(arith3, PretrainConfig(warm_start=0)).warm_start == 0  # an explicit 0: from scratch
+    swe = get_task("swe-mini")
+    assert (resolved(swe, PretrainConfig()).max_steps, resolved(swe, PretrainConfig()).batch_size,
+            swe.sft_require_target) == (250, 32, False)
+    # recipes that did not change keep their cache keys, so bases already built stay valid
+    assert [cache_key(get_task("arith", 2), PretrainConfig()), cache_key(get_task("vault"), PretrainConfig()),
+            cache_key(arith3, PretrainConfig(target_acc=0.05, warm_start=2)),
+            cache_key(swe, PretrainConfig(max_steps=250, batch_size=32))] == \
+        ["914ec1475fba", "436ce22db219", "6cd2ca3af255", "2903f290b125"]
+    stages = stages_to_build(arith3, PretrainConfig(), tmp_path)
+    assert [s.label for s in stages] == ["arith level 2 from scratch", "arith level 3 from level 2's base"]
+    text = announce(stages)
+    assert "arith level 2 from scratch to 25% of a train probe, then arith level 3" in text
+    assert f"about {sum(s.typical for s in stages)} SFT steps" in text and "\n" not in text
+    assert all(s.typical > 0 for s in stages)
+    # another recipe was not measured: the cap is said instead of a time
+    assert "not measured for this recipe: at most 3000 SFT steps" in announce(
+        stages_to_build(arith3, PretrainConfig(target_acc=0.4), tmp_path))
+    # a stage already cached is not built again
+    two = base_path(get_task("arith", 2), PretrainConfig(), tmp_path)
+    two.mkdir(parents=True)
+    (two / "base_meta.json").write_text("{}")
+    assert [s.label for s in stages_to_build(arith3, PretrainConfig(), tmp_path)] == ["arith level 3 from level 2's base"]

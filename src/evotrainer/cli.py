@@ -37,9 +37,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _progress(transient: bool = False):
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
+                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
                     console=Console(stderr=True), transient=transient)
 
 
@@ -49,7 +50,7 @@ def _task(args):
 
 
 def _base(args, task):
-    from evotrainer.trainer.pretrain import PretrainConfig, pretrain
+    from evotrainer.trainer.pretrain import PretrainConfig, announce, pretrain, stages_to_build
     if getattr(args, "model", None):
         from evotrainer.policy.model import resolve_model
         from evotrainer.tasks.keys import split_key
@@ -57,12 +58,20 @@ def _base(args, task):
         task.use_key(split_key(f"model:{path}|{task.name}/{task.target_level}", args.cache_dir))
         return path, None
     cfg = PretrainConfig(target_acc=args.target_acc, seed=args.base_seed, warm_start=args.warm_start)
+    stages = stages_to_build(task, cfg, args.cache_dir)
+    if stages:  # said before SFT starts: what it builds, and how long that took when measured
+        print(announce(stages), file=sys.stderr)
     with _progress() as prog:
-        bar = prog.add_task("pretrain base", total=cfg.max_steps, info="")
-        path, meta = pretrain(task, cfg, args.cache_dir,
-                              progress=lambda s, loss, acc: prog.update(
-                                  bar, completed=s, info=f"loss {loss:.3f} probe acc {acc:.2f}"))
-        prog.update(bar, completed=meta["steps"], total=meta["steps"])
+        bars = {}
+
+        def show(p):  # a bar per stage; its ETA follows this machine's pace
+            if p.stage not in bars:
+                bars[p.stage] = prog.add_task(f"SFT {p.stage}", total=p.total, info="")
+            prog.update(bars[p.stage], completed=p.step, total=p.total,
+                        info=f"loss {p.loss:.3f} probe {p.probe_acc:.2f} of {p.target:.2f}")
+        path, meta = pretrain(task, cfg, args.cache_dir, progress=show)
+        for bar in bars.values():  # each stage stopped at its target: its bar full
+            prog.update(bar, total=prog.tasks[bar].completed)
     return path, meta
 
 
@@ -212,7 +221,6 @@ def _run_loop(cfg, out: Path) -> dict:
     from evotrainer.evolve.controller import ControlFailed, Controller
     from evotrainer.evolve.status import status
     from evotrainer.live import LiveView
-    from evotrainer.trainer.pretrain import PretrainConfig
     view = LiveView()
     say = view.say
 
@@ -221,12 +229,14 @@ def _run_loop(cfg, out: Path) -> dict:
             return view.set_stage(data["stage"])
         if kind == "training_progress":
             return view.training(data["title"], data["jobs"])
+        if kind == "base_plan":
+            return say(data["text"])
         if kind == "base_progress" and not view.console.is_terminal and data["step"] % 100 == 0:
-            say(f"building the base: SFT step {data['step']}, loss {data['loss']:.3f}, "
-                f"probe accuracy {data['probe_acc']:.2f}")  # a log has no live bar: milestones instead
-        if kind == "base_progress":  # steps of the SFT stage under way, against its cap
+            say(f"building the base, {data['stage']}: SFT step {data['step']}, loss {data['loss']:.3f}, "
+                f"probe accuracy {data['probe_acc']:.2f} of {data['target']:.2f}")  # a log has no live bar
+        if kind == "base_progress":  # steps of the SFT stage under way, against what it took when measured
             view.set_stage("building the base (SFT, cached afterwards)")
-            return view.training("base", [("SFT", data["step"], PretrainConfig().max_steps,
+            return view.training("base", [(data["stage"], data["step"], data["total"],
                                            f"loss {data['loss']:.3f} probe {data['probe_acc']:.2f}")])
         if kind == "trial_finished":
             val = data.get("val") or {}
@@ -366,8 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "sampled for vault); 0: the task's own (0.25; vault 0.1)")
         sp.add_argument("--base-seed", type=int, default=PretrainConfig().seed,
                         help="seed of the cached base's SFT (initialisation and data order)")
-        sp.add_argument("--warm-start", type=int, default=0, metavar="LEVEL",
-                        help="continue SFT from the default base for this lower level (0: from scratch)")
+        sp.add_argument("--warm-start", type=int, default=None, metavar="LEVEL",
+                        help="continue SFT from the default base for this lower level (0: from scratch; "
+                             "default: the task's own, arith from the level below from 3 digits up)")
 
     sp = sub.add_parser("pretrain", help="build (or reuse) the cached SFT base checkpoint")
     common(sp)

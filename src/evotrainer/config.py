@@ -82,10 +82,12 @@
     base:                        # the built-in tiny model's SFT base (when no `model` is given)
       target_acc: 0              # the cached base's SFT stops here (0: the task's own, 0.25; vault 0.1)
       seed: 0
-      warm_start: 0              # 0: SFT from scratch; N: continue from the level-N base
-      max_steps: 0               # SFT steps at most (0: pretrain's 1500)
-      batch_size: 0              # SFT batch (0: pretrain's 128); long episodes (swe-mini) want fewer
-      require_target: true       # false: keep the base SFT reached in max_steps, short of target_acc or not
+      warm_start: null           # 0: SFT from scratch; N: continue from the level-N base; null: the
+                                 # task's own (arith: the level below, from 3 digits up)
+      max_steps: 0               # SFT steps at most (0: the task's own, 1500; swe-mini 250)
+      batch_size: 0              # SFT batch (0: the task's own, 128; swe-mini 32: long episodes)
+      require_target: null       # false: keep the base SFT reached in max_steps, short of target_acc
+                                 # or not; null: the task's own (true; swe-mini false)
     budget:
       trials: 8                  # versions proposed, whatever becomes of them
       steps_per_segment: 50      # training steps a version adds (continue mode)
@@ -164,17 +166,16 @@ MOVED = {  # keys that only moved (one name, one meaning): still read, with one 
 class BaseConfig:
     target_acc: float = 0.0
     seed: int = 0
-    warm_start: int = 0
+    warm_start: int | None = None
     max_steps: int = 0
     batch_size: int = 0
-    require_target: bool = True
+    require_target: bool | None = None
 
     def pretrain_config(self):
-        """The PretrainConfig this section asks for (0: pretrain's own default)."""
+        """The PretrainConfig this section asks for (0 and None: the task's own, pretrain.resolved)."""
         from evotrainer.trainer.pretrain import PretrainConfig
-        d = PretrainConfig()
         return PretrainConfig(target_acc=self.target_acc, seed=self.seed, warm_start=self.warm_start,
-                              max_steps=self.max_steps or d.max_steps, batch_size=self.batch_size or d.batch_size)
+                              max_steps=self.max_steps, batch_size=self.batch_size)
 
 
 @dataclass(frozen=True)
@@ -367,7 +368,7 @@ class RunConfig:
             need(r.retries >= 0, "ray.retries", f"must be >= 0, got {r.retries}")
             need(importlib.util.find_spec("ray") is not None, "executor",
                  "is ray, but Ray is not installed: pip install 'evotrainer[ray]'")
-        need(self.base.warm_start >= 0, "base.warm_start", f"must be >= 0 (0: from scratch), got {self.base.warm_start}")
+        need(self.base.warm_start is None or self.base.warm_start >= 0, "base.warm_start", f"must be >= 0 (0: from scratch), got {self.base.warm_start}")
         need(0 <= self.base.target_acc <= 1, "base.target_acc",
              f"must be in [0, 1] (0: the task's own), got {self.base.target_acc}")
         need(self.base.max_steps >= 0 and self.base.batch_size >= 0, "base.max_steps",

@@ -373,6 +373,13 @@ class SweMiniEnv(Environment):
 
 class SweMiniTask(EnvTask):
     sft_check_every = 50  # a probe plays 200 whole repositories (~6 turns, sandboxed tests): not every 10 steps
+    # The default base is a short SFT on expert episodes: the tiny model learns the tool format,
+    # rarely the fix, so its probe stays short of the target and the base is kept anyway (a run
+    # that shows the loop; a real model, `--model`, is for scores). 1500 steps of 128 episodes
+    # were still running after 25 minutes.
+    sft_max_steps = 250
+    sft_batch_size = 32
+    sft_require_target = False
 
     def __init__(self, config: SweMiniConfig | None = None):
         self.config = config or SweMiniConfig()

@@ -80,11 +80,13 @@ def base_checkpoint(cfg: RunConfig, task: Task, model: str | None, on_event: Cal
     if model:  # absolute: a resume may start from another directory
         task.use_key(split_key(key_name(model, model, task)))
         return model
-    from evotrainer.trainer.pretrain import pretrain
+    from evotrainer.trainer.pretrain import announce, pretrain, stages_to_build
     b = cfg.base
+    stages = stages_to_build(task, b.pretrain_config())
+    if stages:
+        on_event("base_plan", {"text": announce(stages)})
     path, _ = pretrain(task, b.pretrain_config(), require_target=b.require_target,
-                       progress=lambda step, loss, acc: on_event(
-                           "base_progress", {"step": step, "loss": loss, "probe_acc": acc}))
+                       progress=lambda p: on_event("base_progress", {**dataclasses.asdict(p), "total": p.total}))
     return str(path)
 
 

@@ -70,6 +70,18 @@ class Task(ABC):
     # (bench/task_learning.py). Single-turn tasks keep greedy (and their cached bases).
     sft_probe_temperature: float = 0.0
     sft_target_acc: float = 0.25  # the SFT stop's probe accuracy, unless a config names its own
+    # The rest of the default base's recipe (pretrain.py), for a run that names no model and
+    # no other: SFT continued from the default base of level `sft_warm_start` (0: from
+    # scratch), at most `sft_max_steps` steps of `sft_batch_size`; `sft_require_target`
+    # False keeps the model SFT reached by then, short of the target or not.
+    sft_warm_start: int = 0
+    sft_max_steps: int = 1500
+    sft_batch_size: int = 128
+    sft_require_target: bool = True
+    # SFT steps building that base took when measured from an empty cache (this stage only,
+    # not its warm start): the estimate said before SFT starts, and the progress bar's length
+    # (its ETA follows the machine's pace). 0: not measured.
+    sft_typical_steps: int = 0
     key: bytes | None = None  # orders the val/test draws (tasks/keys.py); None: a public order (tests, library use)
     _draws: dict[int, list[int]] | None = None  # a worker's handed-in training indices (use_draws)
 

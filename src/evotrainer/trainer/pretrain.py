@@ -51,14 +51,15 @@ class PretrainConfig:
     seed: int = 0
     levels: tuple[int, ...] = ()    # SFT mix; empty: target level and the one below it
     # 0: SFT from a fresh initialisation. N: continue from the default base for level N
-    # (built or reused first). A target longer than anything a model saw is out of reach for a
-    # 1M-parameter model from scratch (4-digit from scratch: 1% after 1500 steps), but continued
-    # SFT from the 25% 3-digit base on a 2/3/4 mix reached 5% on a 4-digit probe in 1360 steps
-    # (164 s): a weak base on the target, where the harness matters.
-    warm_start: int = 0
+    # (built or reused first). None: the task's own (Task.sft_warm_start). A target longer
+    # than anything a model saw is out of reach for a 1M-parameter model from scratch (4-digit
+    # from scratch: 1% after 1500 steps), but continued SFT from the 25% 3-digit base on a
+    # 2/3/4 mix reached 5% on a 4-digit probe in 1360 steps (164 s): a weak base on the
+    # target, where the harness matters.
+    warm_start: int | None = None
     target_acc: float = 0.0         # stop once probe accuracy on the target level reaches this; 0: the task's own
-    max_steps: int = 1500
-    batch_size: int = 128
+    max_steps: int = 0              # 0: the task's own (Task.sft_max_steps, 1500 unless it says)
+    batch_size: int = 0             # 0: the task's own (Task.sft_batch_size, 128 unless it says)
     # 3e-3 (the prototype's) sat on a loss plateau of ~1.4 for 700+ steps on two seeds once
     # the train stream changed order, and collapsed later; 1e-3 broke through by step ~300
     # and climbed steadily (25% at ~480, 90% by 700), which a stop-at-target SFT needs.
@@ -95,7 +96,9 @@ class PretrainConfig:
 def resolved(task: Task, cfg: PretrainConfig) -> PretrainConfig:
     """The config with the task's own defaults filled in (what the cache key hashes)."""
     return replace(cfg, check_every=cfg.check_every or task.sft_check_every,
-                   target_acc=cfg.target_acc or task.sft_target_acc)
+                   target_acc=cfg.target_acc or task.sft_target_acc,
+                   warm_start=task.sft_warm_start if cfg.warm_start is None else cfg.warm_start,
+                   max_steps=cfg.max_steps or task.sft_max_steps, batch_size=cfg.batch_size or task.sft_batch_size)
 
 
 def cache_key(task: Task, cfg: PretrainConfig) -> str:
@@ -158,15 +161,74 @@ class PretrainFailed(RuntimeError):
     """SFT ended without reaching its target accuracy: nothing was cached."""
 
 
+@dataclass(frozen=True)
+class SftStage:
+    """One SFT a base still needs: `task` at its target level, under `cfg` (resolved)."""
+    task: Task
+    cfg: PretrainConfig
+
+    @property
+    def label(self) -> str:
+        start = f"from level {self.cfg.warm_start}'s base" if self.cfg.warm_start else "from scratch"
+        return f"{self.task.name} level {self.task.target_level} {start}"
+
+    @property
+    def typical(self) -> int:
+        """SFT steps the task's default base took when measured; 0 for another recipe."""
+        own = resolved(self.task, replace(PretrainConfig(), seed=self.cfg.seed))
+        return self.task.sft_typical_steps if self.cfg == own else 0
+
+
+@dataclass(frozen=True)
+class SftProgress:
+    """A probe check of one SFT stage, for a progress display."""
+    stage: str        # SftStage.label
+    step: int
+    expected: int     # steps the stage took when measured (0: not measured for this recipe)
+    cap: int          # max_steps
+    loss: float
+    probe_acc: float  # the smoothed probe the stop reads
+    target: float
+
+    @property
+    def total(self) -> int:
+        """The bar's length: the measured steps while the stage is within them, then the cap
+        (the stop comes at the target, whenever the probe reaches it)."""
+        return self.expected if self.step < self.expected else self.cap
+
+
+def stages_to_build(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path = DEFAULT_CACHE) -> list[SftStage]:
+    """The SFT stages `pretrain` would run, first to last: none when the base is cached."""
+    cfg = resolved(task, cfg)
+    if (base_path(task, cfg, cache_dir) / "base_meta.json").exists():
+        return []
+    sft = task.sft_task() if isinstance(task, EnvTask) else task
+    lower = stages_to_build(get_task(task.spec, cfg.warm_start), PretrainConfig(seed=cfg.seed), cache_dir) \
+        if cfg.warm_start in task.levels and cfg.warm_start < task.target_level else []
+    return lower + [SftStage(sft, cfg)]
+
+
+def announce(stages: list[SftStage]) -> str:
+    """What building a base will do and about how long it takes, said before it starts."""
+    what = ", then ".join(f"{s.label} to {s.cfg.target_acc:.0%} of a train probe" for s in stages)
+    took = (f"measured: about {sum(s.typical for s in stages)} SFT steps (the bar's ETA follows this machine)"
+            if all(s.typical for s in stages) else
+            f"not measured for this recipe: at most {sum(s.cfg.max_steps for s in stages)} SFT steps, "
+            "stopping at the target")
+    return f"Building the base model once (cached for later runs): {what}; {took}."
+
+
 def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path = DEFAULT_CACHE,
-             progress=None, require_target: bool = True) -> tuple[Path, dict]:
+             progress=None, require_target: bool | None = None) -> tuple[Path, dict]:
     """Return (checkpoint path, metadata), training only if the cache has no such base.
+    `progress`, if given, is called with an SftProgress at every probe check.
 
     A base that misses `target_acc` within `max_steps` would leave RL nothing to learn
     from (every group dead), so it raises PretrainFailed instead of being cached, unless
-    `require_target` is False.
+    `require_target` is False (None: the task's own, Task.sft_require_target).
     """
     cfg = resolved(task, cfg)
+    require_target = task.sft_require_target if require_target is None else require_target
     try:
         cfg.validate()
     except ValueError as e:
@@ -180,6 +242,12 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
     if meta_file.exists():
         return out, json.loads(meta_file.read_text())
     t0 = time.time()
+    stage = SftStage(task, cfg)
+
+    def shown(step: int, loss: float, acc: float) -> None:
+        if progress:
+            progress(SftProgress(stage.label, step, stage.typical, cfg.max_steps, loss, acc, cfg.target_acc))
+
     first = cfg.warm_start or task.target_level
     levels = list(cfg.levels) or [lv for lv in task.levels if first - 1 <= lv <= task.target_level] \
         or [task.target_level]
@@ -189,7 +257,7 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
                              f"one of {[lv for lv in task.levels if lv < task.target_level]}")
         start, _ = pretrain(get_task(task.spec, cfg.warm_start), PretrainConfig(seed=cfg.seed), cache_dir, progress)
         model, tok = load_policy(start, PolicyConfig(device="cpu"))  # the SFT below runs on the CPU
-        step, probe_acc = _sft(task, cfg, model, tok, cfg.seed, levels, progress, patience=None)
+        step, probe_acc = _sft(task, cfg, model, tok, cfg.seed, levels, shown, patience=None)
         attempts = 1
     else:
         tok = build_tokenizer()
@@ -197,7 +265,7 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
             seed = cfg.seed + RESTART_STRIDE * (attempts - 1)  # attempt 1 is the seed itself
             model = build_model(len(tok), cfg.hidden, cfg.layers, cfg.heads, cfg.ffn, seed=seed)
             last = attempts == cfg.restarts + 1
-            step, probe_acc = _sft(task, cfg, model, tok, seed, levels, progress, None if last else cfg.patience)
+            step, probe_acc = _sft(task, cfg, model, tok, seed, levels, shown, None if last else cfg.patience)
             if step is not None:
                 break
     if require_target and probe_acc < cfg.target_acc:
