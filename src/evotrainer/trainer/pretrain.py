@@ -243,10 +243,11 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
         return out, json.loads(meta_file.read_text())
     t0 = time.time()
     stage = SftStage(task, cfg)
+    label, expected = stage.label, stage.typical  # once, not at every probe check
 
     def shown(step: int, loss: float, acc: float) -> None:
         if progress:
-            progress(SftProgress(stage.label, step, stage.typical, cfg.max_steps, loss, acc, cfg.target_acc))
+            progress(SftProgress(label, step, expected, cfg.max_steps, loss, acc, cfg.target_acc))
 
     first = cfg.warm_start or task.target_level
     levels = list(cfg.levels) or [lv for lv in task.levels if first - 1 <= lv <= task.target_level] \
