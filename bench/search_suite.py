@@ -144,8 +144,11 @@ def search(raw: dict, strategy: str, r: int, out: Path) -> dict:
     label, versions, arm = ctl.winner_schedule()
     trials = ctl.store.trials()
     by_version = {t.version: t for t in trials if t.version}
+    # harness paths relative to the task's folder: the records are committed (bench/results) and
+    # read back on another machine, under another checkout path
     rec = {"strategy": strategy, "replicate": r, "seeds": cfg.seeds, "winner": label,
-           "holds": holds(by_version, versions[-1]), "harnesses": list(arm.harnesses), "steps": arm.steps,
+           "holds": holds(by_version, versions[-1]), "harnesses": [os.path.relpath(h, out) for h in arm.harnesses],
+           "steps": arm.steps,
            "base": ctl.base, "seconds": round(time.time() - t),
            "first_kept": next((t.id for t in trials if t.parents and t.label == "kept"), None),
            "trials": [{"id": t.id, "intervention": t.intervention, "label": t.label, "parents": t.parents,
@@ -260,13 +263,15 @@ def bench_task(config_path: Path, strategies: list[str], replicates: int, seeds:
         for s in strategies:
             runs[s].append(search(raw, s, r, out))
     first = runs[strategies[0]][0]
-    base, root = first["base"], out / f"{strategies[0]}-r0" / "harnesses" / "v0"
+    root = out / f"{strategies[0]}-r0" / "harnesses" / "v0"
     cfg = config_from_dict(config(raw, "greedy", 0, out)).validate()
+    base = same_base(cfg, first["base"])
     tuned_name, tuned_arm, sweep_val = tuned(raw, root, base, out)
     arms = {"default": Arm((str(root),), cfg.budget.total_steps), "tuned": tuned_arm}
     for rec in (rec for s in strategies for rec in runs[s]):
-        rec["arm"] = arm_key(rec["harnesses"], rec["steps"])
-        arms.setdefault(rec["arm"], Arm(tuple(rec["harnesses"]), rec["steps"]))
+        harnesses = [str(out / h) for h in rec["harnesses"]]  # an absolute path stays itself
+        rec["arm"] = arm_key(harnesses, rec["steps"])
+        arms.setdefault(rec["arm"], Arm(tuple(harnesses), rec["steps"]))
     scores = replays(cfg, arms, base, seeds, out, SegmentCache(cache_dir(out)))
     result = {"config": config_path.stem, "task": f"{cfg.task} level {cfg.level}", "trials": cfg.budget.trials,
               "total_steps": cfg.budget.total_steps, "seeds": seeds, "runs": runs, "scores": scores,
@@ -275,6 +280,17 @@ def bench_task(config_path: Path, strategies: list[str], replicates: int, seeds:
         result["transfer_from"] = transfer_from
     (out / ("result.json" if transfer_from is None else "transfer.json")).write_text(json.dumps(result, indent=2))
     return result
+
+
+def same_base(cfg, recorded: str) -> str:
+    """The base the task's searches started from, built again from the base cache if this
+    machine lacks it (records made elsewhere are read back); its cache key must be the one
+    the searches recorded, or their winners would be replayed from another base."""
+    base = setup.base_checkpoint(cfg, get_task(cfg.task, cfg.level), None, lambda kind, d: None)
+    if Path(base).name != Path(recorded).name:
+        raise SystemExit(f"error: the searches recorded base {Path(recorded).name}, this config builds "
+                         f"{Path(base).name}; run the task's searches again under a new --out")
+    return base
 
 
 def headroom(config_path: Path, seeds: list[int], out: Path) -> str:
@@ -357,7 +373,9 @@ def main() -> None:
                    choices=[s for s in STRATEGIES if s != "transfer"])
     p.add_argument("--replicates", type=int, default=3, help="searches per strategy, on different search seeds")
     p.add_argument("--seeds", type=int, default=5, help="fresh seeds every winner and reference is replayed on")
-    p.add_argument("--out", type=Path, default=ROOT / "bench-runs" / "search-suite")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "search-suite",
+                   help="where records go; the default is committed (its .gitignore keeps the small records: "
+                        "searches, harnesses, scores), so a task's part can span machines")
     p.add_argument("--merge", action="store_true", help="only print the report of the tasks finished under --out")
     p.add_argument("--transfer", action="store_true",
                    help=f"leave-one-task-out: each task's {TRANSFER_FROM} search again from the library the other "
