@@ -41,8 +41,9 @@ def test_the_shared_pool_holds_its_workers_across_callers_in_threads():
     """Two threads each run two sleeps on one shared pool of 2 workers: never more than 2 at
     once (without sharing, each call would start 2: 4 on 2 cores)."""
     from evotrainer.executors import Call, LocalPool
+    from evotrainer.sandbox.processes import usable_cores
     pool = LocalPool(2, HERE, shared=True)
-    assert pool.threads(1) == pool.threads(4) == max(1, (os.cpu_count() or 1) // 2)
+    assert pool.threads(1) == pool.threads(4) == max(1, usable_cores() // 2)
     spans = []
 
     def work():

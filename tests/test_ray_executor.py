@@ -183,7 +183,8 @@ def test_a_run_on_ray_records_the_same_lineage_as_on_the_local_pool(tmp_path, ck
     raw |= {"workers": 2, "search": raw["search"] | {"selection": "greedy"}}
     # the pool gives a job cores // workers threads, a Ray job num_cpus (1): the same on any machine,
     # so that both compute the same numbers and so take the same decisions
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    import evotrainer.executors.pool as pool
+    monkeypatch.setattr(pool, "usable_cores", lambda: 2)
     errors = []
 
     def local():  # beside the Ray run: neither keeps both cores busy all the time

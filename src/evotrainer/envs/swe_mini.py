@@ -372,13 +372,17 @@ class SweMiniEnv(Environment):
 # The task.
 
 class SweMiniTask(EnvTask):
-    sft_check_every = 50  # a probe plays 200 whole repositories (~6 turns, sandboxed tests): not every 10 steps
     # The default base is a short SFT on expert episodes: the tiny model learns the tool format,
     # rarely the fix, so its probe stays short of the target and the base is kept anyway (a run
-    # that shows the loop; a real model, `--model`, is for scores). 1500 steps of 128 episodes
-    # were still running after 25 minutes.
-    sft_max_steps = 250
-    sft_batch_size = 32
+    # that shows the loop; a real model, `--model`, is for scores). Probing is what cost most:
+    # an episode plays ~6 turns with sandboxed tests (a 10-episode probe took 177 s beside two
+    # other jobs), so 1500 steps of 128 episodes with a 200-episode probe every 50 steps were
+    # still running after 25 minutes. One small probe at the end says how far it got.
+    sft_max_steps = 150
+    sft_batch_size = 16
+    sft_check_every = 150
+    sft_probe_size = 20
+    sft_typical_steps = 150  # it runs to the cap: 150 steps, 68 s from an empty cache
     sft_require_target = False
 
     def __init__(self, config: SweMiniConfig | None = None):

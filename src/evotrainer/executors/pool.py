@@ -9,7 +9,6 @@ Backtests and diagnostics stay in local workers: they are short and read the run
 """
 from __future__ import annotations
 
-import os
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from evotrainer.executors.worker import Call, WorkerResult, run_all
+from evotrainer.sandbox.processes import usable_cores
+
 
 
 class Executor(ABC):
@@ -67,7 +68,7 @@ class LocalPool(Executor):
                        threads=self.threads(len(calls)), slots=self.slots)
 
     def threads(self, batch: int) -> int:
-        return max(1, (os.cpu_count() or 1) // (self._capacity if self.shared else self._workers(batch)))
+        return max(1, usable_cores() // (self._capacity if self.shared else self._workers(batch)))
 
     def part_of(self, batch: int) -> "LocalPool":
         if self.shared:  # the same slots, and a slot's threads whatever the batch
@@ -76,7 +77,7 @@ class LocalPool(Executor):
 
     @property
     def _capacity(self) -> int:
-        return self.workers or os.cpu_count() or 1
+        return self.workers or usable_cores()
 
     def _workers(self, batch: int) -> int:
-        return self.workers or min(os.cpu_count() or 1, max(batch, 1))
+        return self.workers or min(usable_cores(), max(batch, 1))

@@ -69,3 +69,14 @@ def tree(pid: int) -> list[int]:
         except (OSError, ValueError):
             continue
     return out
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (taskset, a cgroup cpuset, a
+    cluster's allocation), not every core the machine has. Jobs are given threads from this:
+    two processes whose threads outnumber the cores run many times slower, not twice (two
+    tiny GRPO jobs of 2 OpenMP threads each on 2 cores: 122 s for 20 steps, against 2.8 s
+    with 1 thread each), because OpenMP threads spin while they wait for the cores."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1

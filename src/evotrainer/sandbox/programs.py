@@ -141,7 +141,8 @@ def run_programs(programs: list[Program], timeout_s: float = 2.0, memory_mb: int
         from evotrainer.sandbox.processes import isolation
         level = isolation()
     if drivers is None:
-        drivers = min(os.cpu_count() or 1, 4, max(len(programs) // PER_DRIVER, 1))
+        from evotrainer.sandbox.processes import usable_cores
+        drivers = min(usable_cores(), 4, max(len(programs) // PER_DRIVER, 1))
     if level == _NAMESPACES and drivers > 1:  # (without namespaces, drivers would share one PID space)
         from concurrent.futures import ThreadPoolExecutor
         parts = [programs[i::drivers] for i in range(drivers)]

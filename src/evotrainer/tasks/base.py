@@ -64,6 +64,7 @@ class Task(ABC):
     # within a few steps needs finer checks for the stop to land inside the jump (vault's
     # went from 2% to 93% between two checks 10 steps apart)
     sft_check_every: int = 10
+    sft_probe_size: int = 200  # problems a check draws (a multi-turn task's episodes cost more)
     # The SFT probe samples at this temperature; 0: greedy. What RL sees is sampled, and a
     # multi-turn base can be right greedily and wrong when sampled: a vault base probed 37%
     # greedy and 0.6% at temperature 1, and RL from it collapsed on 2 of 3 seeds

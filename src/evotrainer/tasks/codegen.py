@@ -77,6 +77,8 @@ class CodegenTask(Task):
         self.split_size = self.config.split_size
         longest = max(len(f) for fs in FUNCTIONS.values() for f in fs)
         self.max_new_tokens = longest + 6  # the end token, and room to see an over-long program fail
+        # the default level's base took 100 SFT steps from an empty cache (bench/first_step.py)
+        self.sft_typical_steps = 100 if self.target_level == CodegenConfig().target_level else 0
 
     def problem_space(self, level: int) -> int:
         n = len(POINTS)

@@ -66,7 +66,7 @@ class PretrainConfig:
     lr: float = 1e-3
     warmup_steps: int = 20
     check_every: int = 0            # probe every this many steps; 0: the task's own (Task.sft_check_every)
-    probe_size: int = 200           # problems per check, a fresh draw each time
+    probe_size: int = 0             # problems per check, a fresh draw each time; 0: the task's own (200 unless it says)
     smooth: int = 3                 # the stop reads the mean of this many last checks
     # From scratch, SFT on addition sits on a loss plateau (~0.7) for a number of steps that
     # depends on the initialisation: seed 0 broke through by step ~450, seeds 1 and 2 were
@@ -83,8 +83,8 @@ class PretrainConfig:
     def validate(self) -> None:
         if not 0 < self.target_acc <= 1:
             raise ValueError(f"target_acc must be in (0, 1], got {self.target_acc}")
-        if self.max_steps < 1 or self.batch_size < 1:
-            raise ValueError("max_steps and batch_size must be positive")
+        if self.max_steps < 1 or self.batch_size < 1 or self.probe_size < 1:
+            raise ValueError("max_steps, batch_size and probe_size must be positive")
         if self.patience < 1 or self.restarts < 0:
             raise ValueError(f"patience must be >= 1 and restarts >= 0, got {self.patience} and {self.restarts}")
         if self.smooth < 1:
@@ -96,6 +96,7 @@ class PretrainConfig:
 def resolved(task: Task, cfg: PretrainConfig) -> PretrainConfig:
     """The config with the task's own defaults filled in (what the cache key hashes)."""
     return replace(cfg, check_every=cfg.check_every or task.sft_check_every,
+                   probe_size=cfg.probe_size or task.sft_probe_size,
                    target_acc=cfg.target_acc or task.sft_target_acc,
                    warm_start=task.sft_warm_start if cfg.warm_start is None else cfg.warm_start,
                    max_steps=cfg.max_steps or task.sft_max_steps, batch_size=cfg.batch_size or task.sft_batch_size)
@@ -262,10 +263,13 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
         attempts = 1
     else:
         tok = build_tokenizer()
-        for attempts in range(1, cfg.restarts + 2):
+        # restarts are for a target that must be reached; a base kept short of it is one capped
+        # attempt (the announcement said at most max_steps)
+        restarts = cfg.restarts if require_target else 0
+        for attempts in range(1, restarts + 2):
             seed = cfg.seed + RESTART_STRIDE * (attempts - 1)  # attempt 1 is the seed itself
             model = build_model(len(tok), cfg.hidden, cfg.layers, cfg.heads, cfg.ffn, seed=seed)
-            last = attempts == cfg.restarts + 1
+            last = attempts == restarts + 1
             step, probe_acc = _sft(task, cfg, model, tok, seed, levels, shown, None if last else cfg.patience)
             if step is not None:
                 break
