@@ -30,7 +30,7 @@ Every search and the sweep of a task share one segment cache (`cache.dir`), so a
 that two arms train on the same seeds (the root, a first move both searches pick) trains
 once; each search's record counts segments trained and reused.
 
-    .venv/bin/python bench/search_suite.py --tasks arith3-weak        # one task (~3 h on 2 cores)
+    .venv/bin/python bench/search_suite.py --tasks arith3-weak        # one task (3-5 h on 2 cores: more than a session)
     .venv/bin/python bench/search_suite.py --headroom --tasks vault3   # base, sweep, references only
     .venv/bin/python bench/search_suite.py --transfer --tasks codegen   # leave-one-task-out (after the others)
     .venv/bin/python bench/search_suite.py --merge                    # the report of every finished task
@@ -42,7 +42,9 @@ population search runs again from the union of the other tasks' libraries: trial
 first kept version and the test gain against the same search with an empty library, paired
 by replicate. Written to OUT/TASK/transfer.json beside the suite's result.json.
 
-A finished search, sweep or replay under --out is read back, not redone.
+A finished search, sweep or replay under --out is read back, not redone. The default --out,
+bench/results/search-suite, is kept by git (its .gitignore keeps the small records and none of
+the checkpoints): commit what finished and a later machine goes on from there.
 """
 from __future__ import annotations
 
@@ -130,6 +132,8 @@ def search(raw: dict, strategy: str, r: int, out: Path) -> dict:
     done = run / "search.json"
     if done.exists():
         return json.loads(done.read_text())
+    if (run / "lineage.sqlite").exists() and not (run / "versions").exists():
+        shutil.rmtree(run)  # a search another machine began and did not finish: its checkpoints are not here
     raw = config(raw, strategy, r, out)
     if strategy == "transfer":  # its own copy of the others' library: it learns into it as any run does
         if not (run / "lineage.sqlite").exists():

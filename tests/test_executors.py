@@ -1,4 +1,7 @@
 """Untrusted work runs in a worker process: hard kills, memory limits, labelled outcomes."""
+import os
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -109,6 +112,16 @@ def test_pool_caps_each_workers_threads():
     from evotrainer.executors import Call, run_all
     (r,) = run_all([Call(worker_targets.torch_threads)], workers=1, timeout_s=120, cwd=HERE, threads=1)
     assert r.value == [1, "1"]  # a tuple comes back as JSON
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2, reason="needs 2 cores")
+def test_a_pools_threads_and_workers_come_from_the_cores_this_process_may_use():
+    """Confined to one core (taskset, a cpuset), a pool runs one job at a time with one thread,
+    though the machine has more cores: more threads than cores spin against each other."""
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from evotrainer.executors import LocalPool; p = LocalPool(); print(p.threads(1), p._workers(4))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["1", "1"], out.stderr
 
 
 def test_the_fork_server_dies_with_its_caller():
