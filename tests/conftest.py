@@ -7,22 +7,22 @@ import pytest
 for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ[_var] = "1"
 
-# nothing lands in the user's cache or data: the tests' split keys, cached bases and skill
-# libraries stay in the clone (.gitignore'd), reused by its next test run. Set before
-# evotrainer is imported (evotrainer/paths.py reads them once) and inherited by every
-# command the tests start. Each pytest-xdist worker (scripts/test.sh runs two) has its own,
-# so that two never build one cached base or split key at once.
 # Each pytest-xdist worker runs on its own share of the cores (scripts/test.sh runs two on a
 # 2-core machine), and so does everything it starts: a job's threads come from the affinity
 # (sandbox.processes.usable_cores). Two workers whose torch threads outnumber the cores spin
-# against each other and run many times slower (measured: 20 tiny GRPO steps
-# took 122 s in each of two 2-thread processes, 2.8 s with 1 thread each). Set before torch loads.
+# against each other and run many times slower (20 tiny GRPO steps took 122 s in each of two
+# 2-thread processes, 2.8 s in each of two 1-thread ones). Set before torch loads.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw") and hasattr(os, "sched_setaffinity"):
     _cores, _n = sorted(os.sched_getaffinity(0)), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if _n > 1 and len(_cores) > 1:
         os.sched_setaffinity(0, _cores[int(_WORKER[2:]) % _n::_n] or _cores)
 
+# nothing lands in the user's cache or data: the tests' split keys, cached bases and skill
+# libraries stay in the clone (.gitignore'd), reused by its next test run. Set before
+# evotrainer is imported (evotrainer/paths.py reads them once) and inherited by every
+# command the tests start. Each pytest-xdist worker (scripts/test.sh runs two) has its own,
+# so that two never build one cached base or split key at once.
 TEST_HOME = Path(__file__).resolve().parents[1] / ".test-home" / os.environ.get("PYTEST_XDIST_WORKER", "main")
 os.environ["XDG_CACHE_HOME"] = str(TEST_HOME / "cache")
 os.environ["XDG_DATA_HOME"] = str(TEST_HOME / "data")

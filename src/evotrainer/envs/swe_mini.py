@@ -376,8 +376,9 @@ class SweMiniTask(EnvTask):
     # rarely the fix, so its probe stays short of the target and the base is kept anyway (a run
     # that shows the loop; a real model, `--model`, is for scores). Probing is what cost most:
     # an episode plays ~6 turns with sandboxed tests (a 10-episode probe took 177 s beside two
-    # other jobs), so 1500 steps of 128 episodes with a 200-episode probe every 50 steps were
-    # still running after 25 minutes. One small probe at the end says how far it got.
+    # other jobs): 250 steps of 32 with a 200-episode probe every 50 steps had not reached RL
+    # after 400 s (1500 of 128, before that, were still in SFT after 25 minutes). One small
+    # probe at the end says how far it got.
     sft_max_steps = 150
     sft_batch_size = 16
     sft_check_every = 150

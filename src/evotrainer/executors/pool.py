@@ -19,7 +19,6 @@ from evotrainer.executors.worker import Call, WorkerResult, run_all
 from evotrainer.sandbox.processes import usable_cores
 
 
-
 class Executor(ABC):
     def start(self) -> None:
         """Reach what runs the jobs and check it can run them, before any work (bad input
