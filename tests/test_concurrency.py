@@ -91,7 +91,7 @@ def test_two_trials_in_flight_from_different_specialists_each_recorded_once(tiny
     keys = [(c.state.version, c.state.depth) for c in controls]
     assert len(keys) == len(set(keys))
     # the report puts the trials on a time axis and names those that ran beside each other
-    from evotrainer.report.page import write_report
+    from evotrainer.report import write_report
     html = (run / "report.html").read_text() if write_report(run, engine="svg") else ""
     assert "Trials over time" in html and 'class="timeline"' in html and "1 and 2" in html
 

@@ -249,6 +249,33 @@ def test_rg_budget_fits_the_familys_answers():
     assert long.max_new_tokens > short.max_new_tokens
 
 
+def test_rg_composite_mixes_families_each_scored_by_its_own_and_its_spec_names_the_mix():
+    task = get_task("rg:composite")
+    assert task.spec == "rg:composite?families=basic_arithmetic:1,chain_sum:1,leg_counting:1"
+    assert get_task(task.spec).spec == task.spec  # a worker rebuilds the same task from its spec
+    probs = task.split("val", n=60)
+    sources = {p.entry["metadata"]["source_dataset"] for p in probs}
+    assert sources == {"basic_arithmetic", "chain_sum", "leg_counting"}
+    assert all(task.score(p, p.answer) == 1.0 and task.score(p, "garbage") == 0.0 for p in probs)
+    assert {p.id for p in probs}.isdisjoint(p.id for p in task.split("test", n=60))
+
+    weighted = get_task("rg:composite?families=chain_sum:9,leg_counting")
+    assert weighted.spec == "rg:composite?families=chain_sum:9,leg_counting:1"
+    counts = [p.entry["metadata"]["source_dataset"] for p in weighted.split("val", n=100)]
+    assert counts.count("chain_sum") > 70 and "basic_arithmetic" not in counts  # weights, and only the named
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("rg:composite?families=nope", r"unknown reasoning-gym family in rg:composite's families 'nope'; valid choices: .*chain_sum"),
+    ("rg:composite?families=chain_sum:0", r"weight of chain_sum .* must be a positive number, got '0'"),
+    ("rg:composite?families=chain_sum,chain_sum:2", r"chain_sum is named twice"),
+    ("rg:chain_sum?families=leg_counting", r"unknown option 'families' .*valid options: max_new_tokens"),
+])
+def test_rg_composite_bad_mix_is_one_usage_error(spec, message):
+    with pytest.raises(UsageError, match=message):
+        get_task(spec)
+
+
 # --------------------------------------------------------------------------- registry
 
 def test_unknown_task_names_valid_tasks():

@@ -323,7 +323,8 @@ def cmd_lineage(args) -> dict:
 def cmd_report(args) -> dict:
     from evotrainer.evolve.status import open_run
     from evotrainer.report import write_report
-    open_run(args.run).close()  # not a run: one line, exit 2
+    if not (args.run / "evidence.jsonl").is_file():  # a train directory has its own report
+        open_run(args.run).close()  # neither: one line, exit 2
     return write_report(args.run, args.out, args.engine)
 
 
@@ -487,8 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("lineage", help="the version tree of a run, with labels and fitness")
     sp.add_argument("run", type=Path)
     sp.set_defaults(fn=cmd_lineage)
-    sp = sub.add_parser("report", help="one self-contained HTML file of a run (finished or in progress); opens offline")
-    sp.add_argument("run", type=Path)
+    sp = sub.add_parser("report", help="one self-contained HTML file of a run (finished or in progress) or of a "
+                        "train directory (yours, or another trainer's rollouts); opens offline")
+    sp.add_argument("run", type=Path, help="a run directory, or a directory holding evidence.jsonl")
     sp.add_argument("--out", type=Path, default=None, help="the HTML file (default: RUN/report.html)")
     sp.add_argument("--engine", default="auto", help="charts: plotly (interactive; the `report` extra), svg (static, "
                     "no script) or auto (plotly where installed)")

@@ -170,6 +170,9 @@ def off_score_tracks(records: Sequence[RolloutRecord], adv: Sequence[float], kep
         idx = [idx[round(k * (len(idx) - 1) / (MAX_TRACK_GROUPS - 1))] for k in range(MAX_TRACK_GROUPS)]
     out = {}
     for name, feat in FEATURES.items():
+        if any(feat(records[i]) is None for g in idx for i in g):
+            out[name] = None  # not recorded (another trainer's export without log-probs)
+            continue
         a, f = [], []
         for g in idx:
             vals = [feat(records[i]) for i in g]

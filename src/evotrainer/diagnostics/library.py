@@ -255,14 +255,15 @@ def truncation_rate(ev: Evidence) -> float | None:
             suggest="exploration: raise the temperature, add an entropy bonus or a KL anchor")
 def mean_logprob(ev: Evidence) -> float | None:
     """Mean per-token log-prob of sampled tokens; above -0.05 is exploration collapse (EvoTrainer)."""
-    return mean(ev.column("mean_logprob"))
+    return mean(v for v in ev.column("mean_logprob") if v is not None)  # None: the trainer did not record it
 
 
 @register
 @diagnostic("model_state")
 def entropy_mean(ev: Evidence) -> float | None:
-    """Mean per-token entropy of the sampling distribution."""
-    return mean(ev.column("entropy"))
+    """Mean per-token entropy of the sampling distribution (per rollout, else the trainer's
+    per-step entropy: TRL logs only that)."""
+    return mean(_entropies(ev))
 
 
 @register
@@ -270,8 +271,15 @@ def entropy_mean(ev: Evidence) -> float | None:
             suggest="exploration: raise the temperature, add an entropy bonus or a KL anchor")
 def entropy_drop(ev: Evidence) -> float | None:
     """1 - entropy of the last window / entropy of the first."""
-    fl = _first_last(ev, "entropy")
-    return 1 - fl[1] / fl[0] if fl and fl[0] else None
+    if len(ev.step_numbers) < 4:
+        return None
+    a, b = mean(_entropies(ev.first)), mean(_entropies(ev.last))
+    return 1 - b / a if a and b is not None else None
+
+
+def _entropies(ev: Evidence) -> list[float]:
+    per_rollout = [v for v in ev.column("entropy") if v is not None]
+    return per_rollout or ev.step_metric("entropy")
 
 
 @register

@@ -1,12 +1,14 @@
 """Rollout evidence: one record per sampled completion, appended as JSON lines.
 
-Diagnostics and backtests read these without loading the model.
+Diagnostics and backtests read these without loading the model. Another trainer's export
+may leave out what it does not know (evidence/external.py: the documented form and its
+defaults); `read_evidence` completes such a file.
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
@@ -26,8 +28,8 @@ class RolloutRecord:
     advantage: float
     length: int          # completion tokens, end token included
     truncated: bool
-    mean_logprob: float  # mean log-prob of the sampled tokens under the sampling policy
-    entropy: float       # mean per-token entropy of the policy at those positions
+    mean_logprob: float | None  # mean log-prob of the sampled tokens under the sampling policy
+    entropy: float | None       # mean per-token entropy there (None: the trainer that wrote it did not say)
     kept: bool           # its group passed the group filter
     # multi-turn (agentic) tasks only; None where the task has no turns or tools
     turns: int | None = None          # policy turns
@@ -85,8 +87,15 @@ def _parsed(path: str, size: int, mtime_ns: int) -> tuple[RolloutRecord, ...]:
     return tuple(read_evidence(Path(path)))
 
 
+FIELDS = tuple(f.name for f in fields(RolloutRecord))
+_ALL = frozenset(FIELDS)
+
+
 def read_evidence(path: Path) -> Iterator[RolloutRecord]:
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield RolloutRecord(**json.loads(line))
+        rows = [json.loads(line) for line in f if line.strip()]
+    if any(row.keys() != _ALL for row in rows):  # another trainer's export: fill in what it left out
+        from evotrainer.evidence.external import complete
+        rows = complete(rows, FIELDS, str(path))
+    for row in rows:
+        yield RolloutRecord(**row)

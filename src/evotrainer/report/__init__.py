@@ -1,4 +1,4 @@
-"""The HTML report of a run: `write_report(run_dir)` (report/page.py)."""
-from evotrainer.report.page import write_report
+"""The HTML report of a run or of one train directory: `write_report(dir)` (report/write.py)."""
+from evotrainer.report.write import write_report
 
 __all__ = ["write_report"]

@@ -13,12 +13,11 @@ import importlib.util
 import json
 import math
 import time
-from pathlib import Path
 from typing import Callable
 
 from evotrainer.evolve.final import ci_name
 from evotrainer.report.charts import Chart, HLine, Series, plotly_div, svg
-from evotrainer.report.gather import CURVES, RunData, Version, gather
+from evotrainer.report.gather import CURVES, RunData, Version
 from evotrainer.report.timeline import overlaps, timeline_svg
 from evotrainer.report.tree import color, tree_svg
 
@@ -233,8 +232,8 @@ def diffs(versions: list[Version]) -> str:
 
 # ------------------------------------------------------------------ the page
 
-def render(data: RunData, engine: str = "auto") -> str:
-    engine = resolve_engine(engine)
+def drawing(engine: str) -> tuple[Callable[[list[Chart]], str], str]:
+    """A grid of charts drawn by `engine`, and the page's script (plotly's, inlined once)."""
     draw: Callable[[Chart], str] = plotly_div if engine == "plotly" else svg
     script = ""
     if engine == "plotly":
@@ -244,6 +243,21 @@ def render(data: RunData, engine: str = "auto") -> str:
     def grid(charts: list[Chart]) -> str:
         return '<div class="grid">' + "".join(f"<div>{draw(c)}</div>" for c in charts) + "</div>" if charts else \
             '<p class="muted">no data yet</p>'
+    return grid, script
+
+
+def page(title: str, heading: str, sections: list[tuple[str, str]], meta: dict, script: str, engine: str) -> str:
+    body = "".join(f'<h2 id="sec-{esc(t.lower().split(":")[0].replace(" ", "-"))}">{esc(t)}</h2>{s}' for t, s in sections)
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>evotrainer: {esc(title)}'
+            f'</title><style>{STYLE}</style>{script}<script type="application/json" id="report-meta">'
+            f'{json.dumps(meta)}</script></head><body><h1>{heading}</h1><p class="muted">written '
+            f'{time.strftime("%Y-%m-%d %H:%M:%S")} by <code>evotrainer report</code> ({engine} charts)</p>'
+            f"{body}</body></html>")
+
+
+def render(data: RunData, engine: str = "auto") -> str:
+    engine = resolve_engine(engine)
+    grid, script = drawing(engine)
 
     trained = [v for v in data.versions if v.val]
     gated = [v for v in data.versions if v.gain is not None]
@@ -273,22 +287,5 @@ def render(data: RunData, engine: str = "auto") -> str:
         ("Diffs", diffs(data.versions)),
         ("Config", f"<pre>{esc(data.config)}</pre>" if data.config else '<p class="muted">no config.yaml</p>'),
     ]
-    body = "".join(f'<h2 id="sec-{esc(t.lower().split(":")[0].replace(" ", "-"))}">{esc(t)}</h2>{s}' for t, s in sections)
-    meta = json.dumps({"run": str(data.run), "engine": engine, "state": data.status["state"]})
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>evotrainer: {esc(data.run.name)}'
-            f'</title><style>{STYLE}</style>{script}<script type="application/json" id="report-meta">{meta}'
-            f'</script></head><body><h1>evotrainer run <code>{esc(data.run)}</code></h1><p class="muted">written '
-            f'{time.strftime("%Y-%m-%d %H:%M:%S")} by <code>evotrainer report</code> ({engine} charts)</p>'
-            f"{body}</body></html>")
-
-
-def write_report(run_dir: Path | str, out: Path | str | None = None, engine: str = "auto") -> dict:
-    engine = resolve_engine(engine)   # a bad engine is refused before any reading
-    data = gather(run_dir)
-    path = Path(out) if out else Path(run_dir) / "report.html"
-    text = render(data, engine)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)  # a reader never sees half a report
-    return {"report": str(path), "bytes": path.stat().st_size, "engine": engine, "state": data.status["state"],
-            "trials": len(data.versions), "charts": text.count('class="chart"') + text.count("plotly-graph-div")}
+    return page(data.run.name, f"evotrainer run <code>{esc(data.run)}</code>", sections,
+                {"run": str(data.run), "engine": engine, "state": data.status["state"]}, script, engine)

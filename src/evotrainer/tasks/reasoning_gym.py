@@ -15,6 +15,10 @@ of (seed, index), and a dataset's construction does not depend on its size for a
 family, so each level is one dataset of `DATASET_SIZE` items with a seed fixed by the task, and
 a draw is `ds[rng.randrange(size)]`, not a new dataset per draw. The four families whose
 constructors do work per item get a smaller size (SIZE_CAPS).
+
+`rg:composite` is reasoning-gym's weighted mix of families, each at its defaults, every item
+scored by its own family: `rg:composite?families=chain_sum,basic_arithmetic:2` (a weight after
+a colon, 1 if none). Without `families` it is COMPOSITE_DEFAULT. It has one level (0).
 """
 from __future__ import annotations
 
@@ -37,12 +41,42 @@ SIZE_CAPS = {
     "list_functions": 1_000_000,  # likewise
     "word_ladder": 20_000,       # its config refuses more
 }
-BUDGET_SAMPLE = 64  # items of the target level whose longest answer sets the completion budget
+BUDGET_SAMPLE = 64
+# rg:composite without `families`: three short-answer numeric families, equally weighted
+COMPOSITE_DEFAULT = "basic_arithmetic:1,chain_sum:1,leg_counting:1"
+QUERY_KEYS = ("families",)  # only rg:composite takes it  # items of the target level whose longest answer sets the completion budget
 
 
 def families() -> list[str]:
     from reasoning_gym.factory import DATASETS
     return sorted(DATASETS)
+
+
+def parse_mix(families_option: str | None) -> tuple[tuple[str, float], ...]:
+    """`a,b:2` -> (("a", 1.0), ("b", 2.0)): rg:composite's families and weights, checked."""
+    text = COMPOSITE_DEFAULT if families_option is None else families_option
+    known = [f for f in families() if f != "composite"]
+    mix: list[tuple[str, float]] = []
+    for part in text.split(","):
+        name, _, weight = part.strip().partition(":")
+        if name not in known:
+            raise unknown("reasoning-gym family in rg:composite's families", name, known)
+        try:
+            w = float(weight) if weight else 1.0
+        except ValueError:
+            w = -1.0
+        if not w > 0 or w == float("inf"):
+            raise UsageError(f"weight of {name} in rg:composite's families must be a positive number, got '{weight}'")
+        if name in dict(mix):
+            raise UsageError(f"{name} is named twice in rg:composite's families")
+        mix.append((name, w))
+    return tuple(mix)
+
+
+def mix_text(mix: tuple[tuple[str, float], ...]) -> str:
+    """The canonical `families` value: every weight written, in the order given (it is the
+    order reasoning-gym samples by)."""
+    return ",".join(f"{n}:{w:g}" for n, w in mix)
 
 
 def level_configs(family: str) -> list[dict]:
@@ -72,11 +106,16 @@ class ReasoningGymTask(Task):
     sft_require_target = False
 
     def __init__(self, family: str, level: int | None = None, split_size: int = 200,
-                 max_new_tokens: int | None = None):
+                 max_new_tokens: int | None = None, mix: tuple[tuple[str, float], ...] | None = None):
         if family not in families():
             raise unknown("reasoning-gym family", family, families())
         self.family, self.configs = family, level_configs(family)
         self.name = self.spec = f"rg:{family}"
+        self.mix = None
+        if family == "composite":
+            from reasoning_gym.composite import DatasetSpec
+            self.mix = mix or parse_mix(None)
+            self.configs = [{"datasets": [DatasetSpec(n, w, {}) for n, w in self.mix]}]
         self.target_level = level or 0
         if not 0 <= self.target_level < len(self.configs):
             steps = f"1..{len(self.configs) - 1} (its reasoning-gym curriculum)" if len(self.configs) > 1 else "none"
@@ -85,7 +124,7 @@ class ReasoningGymTask(Task):
         # the defaults stand alone; curriculum levels are a ladder a curriculum can mix
         self.levels = (0,) if self.target_level == 0 else tuple(range(1, len(self.configs)))
         self.split_size = split_size
-        self.size = SIZE_CAPS.get(family, DATASET_SIZE)
+        self.size = min(SIZE_CAPS.get(f, DATASET_SIZE) for f in ([n for n, _ in self.mix] if self.mix else [family]))
         self._datasets: dict[int, object] = {}
         # the family decides the budget: the longest of a fixed sample of target-level answers
         # plus slack (budget_from_answers); the built-in character model writes one token per

@@ -55,7 +55,7 @@ def register(entry: Builtin) -> Builtin:
 # Families: a prefix or a shape over an open set of names (any reasoning-gym family, any
 # file, any importable factory, any installed entry point), so they cannot be registry
 # entries; each is a small resolver below, and these are their forms in help and errors.
-FAMILY_FORMS = ("rg:<family>", "jsonl:PATH[?verifier=exact|numeric|math]", "module:Factory", "file.py:Factory")
+FAMILY_FORMS = ("rg:<family>", "rg:composite[?families=a,b:2]", "jsonl:PATH[?verifier=exact|numeric|math]", "module:Factory", "file.py:Factory")
 
 
 Resolved = tuple[Task, str, dict[str, object]]  # the task, its canonical base and query
@@ -92,9 +92,13 @@ def _family(s: Spec, level: int | None, builtins: Registry[Builtin]) -> Resolved
     base = s.base
     query: dict[str, object] = dict(s.query)
     if base.startswith("rg:"):
-        from evotrainer.tasks.reasoning_gym import ReasoningGymTask  # imports reasoning-gym: only when asked
-        s.check_keys(GENERIC_KEYS)
-        return ReasoningGymTask(base[3:], level), base, query
+        from evotrainer.tasks import reasoning_gym as rg  # imports reasoning-gym: only when asked
+        family = base[3:]
+        s.check_keys(GENERIC_KEYS + (rg.QUERY_KEYS if family == "composite" else ()))
+        mix = rg.parse_mix(s.query.get("families")) if family == "composite" else None
+        if mix is not None:
+            query["families"] = rg.mix_text(mix)  # explicit: the spec means one mix forever
+        return rg.ReasoningGymTask(family, level, mix=mix), base, query
     if base.startswith("jsonl:"):
         from evotrainer.tasks import jsonl
         s.check_keys(GENERIC_KEYS + jsonl.QUERY_KEYS)

@@ -1,0 +1,1 @@
+"""Bridges from other trainers into evotrainer's evidence (integrations/trl.py: a TRL callback)."""
