@@ -1,4 +1,5 @@
 """Tasks: the arith generator and verifier, splits, train streams, the reasoning-gym adapter."""
+import json
 import random
 
 import pytest
@@ -297,3 +298,13 @@ def test_handed_draws_cover_the_levels_the_harness_curriculum_can_pick(tmp_path)
     assert set(draws) == {"2", "3"} and all(len(ix) == 7 * 64 + 16 for ix in draws.values())
     (h / "curriculum.py").write_text("def mine(s):\n    return {1: 1.0}\n")  # its own: it may pick any level
     assert set(handed_draws(task, h, 1, 5)) == {str(lv) for lv in task.levels}
+
+
+@pytest.mark.slow
+def test_rg_composite_trains_and_the_evaluator_scores_its_held_out_mix(tmp_path, tiny_qwen):
+    from helpers import cli
+    out = tmp_path / "out"
+    summary = cli("train", "--task", "rg:composite", "--model", tiny_qwen, "--steps", 2, "--out", out).json
+    records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
+    assert {r["prompt"] != "" for r in records} == {True} and 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1
+    assert json.loads((out / "run.json").read_text())["task"].startswith("rg:composite?families=")

@@ -7,10 +7,10 @@ importing envs/ would make the two a circle.
 """
 from __future__ import annotations
 
-from evotrainer.envs import swe_mini, vault  # noqa: F401  (each registers itself)
+from evotrainer.envs import swe_mini, textarena_games, trl_factory, vault  # noqa: F401  (each registers itself)
 from evotrainer.tasks import arith, codegen, humaneval  # noqa: F401
 from evotrainer.tasks.base import Task
-from evotrainer.tasks.registry import TASKS, resolve
+from evotrainer.tasks.registry import FAMILIES, TASKS, resolve
 
 
 def get_task(spec: str, level: int | None = None) -> Task:
@@ -27,7 +27,9 @@ def get_task(spec: str, level: int | None = None) -> Task:
       package.module:Factory         a Task subclass or factory importable as a module
       path/to/file.py:Factory        the same, loaded from a file
       NAME                           a factory registered in the `evotrainer.tasks` entry points
+      trl-env:module:Class[?data=F]  multi-turn: an environment written to TRL's environment_factory convention
+      textarena:GAME                 multi-turn: a single-player TextArena game (the `textarena` extra)
     The returned task's `spec` is canonical: `get_task(task.spec, level)` rebuilds it in any
     process and any cwd (absolute paths, query keys sorted).
     """
-    return resolve(spec, level, TASKS)
+    return resolve(spec, level, TASKS, FAMILIES)

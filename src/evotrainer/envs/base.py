@@ -140,6 +140,10 @@ class EnvTask(Task):
         """An expert's episode: (policy turn text, observation after it) per turn, for SFT."""
         raise NotImplementedError(f"{self.name} has no demonstrations: bring a base model")
 
+    def demonstrates(self) -> bool:
+        """Whether the task has demonstrations, so a default base can be built for it."""
+        return type(self).demonstration is not EnvTask.demonstration
+
     def sft_task(self) -> "EnvTask":
         """The task a base for this one is built on (a control that locks a tool: the open task)."""
         return self

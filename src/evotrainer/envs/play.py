@@ -33,6 +33,7 @@ class Played:
     truncated: bool = False
     stop: str = ""
     trace: Trace = field(default_factory=Trace)
+    prompt: str = ""  # the first observation: what reset said (an environment that deals from a seed writes it there)
 
     @property
     def turns(self) -> int:
@@ -55,7 +56,7 @@ def play(model, tok, envs: list[Environment], caps: Caps, stop_ids: list[int], *
     device = next(model.parameters()).device
     try:
         prompts = [env.reset(s) for env, s in zip(envs, seeds or range(len(envs)))]
-        out = [Played(Episode(ids)) for ids in prompt_token_ids(tok, prompts, chat_template)]
+        out = [Played(Episode(ids), prompt=text) for ids, text in zip(prompt_token_ids(tok, prompts, chat_template), prompts)]
         live = list(range(len(envs)))
         for _ in range(caps.max_turns):
             live = [i for i in live if not _out_of_room(out[i], envs[i], caps)]

@@ -44,18 +44,10 @@ from transformers import TrainerCallback
 from evotrainer.errors import UsageError
 from evotrainer.evidence.records import EvidenceWriter, RolloutRecord
 from evotrainer.evidence.external import prompt_id
+from evotrainer.envs.foreign import text_of
 
 HOOKS = ("_generate_and_score_completions", "_compute_loss", "_get_per_token_logps_and_entropies", "_logs")
 SUPPORTED = "trl>=1.16,<1.17"  # as pyproject's `trl` extra
-
-
-def text_of(x) -> str:
-    """A prompt or completion as text: conversational ones are lists of messages."""
-    if isinstance(x, str):
-        return x
-    if isinstance(x, list):
-        return "\n".join(str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in x)
-    return str(x)
 
 
 class EvidenceCallback(TrainerCallback):
@@ -130,7 +122,7 @@ class EvidenceCallback(TrainerCallback):
         self.pending = {
             "step": t.state.global_step + 1, "prompts": tail(logs["prompt"]), "completions": tail(logs["completion"]),
             "score": rewards[:, self.score_index].nan_to_num(0.0).tolist(),
-            "reward": (rewards.nan_to_num(0.0) * t.reward_weights.float()).sum(1).tolist(),
+            "reward": (rewards.nan_to_num(0.0) * t.reward_weights.detach().float().cpu()).sum(1).tolist(),
             "advantage": tail(logs["advantages"]),
             "answers": gather_object([str(x.get(self.answer_column, "")) for x in inputs]),
             "lengths": lengths, "ended": ended, "mask": mask.float(),

@@ -52,24 +52,45 @@ def register(entry: Builtin) -> Builtin:
     return TASKS.add(entry.name, entry)
 
 
+Resolved = tuple[Task, str, dict[str, object]]  # the task, its canonical base and query
+
+
+@dataclass(frozen=True)
+class Family:
+    """`PREFIX:rest`, an open set of names that an adapter outside tasks/ resolves (an
+    environment library's: `textarena:GuessTheNumber-v0`). `resolve(rest, spec, level)`
+    returns the task with its canonical base and query; it imports its library only then."""
+    prefix: str
+    form: str                                            # as help and errors show it
+    resolve: Callable[[str, Spec, int | None], Resolved]
+
+
+FAMILIES: Registry[Family] = Registry("task family")
+
+
+def register_family(entry: Family) -> Family:
+    return FAMILIES.add(entry.prefix, entry)
+
+
 # Families: a prefix or a shape over an open set of names (any reasoning-gym family, any
 # file, any importable factory, any installed entry point), so they cannot be registry
 # entries; each is a small resolver below, and these are their forms in help and errors.
 FAMILY_FORMS = ("rg:<family>", "rg:composite[?families=a,b:2]", "jsonl:PATH[?verifier=exact|numeric|math]", "module:Factory", "file.py:Factory")
 
 
-Resolved = tuple[Task, str, dict[str, object]]  # the task, its canonical base and query
-
-
-def resolve(spec: str, level: int | None, builtins: Registry[Builtin]) -> Task:
-    """The task `spec` names at `level`: a name in `builtins`, else one of the families.
-    Its `spec` is set canonical (see evotrainer.catalog.get_task)."""
+def resolve(spec: str, level: int | None, builtins: Registry[Builtin],
+            families: Registry[Family] | None = None) -> Task:
+    """The task `spec` names at `level`: a name in `builtins`, a `PREFIX:` of `families`,
+    else one of the families below. Its `spec` is set canonical (see evotrainer.catalog.get_task)."""
     s = parse_spec(spec)
     budget = s.max_new_tokens()   # checked before building: a bad value should not wait on a slow task
+    head, colon, rest = s.base.partition(":")
     if s.base in builtins.names():
         task, base, query = _builtin(builtins.get(s.base), s, level)
+    elif colon and families is not None and head in families.names():
+        task, base, query = families.get(head).resolve(rest, s, level)
     else:
-        task, base, query = _family(s, level, builtins)
+        task, base, query = _family(s, level, builtins, families)
     if budget is not None:
         task.max_new_tokens = budget
     task.spec = canonical(base, query)
@@ -88,7 +109,7 @@ def _builtin(entry: Builtin, s: Spec, level: int | None) -> Resolved:
     return task, s.base, query
 
 
-def _family(s: Spec, level: int | None, builtins: Registry[Builtin]) -> Resolved:
+def _family(s: Spec, level: int | None, builtins: Registry[Builtin], families: Registry[Family] | None) -> Resolved:
     base = s.base
     query: dict[str, object] = dict(s.query)
     if base.startswith("rg:"):
@@ -114,5 +135,6 @@ def _family(s: Spec, level: int | None, builtins: Registry[Builtin]) -> Resolved
         factory = user.entry_point_target(base)
         if factory is None:
             forms = [builtins.get(n).form for n in builtins.names()] + list(FAMILY_FORMS)
+            forms += [families.get(n).form for n in families.names()] if families is not None else []
             raise unknown("task", base, forms + user.entry_point_names())
     return user.build(factory, level, base), base, query

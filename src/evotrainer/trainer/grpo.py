@@ -15,7 +15,7 @@ import copy
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -148,6 +148,8 @@ class GRPOTrainer:
                                generator=self.sampler, top_k=k.top_k, top_p=k.top_p,
                                chat_template=self.policy.chat_template)
         gen = as_generation(self.played, self.tok.pad_token_id, self.T, self.device)
+        # the evidence keeps the prompt the policy saw (a seeded environment's problem holds only its seed)
+        rows = [p if p.prompt == pl.prompt else replace(p, prompt=pl.prompt) for p, pl in zip(rows, self.played)]
         self.judged = [Judgement(p.reward) for p in self.played]
         scores = torch.tensor([p.reward for p in self.played], dtype=torch.float32)
         return rows, gen, [p.transcript() for p in self.played], scores

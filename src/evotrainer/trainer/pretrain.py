@@ -204,6 +204,9 @@ def stages_to_build(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_di
     if (base_path(task, cfg, cache_dir) / "base_meta.json").exists():
         return []
     sft = task.sft_task() if isinstance(task, EnvTask) else task
+    if isinstance(sft, EnvTask) and not sft.demonstrates():
+        raise UsageError(f"{task.name} has no demonstrations to build the default base from: name a model "
+                         "(--model DIR, or `model:` in the run config)")
     lower = stages_to_build(get_task(task.spec, cfg.warm_start), PretrainConfig(seed=cfg.seed), cache_dir) \
         if cfg.warm_start in task.levels and cfg.warm_start < task.target_level else []
     return lower + [SftStage(sft, cfg)]

@@ -1,0 +1,176 @@
+"""Environments written for other libraries, as evotrainer tasks: each adapter's episodes, its
+held-out split, and the task through `evotrainer train` and a short `evotrainer run`."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from evotrainer.catalog import get_task
+from evotrainer.envs.base import FAIL, SUCCESS, TURN_CAP
+from evotrainer.errors import UsageError
+from evotrainer.harness.actions import ACTION_PARSERS
+from helpers import cli, write_harness
+from test_real_use import check_run, run_config
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SMALL = "max_turns=2&turn_tokens=24&split_size=8"  # plumbing on a CPU: short episodes, 8 held-out problems a split
+JSON = ACTION_PARSERS.get("json")
+
+
+def call(name: str, **args) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
+
+
+def calculator_rows(path: Path, n: int = 400) -> Path:
+    rng = random.Random(0)
+    pairs = [(rng.randrange(100), rng.randrange(100)) for _ in range(n)]
+    path.write_text("".join(json.dumps({"prompt": f"What is {a}+{b}?", "answer": str(a + b)}) + "\n" for a, b in pairs))
+    return path
+
+
+# --------------------------------------------------------------------------- TRL's environment_factory
+
+def test_a_trl_environment_factory_class_plays_its_tools_and_its_reward_is_the_score(tmp_path):
+    rows = calculator_rows(tmp_path / "rows.jsonl")
+    task = get_task(f"trl-env:{FIXTURES / 'trl_envs.py'}:Calculator?data={rows}")
+    assert task.spec == f"trl-env:{FIXTURES / 'trl_envs.py'}:Calculator?data={rows}"
+    assert get_task(task.spec).spec == task.spec
+    p = task.split("val", n=1)[0]
+    env = task.environment(p, JSON)
+    assert env.tools == {"add": ("a", "b"), "submit": ("value",)}
+    assert env.reset(0) == p.prompt + " Use the add tool."
+    a, b = map(int, p.prompt[len("What is "):-1].split("+"))
+    step = env.step(call("add", a=str(a), b=str(b)))       # arguments arrive as text, the tool gets ints
+    assert step.observation.strip() == str(a + b) and not step.terminated
+    step = env.step(call("add", a="x", b="1"))              # a tool that raises: its error, a failure
+    assert step.observation.startswith("error: ValueError") and env.trace.failures == 1
+    env.step(call("submit", value=str(a + b)))
+    end = env.step("the answer is above")                    # a turn without a tool call ends the episode
+    assert end.terminated and end.reward == 1.0 and end.info["stop"] == SUCCESS
+    assert env.trace.tools == ["add", "add", "submit"]
+
+    wrong = task.environment(p, JSON)
+    wrong.reset(0)
+    wrong.step(call("submit", value="-1"))
+    cut = wrong.truncate(TURN_CAP)                           # a cap: the reward of the state as it stands
+    assert cut.truncated and cut.reward == 0.0 and cut.info["stop"] == TURN_CAP
+
+
+def test_a_trl_environment_factorys_rows_split_by_the_held_out_hash_and_workers_get_only_training_rows(tmp_path):
+    rows = calculator_rows(tmp_path / "rows.jsonl")
+    task = get_task(f"trl-env:{FIXTURES / 'trl_envs.py'}:Calculator?data={rows}")
+    val, test = {p.id for p in task.split("val")}, {p.id for p in task.split("test")}
+    assert val and test and not val & test
+    view = task.train_view(tmp_path / "view")
+    worker = get_task(view)
+    seen = [json.loads(line)["id"] for line in Path(view.split("data=")[1].split("&")[0]).read_text().splitlines()]
+    assert not set(seen) & (val | test) and len(seen) == 400 - sum(task.held_out(task.row_problem(r)) for r in task.rows)
+    assert worker.name == task.name  # the same task to the hashes: streams and pools agree
+    assert task.data_files() == (str(rows),)
+
+
+def test_a_trl_environment_that_owns_its_problems_is_seeded_and_a_bad_spec_is_one_error(tmp_path):
+    task = get_task(f"trl-env:{FIXTURES / 'trl_envs.py'}:Counter?actions=plain&max_turns=6&split_size=30")
+    assert task.caps.max_turns == 6 and task.action_format == "plain" and len(task.split("val")) == 30
+    assert task.spec.endswith("Counter?actions=plain&max_turns=6&split_size=30")
+    p = task.split("test", n=1)[0]
+    env = task.environment(p, ACTION_PARSERS.get("plain"))
+    assert env.reset(0).startswith("Call up until the counter reads")
+    for _ in range(p.entry % 5 + 1):
+        env.step("up")
+    assert env.step("done").reward == 1.0
+    with pytest.raises(UsageError, match=r"give \?data=rows.jsonl"):
+        get_task(f"trl-env:{FIXTURES / 'trl_envs.py'}:Calculator")
+    with pytest.raises(UsageError, match="unknown option 'turns'"):
+        get_task(f"trl-env:{FIXTURES / 'trl_envs.py'}:Counter?turns=3")
+    with pytest.raises(UsageError, match="actions must be json or plain"):
+        get_task(f"trl-env:{FIXTURES / 'trl_envs.py'}:Counter?actions=xml")
+    with pytest.raises(UsageError, match="split_size must be a positive integer, got '0'"):
+        get_task(f"trl-env:{FIXTURES / 'trl_envs.py'}:Counter?split_size=0")
+
+
+def test_an_environment_without_demonstrations_asks_for_a_model_in_one_line(tmp_path):
+    from evotrainer.trainer.pretrain import stages_to_build
+    task = get_task(f"trl-env:{FIXTURES / 'trl_envs.py'}:Counter")
+    with pytest.raises(UsageError, match="trl-env:.*Counter has no demonstrations to build the default base from: "
+                                         "name a model"):
+        stages_to_build(task, cache_dir=tmp_path)
+    assert get_task("vault").demonstrates() and not task.demonstrates()
+
+
+@pytest.mark.slow
+def test_a_trl_environment_trains_with_the_embedded_backend_and_runs_a_short_evolution(tmp_path, tiny_qwen):
+    rows = calculator_rows(tmp_path / "rows.jsonl")
+    spec = f"trl-env:{FIXTURES / 'trl_envs.py'}:Calculator?data={rows}&{SMALL}"
+    out = tmp_path / "train"
+    summary = cli("train", "--task", spec, "--model", tiny_qwen, "--harness", write_harness(tmp_path / "h"),
+                  "--steps", 2, "--eval-every", 2, "--out", out).json
+    records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
+    assert records and all(r["turns"] >= 1 and r["stop"] in (SUCCESS, FAIL, TURN_CAP, "token_cap") for r in records)
+    assert all(r["score"] in (0.0, 1.0) for r in records)       # the environment's get_reward(), the score
+    assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1  # the evaluator played held-out rows
+    run = tmp_path / "run"
+    cli("run", run_config(tmp_path, spec, tiny_qwen), "--out", run, timeout=1200)
+    check_run(run)
+
+
+# --------------------------------------------------------------------------- TextArena
+
+def play_guess_the_number(env) -> tuple[float, str]:
+    """Binary search on the game's hints: a perfect player of GuessTheNumber-v0 (1..20)."""
+    lo, hi = 1, 20
+    obs = env.reset(0)
+    assert "Guess The Number" in obs
+    while True:
+        guess = (lo + hi) // 2
+        step = env.step(f"I guess [{guess}]")
+        if step.terminated:
+            return step.reward, step.info["stop"]
+        assert step.observation.startswith("[Player]") and "Guess The Number" not in step.observation  # only what is new
+        lo, hi = (guess + 1, hi) if "higher" in step.observation else (lo, guess - 1)
+
+
+def test_a_textarena_game_is_played_from_its_seed_and_scored_by_the_games_reward():
+    pytest.importorskip("textarena")
+    task = get_task("textarena:GuessTheNumber-v0")
+    assert task.spec == "textarena:GuessTheNumber-v0" and task.caps.max_turns == 12 and task.split_size == 100
+    val, test = task.split("val", n=20), task.split("test", n=20)
+    assert not {p.id for p in val} & {p.id for p in test}
+    assert all(p.id.startswith("seed-") and task.held_out(p) for p in val + test)
+    for p in val[:5]:
+        assert play_guess_the_number(task.environment(p, None)) == (1.0, SUCCESS)
+    env = task.environment(val[0], None)
+    env.reset(0)
+    env.step("no brackets")                              # TextArena lets one invalid move pass with a warning,
+    end = env.step("none again")                         # the second ends the game
+    assert end.terminated and end.info["stop"] == "invalid_action" and env.trace.failures == 1
+    assert 0.0 <= end.reward < 1.0
+    again = task.environment(val[0], None)               # the same seed deals the same game
+    assert again.reset(0) == task.environment(val[0], None).reset(0)
+
+
+def test_a_textarena_game_for_two_players_or_an_unknown_game_is_one_error():
+    pytest.importorskip("textarena")
+    with pytest.raises(UsageError, match="Chess-v0 is not a single-player game"):
+        get_task("textarena:Chess-v0")
+    with pytest.raises(UsageError, match="unknown TextArena game 'Nope-v0'; valid choices: .*GuessTheNumber-v0"):
+        get_task("textarena:Nope-v0")
+
+
+@pytest.mark.slow
+def test_a_textarena_game_trains_with_the_embedded_backend_and_runs_a_short_evolution(tmp_path, tiny_qwen):
+    pytest.importorskip("textarena")
+    spec = f"textarena:GuessTheNumber-v0?{SMALL}"
+    out = tmp_path / "train"
+    summary = cli("train", "--task", spec, "--model", tiny_qwen, "--harness", write_harness(tmp_path / "h"),
+                  "--steps", 2, "--eval-every", 2, "--out", out).json
+    records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
+    assert records and all(r["prompt"].startswith("[GAME] You are Player 0") for r in records)  # reset's, not the seed
+    assert all(0.0 <= r["score"] <= 1.0 and r["turns"] >= 1 for r in records)
+    assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1
+    run = tmp_path / "run"
+    cli("run", run_config(tmp_path, spec, tiny_qwen), "--out", run, timeout=1200)
+    check_run(run)
