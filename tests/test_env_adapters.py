@@ -174,3 +174,72 @@ def test_a_textarena_game_trains_with_the_embedded_backend_and_runs_a_short_evol
     run = tmp_path / "run"
     cli("run", run_config(tmp_path, spec, tiny_qwen), "--out", run, timeout=1200)
     check_run(run)
+
+
+# --------------------------------------------------------------------------- verifiers
+
+def verifiers_spec(load: str, query: str = "") -> str:
+    return f"verifiers:{FIXTURES / 'verifiers_envs.py'}:{load}" + (f"?{query}" if query else "")
+
+
+def test_a_verifiers_single_turn_env_is_scored_by_its_rubric_and_split_by_the_held_out_hash():
+    pytest.importorskip("verifiers")
+    task = get_task(verifiers_spec("load_single"))
+    assert task.spec == verifiers_spec("load_single") and task.problem_space(0) == 200
+    val, test = task.split("val"), task.split("test")
+    assert val and test and not {p.id for p in val} & {p.id for p in test}
+    p = val[0]
+    env = task.environment(p, None)
+    assert env.reset(0) == "system: Answer with the number.\nuser: " + p.prompt.split("user: ")[1]
+    end = env.step(f"It is {p.answer}")               # verifiers' own rollout ends after one turn
+    assert end.terminated and end.reward == 1.0 and end.info["stop"] == SUCCESS
+    env.close()
+    wrong = task.environment(p, None)
+    wrong.reset(0)
+    assert wrong.step("no idea").reward == 0.0
+    wrong.close()
+
+
+def test_a_verifiers_tool_env_runs_its_tools_through_the_policys_tool_calls_and_a_cap_scores_the_state():
+    pytest.importorskip("verifiers")
+    task = get_task(verifiers_spec("load_tools", "max_turns=4"))
+    p = task.split("test", n=1)[0]
+    a, b = p.prompt.split("What is ")[1].rstrip("?").split("+")
+    env = task.environment(p, None)
+    first = env.reset(0)
+    assert first.startswith("user: What is") and '"name": "add"' in first   # the tools are shown
+    step = env.step(call("add", a=int(a), b=int(b)))
+    assert step.observation == f"tool: {int(a) + int(b)}\n" and not step.terminated
+    end = env.step(f"The sum is {p.answer}")
+    assert end.terminated and end.reward == 1.0 and env.trace.tools == ["add"]
+    env.close()
+    cut = task.environment(p, None)
+    cut.reset(0)
+    cut.step(call("add", a=1, b=1))
+    stopped = cut.truncate(TURN_CAP)                   # the rubric scores the state as it stands
+    assert stopped.truncated and stopped.reward == 0.0 and stopped.info["stop"] == TURN_CAP
+    cut.close()
+
+
+def test_a_verifiers_spec_that_is_not_an_environment_is_one_error():
+    pytest.importorskip("verifiers")
+    with pytest.raises(UsageError, match="did not return a verifiers Environment"):
+        get_task(verifiers_spec("rows"))
+    with pytest.raises(UsageError, match="verifiers environment 'no-such-env' could not be loaded"):
+        get_task("verifiers:no-such-env")
+
+
+@pytest.mark.slow
+def test_a_verifiers_env_trains_with_the_embedded_backend_and_runs_a_short_evolution(tmp_path, tiny_qwen):
+    pytest.importorskip("verifiers")
+    spec = verifiers_spec("load_tools", SMALL)
+    out = tmp_path / "train"
+    summary = cli("train", "--task", spec, "--model", tiny_qwen, "--harness", write_harness(tmp_path / "h"),
+                  "--steps", 2, "--eval-every", 2, "--out", out).json
+    records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
+    assert records and all(r["prompt"].startswith("user: What is") and r["turns"] >= 1 for r in records)
+    assert all(r["score"] in (0.0, 1.0) for r in records)   # the rubric's reward
+    assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1
+    run = tmp_path / "run"
+    cli("run", run_config(tmp_path, spec, tiny_qwen), "--out", run, timeout=1200)
+    check_run(run)

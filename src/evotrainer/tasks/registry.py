@@ -75,7 +75,8 @@ def register_family(entry: Family) -> Family:
 # Families: a prefix or a shape over an open set of names (any reasoning-gym family, any
 # file, any importable factory, any installed entry point), so they cannot be registry
 # entries; each is a small resolver below, and these are their forms in help and errors.
-FAMILY_FORMS = ("rg:<family>", "rg:composite[?families=a,b:2]", "jsonl:PATH[?verifier=exact|numeric|math]", "module:Factory", "file.py:Factory")
+FAMILY_FORMS = ("rg:<family>", "rg:composite[?families=a,b:2]", "jsonl:PATH[?verifier=exact|numeric|math]",
+                "module:Factory", "file.py:Factory")
 
 
 def resolve(spec: str, level: int | None, builtins: Registry[Builtin],
