@@ -1,5 +1,8 @@
 """Environments written for other libraries, as evotrainer tasks: each adapter's episodes, its
-held-out split, and the task through `evotrainer train` and a short `evotrainer run`."""
+held-out split, and the task through `evotrainer train`; one adapter (trl-env, no library
+needed) also through a short `evotrainer run`: past `train`, the loop does not know which
+adapter made the task (textarena's and verifiers' runs passed too, at ~35 s and ~80 s of CI
+each, more than the suite's time budget affords for a repeat of the same path)."""
 from __future__ import annotations
 
 import json
@@ -161,7 +164,7 @@ def test_a_textarena_game_for_two_players_or_an_unknown_game_is_one_error():
 
 
 @pytest.mark.slow
-def test_a_textarena_game_trains_with_the_embedded_backend_and_runs_a_short_evolution(tmp_path, tiny_qwen):
+def test_a_textarena_game_trains_with_the_embedded_backend(tmp_path, tiny_qwen):
     pytest.importorskip("textarena")
     spec = f"textarena:GuessTheNumber-v0?{SMALL}"
     out = tmp_path / "train"
@@ -171,9 +174,6 @@ def test_a_textarena_game_trains_with_the_embedded_backend_and_runs_a_short_evol
     assert records and all(r["prompt"].startswith("[GAME] You are Player 0") for r in records)  # reset's, not the seed
     assert all(0.0 <= r["score"] <= 1.0 and r["turns"] >= 1 for r in records)
     assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1
-    run = tmp_path / "run"
-    cli("run", run_config(tmp_path, spec, tiny_qwen), "--out", run, timeout=1200)
-    check_run(run)
 
 
 # --------------------------------------------------------------------------- verifiers
@@ -230,7 +230,7 @@ def test_a_verifiers_spec_that_is_not_an_environment_is_one_error():
 
 
 @pytest.mark.slow
-def test_a_verifiers_env_trains_with_the_embedded_backend_and_runs_a_short_evolution(tmp_path, tiny_qwen):
+def test_a_verifiers_env_trains_with_the_embedded_backend(tmp_path, tiny_qwen):
     pytest.importorskip("verifiers")
     spec = verifiers_spec("load_tools", SMALL)
     out = tmp_path / "train"
@@ -240,6 +240,3 @@ def test_a_verifiers_env_trains_with_the_embedded_backend_and_runs_a_short_evolu
     assert records and all(r["prompt"].startswith("user: What is") and r["turns"] >= 1 for r in records)
     assert all(r["score"] in (0.0, 1.0) for r in records)   # the rubric's reward
     assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1
-    run = tmp_path / "run"
-    cli("run", run_config(tmp_path, spec, tiny_qwen), "--out", run, timeout=1200)
-    check_run(run)
