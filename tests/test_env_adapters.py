@@ -1,8 +1,9 @@
 """Environments written for other libraries, as evotrainer tasks: each adapter's episodes, its
-held-out split, and the task through `evotrainer train`; one adapter (trl-env, no library
-needed) also through a short `evotrainer run`: past `train`, the loop does not know which
-adapter made the task (textarena's and verifiers' runs passed too, at ~35 s and ~80 s of CI
-each, more than the suite's time budget affords for a repeat of the same path)."""
+held-out split, and the task through `evotrainer train`. Past `train` the loop does not know
+which adapter made a task, and test_real_use takes a task from outside the package through
+a whole `evotrainer run`; each adapter's own short run passed when measured (2026-11-27, a
+fresh clone's CI: trl-env 33 s, textarena 64 s, verifiers 109 s with train), more than CI's
+time budget affords for repeats of one path."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,6 @@ from evotrainer.envs.base import FAIL, SUCCESS, TURN_CAP
 from evotrainer.errors import UsageError
 from evotrainer.harness.actions import ACTION_PARSERS
 from helpers import cli, write_harness
-from test_real_use import check_run, run_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SMALL = "max_turns=2&turn_tokens=24&split_size=8"  # plumbing on a CPU: short episodes, 8 held-out problems a split
@@ -105,7 +105,7 @@ def test_an_environment_without_demonstrations_asks_for_a_model_in_one_line(tmp_
 
 
 @pytest.mark.slow
-def test_a_trl_environment_trains_with_the_embedded_backend_and_runs_a_short_evolution(tmp_path, tiny_qwen):
+def test_a_trl_environment_trains_with_the_embedded_backend(tmp_path, tiny_qwen):
     rows = calculator_rows(tmp_path / "rows.jsonl")
     spec = f"trl-env:{FIXTURES / 'trl_envs.py'}:Calculator?data={rows}&{SMALL}"
     out = tmp_path / "train"
@@ -115,9 +115,6 @@ def test_a_trl_environment_trains_with_the_embedded_backend_and_runs_a_short_evo
     assert records and all(r["turns"] >= 1 and r["stop"] in (SUCCESS, FAIL, TURN_CAP, "token_cap") for r in records)
     assert all(r["score"] in (0.0, 1.0) for r in records)       # the environment's get_reward(), the score
     assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1  # the evaluator played held-out rows
-    run = tmp_path / "run"
-    cli("run", run_config(tmp_path, spec, tiny_qwen), "--out", run, timeout=1200)
-    check_run(run)
 
 
 # --------------------------------------------------------------------------- TextArena
