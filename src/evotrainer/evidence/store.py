@@ -9,15 +9,12 @@ compare).
 """
 from __future__ import annotations
 
-import dataclasses
 import operator
 import sqlite3
 import typing
 from pathlib import Path
 
-from evotrainer.evidence.records import RolloutRecord, evidence_of
-
-FIELDS = [f.name for f in dataclasses.fields(RolloutRecord)]
+from evotrainer.evidence.records import FIELDS, RolloutRecord, evidence_of
 _TYPES = {int: "INTEGER", float: "REAL", str: "TEXT", bool: "INTEGER"}
 
 
