@@ -2,11 +2,13 @@
 histories, its lineage event and files, the config key, and the agents' use of its family
 weights (pure functions; nothing trains here but the one slow run at the end)."""
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
-from evotrainer.agents.rules import FAMILY_ORDER, by_weight, candidates, draw, propose_random
+from evotrainer.agents import Escalation
+from evotrainer.agents.rules import FAMILY_ORDER, candidates, draw, family_order, propose_random
 from evotrainer.config import config_from_dict
 from evotrainer.errors import UsageError
 from evotrainer.evolve.search_policy import (FAMILIES, FRONTIER, TEMPERATURE, WEIGHT, ControllerPolicy, current,
@@ -36,19 +38,38 @@ def test_nothing_is_revised_before_revise_every_trials():
     assert revise(policy, same, {}) is None
 
 
-def test_a_family_that_keeps_winning_gets_more_weight_and_a_failing_one_less():
+def test_a_family_that_gains_gets_more_weight_and_one_that_loses_less():
     trials = [ROOT, rec(1, "v0", "clip_higher", "kept", 0.05), rec(2, "v1", "drop_dead", "discarded", -0.01),
               rec(3, "v1", "entropy_bonus", "kept", 0.02), rec(4, "v3", "dr_grpo", "discarded", -0.02)]
     rev = revise(ControllerPolicy(), trials, {})
     w = rev.policy.family_weights
-    assert w["exploration"] == 1.5                    # kept 2 of 2: Beta(3, 1) mean 0.75 over the prior's 0.5
-    assert w["group_filter"] == w["signal"] == 0.67   # kept 0 of 1
-    assert w["reward"] == 1.0                         # untried: the prior
-    assert "weight exploration 1 -> 1.5" in rev.changes and "exploration kept 2 of 2 (trials 1, 3)" in rev.reason
+    assert w["exploration"] == 2.0       # +7 points over 2 + 1 trials: 2 ** (2.33 / 2) = 2.2, the cap
+    assert w["group_filter"] == 0.84     # -1 point over 1 + 1: 2 ** (-0.5 / 2)
+    assert w["signal"] == 0.71           # -2 points over 1 + 1: 2 ** (-1 / 2)
+    assert w["reward"] == 1.0            # untried: the prior
+    assert "weight exploration 1 -> 2" in rev.changes
+    assert "exploration gained +2.3 points a trial, kept 2 of 2 (trials 1, 3)" in rev.reason
     assert {1, 2, 3, 4} <= set(rev.cites)
     # the rules agent now tries exploration changes before the fixed order's first families
     assert candidates(agent_context())[0].family != "exploration"
     assert candidates(agent_context(family_weights=w))[0].family == "exploration"
+
+
+def test_where_nothing_is_kept_a_near_miss_outweighs_a_loss_and_a_gamed_score_counts_as_refused():
+    """The vault3 search's first six trials: nothing cleared the gate, so a kept rate says
+    nothing; the gains say reward changes lost points and the curriculum change nearly won."""
+    trials = [ROOT, rec(1, "v0", "partial_credit", "discarded", -0.025),
+              rec(2, "v0", "mix_score1_partial0p5", "discarded", -0.04),
+              rec(3, "v0", "mix_score1_format0p2", "discarded", 0.008),
+              rec(4, "v0", "easier_mix", "discarded", 0.014),
+              rec(5, "v0", "raise_temperature", "invalid", 0.05),        # a blocking finding: its score was gamed
+              rec(6, "v0", "drop_dead", "backtest_rejected")]            # refused before training
+    plans = {n: SimpleNamespace(family="reward") for n in (2, 3)}  # the space's moves: their plans name the family
+    w = revise(ControllerPolicy(), trials, plans).policy.family_weights
+    assert w["reward"] == 0.61                               # -5.7 points over 3 + 1 trials
+    assert w["curriculum"] == 1.27                           # +1.4 over 1 + 1: the near miss, above untried
+    assert w["exploration"] == w["group_filter"] == 0.84     # refused or gamed: -1 point over 1 + 1
+    assert w["optimisation"] == 1.0
 
 
 def test_a_streak_of_failures_grows_the_frontier_and_the_temperature_within_bounds():
@@ -65,7 +86,7 @@ def test_a_streak_of_failures_grows_the_frontier_and_the_temperature_within_boun
     assert "nothing kept in trials 1, 2, 3" in first.reason and first.cites == (1, 2, 3)
     assert policy.frontier == FRONTIER[1] and policy.temperature == TEMPERATURE[1]
     assert all(WEIGHT[0] <= policy.family_weights[f] <= WEIGHT[1] for f in FAMILIES)  # no family dies
-    assert min(policy.family_weights.values()) == WEIGHT[0]
+    assert max(policy.family_weights.values()) == 1.0 and min(policy.family_weights.values()) < 1.0
     # bounded moves: never more than one elite or one temperature step per revision
     frontiers = [4] + [r.policy.frontier for r in seen]
     assert all(0 <= b - a <= 1 for a, b in zip(frontiers, frontiers[1:]))
@@ -130,17 +151,31 @@ def test_search_controller_is_fixed_by_default_and_a_bad_value_is_refused_naming
     assert ControllerPolicy.initial(cfg.search) == ControllerPolicy(frontier=6, revise_every=2)
 
 
-def test_family_weights_reorder_what_the_agents_try_but_findings_still_lead():
-    assert by_weight(FAMILY_ORDER, {}) == list(FAMILY_ORDER)            # no weights: the fixed order
+def test_family_weights_order_what_the_agents_try_and_findings_lead_among_equals():
+    catalog_first = [(f, "catalog") for f in FAMILY_ORDER] + [(f, "space") for f in FAMILY_ORDER]
+    assert family_order([], {}) == catalog_first                       # no weights: the fixed order
+    assert family_order(["reward"], {})[:2] == [("reward", "catalog"), ("reward", "space")]
     heavy = {"exploration": 2.0, "reward": 0.25}
-    order = by_weight(FAMILY_ORDER, heavy)
-    assert order[0] == "exploration" and order[-1] == "reward"
-    assert [f for f in order if f not in heavy] == [f for f in FAMILY_ORDER if f not in heavy]  # stable
+    order = family_order([], heavy)
+    assert order[:2] == [("exploration", "catalog"), ("exploration", "space")]
+    assert order[-2:] == [("reward", "catalog"), ("reward", "space")]
+    middle = [f for f, kind in order[2:-2] if kind == "catalog"]
+    assert middle == [f for f in FAMILY_ORDER if f not in heavy]      # equal weights keep their order
     finding = {"diagnostic": "dead_group_ratio", "severity": "critical", "value": 0.8, "thresholds": "",
                "suggest": "reward: give partial credit", "evidence": "80% of groups all wrong"}
-    first = candidates(agent_context([finding], family_weights=heavy))[0]
-    assert first.family == "reward"                                     # the finding's family first
-    assert candidates(agent_context(family_weights=heavy))[0].family == "exploration"
+    # the finding's family leads among equal weights ...
+    assert candidates(agent_context([finding], family_weights={"exploration": 1.0}))[0].family == "reward"
+    # ... and goes after every other family once the run has shown it loses points
+    fams = [p.family for p in candidates(agent_context([finding], family_weights=heavy))]
+    assert fams[0] == "exploration" and set(fams[fams.index("reward"):]) == {"reward"}
+
+
+def test_an_escalation_does_not_leave_a_family_the_weights_favour():
+    esc = Escalation(avoid=frozenset({"curriculum", "reward"}), subtract=False)
+    weights = {"curriculum": 1.27, "reward": 0.61}
+    fams = [p.family for p in candidates(agent_context(escalation=esc, family_weights=weights))]
+    assert fams[0] == "curriculum" and "reward" not in fams      # a near miss is followed, a loss left
+    assert "curriculum" not in [p.family for p in candidates(agent_context(escalation=esc))]
 
 
 def test_the_random_agent_draws_by_family_weight_and_as_before_without_weights():

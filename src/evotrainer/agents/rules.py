@@ -6,10 +6,13 @@ that applies and was not tried from this parent yet, from the catalog's named en
 the search space around them (agents/space.py): for each family the findings name, the
 catalog's moves then the space's; then the catalog's moves of every other family in a
 fixed order, and last the space's (without a finding to point at a family, the named,
-literature-backed changes are the better first tries). The space is finite per parent, so
-the agent always has a next idea until both are spent (None). The skill library then
-reorders that list by what the same findings led to before (`skills.rank`), and an
-escalation (three failures in a row) switches layer and prefers subtracting.
+literature-backed changes are the better first tries). An evolving search controller
+weighs the families by what they gained in this run (evolve/search_policy.py): then the
+heavier families come first, and findings lead only among families of equal weight. The
+space is finite per parent, so the agent always has a next idea until both are spent
+(None). The skill library then reorders that list by what the same findings led to before
+(`skills.rank`), and an escalation (three failures in a row) switches layer and prefers
+subtracting.
 """
 from __future__ import annotations
 
@@ -75,9 +78,19 @@ def family_of(suggestion: str) -> str | None:
     return head if head in FAMILY_ORDER else None
 
 
-def by_weight(families: Sequence[str], weights: Mapping[str, float]) -> list[str]:
-    """`families` with the heavier first, a stable sort: equal weights (or none) keep their order."""
-    return sorted(families, key=lambda f: -weights.get(f, 1.0))
+def family_order(named: Sequence[str], weights: Mapping[str, float]) -> list[tuple[str, str]]:
+    """(family, "catalog" | "space") in the order the agent tries their moves: the heavier
+    families first (an evolving controller's weights); among equal weights (all of them, with
+    none), each family a finding names, its catalog moves then the space's, then the other
+    families' catalog moves in FAMILY_ORDER, then their space moves."""
+    out = []
+    for w in sorted({weights.get(f, 1.0) for f in FAMILY_ORDER}, reverse=True):
+        tier = [f for f in FAMILY_ORDER if weights.get(f, 1.0) == w]
+        lead = [f for f in named if f in tier]
+        rest = [f for f in tier if f not in lead]
+        out += [(f, kind) for f in lead for kind in ("catalog", "space")]
+        out += [(f, "catalog") for f in rest] + [(f, "space") for f in rest]
+    return out
 
 
 def draw(cands: Sequence[Proposal], weights: Mapping[str, float], seed: int) -> Proposal:
@@ -94,12 +107,10 @@ def candidates(ctx: AgentContext) -> list[Proposal]:
     esc = ctx.escalation
     findings = [f for f in ctx.findings if not esc or f.get("diagnostic") not in esc.ignore]
     named = list(dict.fromkeys(f for f in (family_of(x.get("suggest", "")) for x in findings) if f))
-    rest = [f for f in by_weight(FAMILY_ORDER, ctx.family_weights) if f not in named]  # findings lead
-    catalog, around = catalog_moves(ctx), space_moves(ctx)
-    order = [(fam, moves) for fam in named for moves in (catalog, around)] + \
-        [(fam, catalog) for fam in rest] + [(fam, around) for fam in rest]
+    moves_of = {"catalog": catalog_moves(ctx), "space": space_moves(ctx)}
     out = []
-    for family, moves in order:
+    for family, kind in family_order(named, ctx.family_weights):
+        moves = moves_of[kind]
         why = next((x for x in findings if family_of(x.get("suggest", "")) == family), None)
         for p in moves:
             if p.family != family or p.intervention in ctx.tried:
@@ -110,7 +121,10 @@ def candidates(ctx: AgentContext) -> list[Proposal]:
     if esc:
         if esc.subtract:  # subtracting first: each change of the parent from the root, undone
             out = [p for p in revert(ctx.knobs, ctx.root_knobs) if p.intervention not in ctx.tried] + out
-        out = [p for p in out if p.family not in esc.avoid] or out
+        # a family the controller's weights favour (it gained where it was tried) is not left
+        # for having failed the gate: a near miss is what the next trial should follow
+        avoid = esc.avoid - {f for f, w in ctx.family_weights.items() if w > 1.0}
+        out = [p for p in out if p.family not in avoid] or out
     return [p for p in out if p.family not in ctx.closed]
 
 

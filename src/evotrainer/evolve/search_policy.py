@@ -7,11 +7,17 @@ greedily a parent is picked (the selection temperature), how many elites are kep
 frontier) and how many failures in a row roll the search back and make it subtract. An
 evolving run revises it every `revise_every` trials, by rules:
 
-    family weights   a bandit over intervention families: a family's weight is the mean of a
-                     Beta(1 + kept, 1 + not kept) posterior over its judged trials relative to
-                     the uniform prior's 0.5 (untried: 1), within [0.25, 2]: no family dies
-    crossover rate   the same posterior for crossovers against mutations scales the minimum
-                     crossover rate from 0.25, within [0.1, 0.5] (once two crossovers ran)
+    family weights   a bandit over intervention families, on what its judged trials gained: the
+                     validation gain over the control of each trial that trained and scored
+                     (kept or discarded), -1 point for one refused without a usable score
+                     (backtest, legality, a blocking finding); their sum over n + 1 (one prior
+                     trial at no gain: a single lucky trial counts half) gives the weight
+                     2 ** (mean / 2 points), within [0.25, 2] (untried: 1): no family dies. A
+                     gain, not the kept rate: where nothing clears the gate every family would
+                     weigh alike, and a near miss (+2 points) is what the next trial should follow
+    crossover rate   the kept rate of crossovers over that of mutations (each the mean of a
+                     Beta(1 + kept, 1 + not kept) posterior) scales the minimum crossover rate
+                     from 0.25, within [0.1, 0.5] (once two crossovers ran)
     frontier and     nothing kept in `revise_every` or more trials since the last revision:
     temperature      one more elite (at most 8) and a hotter selection (+0.005, at most 0.05);
                      a branch that keeps improving (two kept trials since, one descending from
@@ -51,6 +57,8 @@ TEMPERATURE = (0.0, 0.05)
 TEMPERATURE_STEP = 0.005
 BASE_RATE = 0.25                         # the crossover rate where both operators keep alike
 CROSSOVER_RATE = (0.1, 0.5)              # never two crossovers in a row: above a half is moot
+GAIN_SCALE = 0.02                        # a family's shrunk mean gain of this doubles its weight (minus: halves)
+REFUSED = -0.01                          # what a judged trial refused without a usable score counts as gaining
 
 
 @dataclass(frozen=True)
@@ -153,6 +161,13 @@ def _ids(ts: Sequence) -> str:
     return ", ".join(str(t.id) for t in ts)
 
 
+def _gain(t) -> float:
+    """What a judged trial says of its family: its gain over the control where it trained and
+    was scored on its merits (kept, discarded), else REFUSED (an invalid trial's score was gamed)."""
+    gain = t.fitness.get("gain") if t.label in (Label.KEPT, Label.DISCARDED) else None
+    return REFUSED if gain is None else gain
+
+
 def _family_bandit(policy: ControllerPolicy, judged: Sequence, families: Mapping[int, str | None]):
     by: dict[str, list] = {}
     for t in judged:
@@ -162,14 +177,16 @@ def _family_bandit(policy: ControllerPolicy, judged: Sequence, families: Mapping
         ts = by.get(fam, [])
         if not ts:  # no evidence: the weight stays where it is
             continue
-        w = _clamp(round(_posterior(ts) / 0.5, 2), WEIGHT)
+        mean = sum(_gain(t) for t in ts) / (len(ts) + 1)  # shrunk towards no gain by one prior trial
+        w = _clamp(round(2 ** (mean / GAIN_SCALE), 2), WEIGHT)
         if w != weights.get(fam, 1.0):
             weights[fam] = w
-            said.append(f"{fam} kept {_kept(ts)} of {len(ts)} (trials {_ids(ts)})")
+            said.append(f"{fam} gained {100 * mean:+.1f} points a trial, kept {_kept(ts)} of {len(ts)} "
+                        f"(trials {_ids(ts)})")
             cited |= {t.id for t in ts}
     if not said:
         return None
-    return replace(policy, family_weights=weights), "families weighed by their kept rate: " + "; ".join(said), cited
+    return replace(policy, family_weights=weights), "families weighed by what they gained: " + "; ".join(said), cited
 
 
 def _operator_bandit(policy: ControllerPolicy, judged: Sequence, families):
