@@ -17,6 +17,10 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
   apt_job=$!
 fi
 bash scripts/setup-venv.sh .venv-test dev
+# OpenEnv's Environment API for the openenv adapter's tests, without its web UI: openenv-core
+# requires gradio (a minute and 300 MB more to install), which it imports only where present;
+# its interfaces import fastapi and fastmcp (the dev extra; fastmcp 3, since verifiers 0.2 needs mcp < 2)
+.venv-test/bin/python -m pip install -q --no-deps "openenv-core>=0.3,<0.4" 2>&1 | grep -v "^WARNING: Location" || true
 if [ -n "$apt_job" ]; then wait "$apt_job"; fi
 # two test processes (pytest-xdist), a file's tests in one of them: a file's tests share its
 # fixtures, and the Ray cluster tests never run beside each other

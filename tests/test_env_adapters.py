@@ -3,7 +3,8 @@ held-out split, and the task through `evotrainer train`. Past `train` the loop d
 which adapter made a task, and test_real_use takes a task from outside the package through
 a whole `evotrainer run`; each adapter's own short run passed when measured (2026-11-27, a
 fresh clone's CI: trl-env 33 s, textarena 64 s, verifiers 109 s with train), more than CI's
-time budget affords for repeats of one path."""
+time budget affords for repeats of one path. OpenEnv's environments (tests/fixtures/openenv_envs.py)
+have only the train test, its run path being the same."""
 from __future__ import annotations
 
 import json
@@ -236,4 +237,85 @@ def test_a_verifiers_env_trains_with_the_embedded_backend(tmp_path, tiny_qwen):
     records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
     assert records and all(r["prompt"].startswith("user: What is") and r["turns"] >= 1 for r in records)
     assert all(r["score"] in (0.0, 1.0) for r in records)   # the rubric's reward
+    assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1
+
+
+# --------------------------------------------------------------------------- OpenEnv
+
+def openenv_spec(cls: str, query: str = "") -> str:
+    return f"openenv:{FIXTURES / 'openenv_envs.py'}:{cls}" + (f"?{query}" if query else "")
+
+
+def test_an_openenv_environment_plays_in_process_on_text_actions_and_its_rewards_are_the_score():
+    pytest.importorskip("openenv")
+    task = get_task(openenv_spec("GuessNumber"))
+    assert task.spec == openenv_spec("GuessNumber") and task.caps.max_turns == 8 and task.split_size == 100
+    val, test = task.split("val", n=20), task.split("test", n=20)
+    assert not {p.id for p in val} & {p.id for p in test} and all(task.held_out(p) for p in val + test)
+    for p in val[:5]:  # a perfect player: binary search on the hints
+        env, lo, hi = task.environment(p, None), 1, 20
+        assert env.reset(0).startswith("I picked an integer from 1 to 20")
+        while True:
+            guess = (lo + hi) // 2
+            step = env.step(f"{guess}")
+            if step.terminated:
+                break
+            lo, hi = (guess + 1, hi) if "too low" in step.observation else (lo, guess - 1)
+        assert (step.reward, step.info["stop"]) == (1.0, SUCCESS)
+        env.close()
+    env = task.environment(val[0], None)
+    env.reset(0)
+    assert env.step("0").reward == 0.0                     # mid-episode: nothing yet
+    cut = env.truncate(TURN_CAP)                           # a cap: the return so far
+    assert cut.truncated and cut.reward == 0.0 and cut.info["stop"] == TURN_CAP
+
+
+def test_an_openenv_dataset_splits_its_rows_and_json_actions_are_validated_as_the_environments_action(tmp_path):
+    pytest.importorskip("openenv")
+    rng = random.Random(0)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"a": rng.randrange(50), "b": rng.randrange(50)}) + "\n" for _ in range(300)))
+    task = get_task(openenv_spec("AddRows", f"data={rows}"))
+    p = task.split("val", n=1)[0]
+    env = task.environment(p, None)
+    a, b = p.entry["a"], p.entry["b"]
+    assert json.loads(env.reset(0)) == {"question": f"What is {a}+{b}?", "level": 1}  # two fields: as JSON
+    end = env.step(f" {a + b} ")                            # the Action's one text field takes the turn
+    assert end.terminated and end.reward == 1.0
+    named = get_task(openenv_spec("AddRows", f"data={rows}&text=question")).environment(p, None)
+    assert named.reset(0) == f"What is {a}+{b}?"            # ?text=FIELD: that field only
+    view = get_task(task.train_view(tmp_path / "view"))     # a training worker: the training rows only
+    assert not {str(r["id"]) for r in view.rows} & {q.id for q in task.split("val") + task.split("test")}
+
+    walk = get_task(openenv_spec("Walk")).environment(get_task(openenv_spec("Walk")).split("val", n=1)[0], None)
+    assert json.loads(walk.reset(0)) == {"x": 0, "y": 0}
+    assert json.loads(walk.step('I go right: {"dx": 1, "dy": 0}').observation) == {"x": 1, "y": 0}
+    bad = walk.step('{"dx": "left"}')                       # not a Move: the episode ends, the return so far
+    assert bad.terminated and bad.info["stop"] == "invalid_action" and bad.reward == 0.25
+    assert walk.trace.failures == 1 and "invalid action" in bad.observation
+    won = get_task(openenv_spec("Walk")).environment(get_task(openenv_spec("Walk")).split("val", n=1)[0], None)
+    won.reset(0)
+    steps = [won.step(m) for m in ('{"dx": 1, "dy": 0}', '{"dx": 1, "dy": 0}', '{"dx": 0, "dy": 1}')]
+    assert [s.terminated for s in steps] == [False, False, True] and steps[-1].reward == 1.0
+
+
+def test_an_openenv_spec_that_is_not_an_environment_or_has_no_action_class_is_one_error():
+    pytest.importorskip("openenv")
+    with pytest.raises(UsageError, match="NotAnEnvironment: not an OpenEnv Environment"):
+        get_task(openenv_spec("NotAnEnvironment"))
+    with pytest.raises(UsageError, match=r"Untyped: cannot tell its Action class; declare it as Environment\["):
+        get_task(openenv_spec("Untyped"))
+    with pytest.raises(UsageError, match="unknown option 'turns'"):
+        get_task(openenv_spec("GuessNumber", "turns=3"))
+
+
+@pytest.mark.slow
+def test_an_openenv_environment_trains_with_the_embedded_backend(tmp_path, tiny_qwen):
+    pytest.importorskip("openenv")
+    out = tmp_path / "train"
+    summary = cli("train", "--task", openenv_spec("GuessNumber", SMALL), "--model", tiny_qwen,
+                  "--harness", write_harness(tmp_path / "h"), "--steps", 2, "--eval-every", 2, "--out", out).json
+    records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
+    assert records and all(r["prompt"].startswith("I picked an integer") for r in records)  # reset's, not the seed
+    assert all(r["score"] in (0.0, 1.0) and r["turns"] >= 1 for r in records)
     assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1

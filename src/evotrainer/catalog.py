@@ -7,7 +7,8 @@ importing envs/ would make the two a circle.
 """
 from __future__ import annotations
 
-from evotrainer.envs import swe_mini, textarena_games, trl_factory, vault, verifiers_envs  # noqa: F401  (each registers itself)
+from evotrainer.envs import (openenv_envs, swe_mini, textarena_games, trl_factory, vault,  # noqa: F401
+                             verifiers_envs)  # (each registers itself)
 from evotrainer.tasks import arith, codegen, humaneval  # noqa: F401
 from evotrainer.tasks.base import Task
 from evotrainer.tasks.registry import FAMILIES, TASKS, resolve
@@ -30,6 +31,7 @@ def get_task(spec: str, level: int | None = None) -> Task:
       trl-env:module:Class[?data=F]  multi-turn: an environment written to TRL's environment_factory convention
       textarena:GAME                 multi-turn: a single-player TextArena game (the `textarena` extra)
       verifiers:ENV_ID|module:load   a verifiers environment scored by its rubric (the `verifiers` extra)
+      openenv:module:Class[?data=F]  multi-turn: an OpenEnv environment, in-process (the `openenv` extra)
     The returned task's `spec` is canonical: `get_task(task.spec, level)` rebuilds it in any
     process and any cwd (absolute paths, query keys sorted).
     """

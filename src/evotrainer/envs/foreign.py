@@ -1,5 +1,6 @@
 """What every adapter of another library's environments shares (envs/trl_factory.py,
-envs/textarena_games.py): where problems come from, and tools read off an object's methods.
+envs/textarena_games.py, envs/openenv_envs.py): where problems come from, and tools read off
+an object's methods.
 
 Problems come from one of two places. A procedural environment owns its problems: a problem
 is a seed (`seeded_problem`), and the first observation is what `reset` returns in the job
@@ -87,24 +88,33 @@ def read_rows(path: Path) -> list[dict]:
 
 
 class RowsMixin:
-    """An environment task over a file of rows (see the module docstring). The class using
-    it sets `rows`, `data_path` and `name`, and says what spec a training worker gets."""
+    """An environment task whose problems are a file's rows, or, with no rows, seeds (see the
+    module docstring). The class using it sets `rows` (empty: seeds), `data_path` and `name`."""
     rows: list[dict]
-    data_path: Path
+    data_path: Path | None
     name: str
+    spec: str
 
     def row_problem(self, row: dict) -> Problem:
         return Problem(id=str(row["id"]), prompt=text_of(row.get("prompt")), answer=str(row.get("answer", "")),
                        level=0, entry=row)
 
     def generate(self, rng: random.Random, level: int) -> Problem:
+        if not self.rows:
+            return seeded_problem(rng, self.name)
         return self.row_problem(self.rows[rng.randrange(len(self.rows))])
 
     def problem_space(self, level: int) -> int:
-        return len(self.rows)
+        return len(self.rows) if self.rows else SEEDS
 
     def data_files(self) -> tuple[str, ...]:
-        return (str(self.data_path),)
+        return (str(self.data_path),) if self.rows else ()
+
+    def train_view(self, directory: Path) -> str:
+        """The spec a training worker gets: with rows, one naming a file of the training rows only."""
+        if not self.rows:
+            return self.spec
+        return self.spec.replace(f"data={self.data_path}", f"data={self.training_rows(directory)}")
 
     def training_rows(self, directory: Path) -> Path:
         """The rows outside the held-out pool, written to DIRECTORY (whole or not at all)."""

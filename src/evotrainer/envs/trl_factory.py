@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from evotrainer.envs.base import FAIL, SUCCESS, Caps, EnvTask, Environment, Parser, Step
 from evotrainer.envs.foreign import (EPISODE_KEYS, RowsMixin, call_tool, episode_options, method_tools, read_rows,
-                                    seeded_problem, text_of, tool_params)
+                                    text_of, tool_params)
 from evotrainer.errors import UsageError
 from evotrainer.tasks import user
 from evotrainer.tasks.base import Problem
@@ -91,20 +91,6 @@ class FactoryTask(RowsMixin, EnvTask):
         if data is None and "seed" not in _reset_params(factory):
             raise UsageError(f"{self.name}: give ?data=rows.jsonl (reset takes a dataset row's columns, as in TRL), "
                              "or a reset that takes `seed` (the environment owns its problems)")
-
-    def generate(self, rng, level: int) -> Problem:
-        return RowsMixin.generate(self, rng, level) if self.rows else seeded_problem(rng, self.name)
-
-    def problem_space(self, level: int) -> int:
-        return len(self.rows) if self.rows else 10 ** 9
-
-    def data_files(self) -> tuple[str, ...]:
-        return RowsMixin.data_files(self) if self.rows else ()
-
-    def train_view(self, directory: Path) -> str:
-        if not self.rows:
-            return self.spec
-        return self.spec.replace(f"data={self.data_path}", f"data={self.training_rows(directory)}")
 
     def environment(self, problem: Problem, parse: Parser) -> FactoryEnv:
         return FactoryEnv(self.factory, problem, parse, self.caps)
