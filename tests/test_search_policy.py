@@ -48,7 +48,7 @@ def test_a_family_that_gains_gets_more_weight_and_one_that_loses_less():
     assert w["signal"] == 0.71           # -2 points over 1 + 1: 2 ** (-1 / 2)
     assert w["reward"] == 1.0            # untried: the prior
     assert "weight exploration 1 -> 2" in rev.changes
-    assert "exploration gained +2.3 points a trial, kept 2 of 2 (trials 1, 3)" in rev.reason
+    assert "exploration gained +2.3 points a trial (summed over n + 1), kept 2 of 2 (trials 1, 3)" in rev.reason
     assert {1, 2, 3, 4} <= set(rev.cites)
     # the rules agent now tries exploration changes before the fixed order's first families
     assert candidates(agent_context())[0].family != "exploration"

@@ -181,8 +181,8 @@ def _family_bandit(policy: ControllerPolicy, judged: Sequence, families: Mapping
         w = _clamp(round(2 ** (mean / GAIN_SCALE), 2), WEIGHT)
         if w != weights.get(fam, 1.0):
             weights[fam] = w
-            said.append(f"{fam} gained {100 * mean:+.1f} points a trial, kept {_kept(ts)} of {len(ts)} "
-                        f"(trials {_ids(ts)})")
+            said.append(f"{fam} gained {100 * mean:+.1f} points a trial (summed over n + 1), "
+                        f"kept {_kept(ts)} of {len(ts)} (trials {_ids(ts)})")
             cited |= {t.id for t in ts}
     if not said:
         return None
