@@ -307,6 +307,10 @@ def test_an_openenv_spec_that_is_not_an_environment_or_has_no_action_class_is_on
         get_task(openenv_spec("Untyped"))
     with pytest.raises(UsageError, match="unknown option 'turns'"):
         get_task(openenv_spec("GuessNumber", "turns=3"))
+    with pytest.raises(UsageError, match="text must name a field of Hint, got 'question'; valid choices: prompt"):
+        get_task(openenv_spec("GuessNumber", "text=question"))
+    with pytest.raises(UsageError, match="text must name a field of Question, got 'q'; valid choices: question, level"):
+        get_task(openenv_spec("AddRows", "text=q"))   # declared by step's return annotation
 
 
 @pytest.mark.slow

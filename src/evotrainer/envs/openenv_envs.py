@@ -55,17 +55,35 @@ def _interfaces():
     return interfaces
 
 
-def action_class(cls: type) -> type:
-    """The Action subclass an Environment subclass steps with: its generic declaration's first
-    argument, else the annotation of `step`'s action."""
-    from openenv.core.env_server.types import Action
-    declared = [typing.get_args(b)[:1] for k in cls.__mro__ for b in getattr(k, "__orig_bases__", ())]
+def declared(cls: type, kind: type, position: int, hint: str) -> type | None:
+    """The subclass of `kind` an Environment subclass declares: its generic parameters'
+    argument at `position` (Environment[Action, Observation, State]), else the annotation
+    `hint` of `step` ("action", or "return")."""
+    args = [typing.get_args(b) for k in cls.__mro__ for b in getattr(k, "__orig_bases__", ())]
     hints = typing.get_type_hints(cls.step) if hasattr(cls, "step") else {}
-    for found in [*(d[0] for d in declared if d), hints.get("action")]:
-        if isinstance(found, type) and issubclass(found, Action) and found is not Action:
+    for found in [*(a[position] for a in args if len(a) > position), hints.get(hint)]:
+        if isinstance(found, type) and issubclass(found, kind) and found is not kind:
             return found
-    raise UsageError(f"{cls.__name__}: cannot tell its Action class; declare it as "
-                     "Environment[MyAction, MyObservation, MyState] or annotate step(self, action: MyAction)")
+    return None
+
+
+def action_class(cls: type) -> type:
+    """The Action subclass an Environment subclass steps with."""
+    from openenv.core.env_server.types import Action
+    found = declared(cls, Action, 0, "action")
+    if found is None:
+        raise UsageError(f"{cls.__name__}: cannot tell its Action class; declare it as Environment[MyAction, "
+                         "MyObservation, MyState] or annotate step(self, action: MyAction)")
+    return found
+
+
+def check_text_field(cls: type, field: str) -> None:
+    """`?text=FIELD` names a field of the Observation class the environment declares (where it declares one)."""
+    from openenv.core.env_server.types import Observation
+    obs = declared(cls, Observation, 1, "return")
+    names = [k for k in obs.model_fields if k not in OWN] if obs is not None else []
+    if obs is not None and field not in names:
+        raise UsageError(f"text must name a field of {obs.__name__}, got '{field}'; valid choices: {', '.join(names)}")
 
 
 def text_field(action: type) -> str | None:
@@ -160,6 +178,8 @@ def resolve(rest: str, s: Spec, level: int | None) -> Resolved:
     data = Path(s.query["data"]).expanduser().resolve() if "data" in s.query else None
     caps, split_size, episode_query = episode_options(s, max_turns=8)
     field = s.query.get("text")
+    if field is not None:
+        check_text_field(cls, field)
     task = OpenEnvTask(cls, base, data, caps, split_size, field)
     query: dict[str, object] = {k: s.query[k] for k in GENERIC_KEYS if k in s.query}
     query |= {"data": str(data) if data else None, "text": field, **episode_query}
