@@ -95,9 +95,6 @@ class FactoryTask(RowsMixin, EnvTask):
     def environment(self, problem: Problem, parse: Parser) -> FactoryEnv:
         return FactoryEnv(self.factory, problem, parse, self.caps)
 
-    def score(self, problem: Problem, completion: str) -> float:
-        raise TypeError(f"{self.name} is played in an environment, not scored from one completion")
-
 
 def _reset_params(factory: Any) -> set[str]:
     reset = getattr(factory, "reset", None)
