@@ -16,7 +16,10 @@ replay: every search's winner schedule trained again from the base on fresh seed
 used by any search), and the reference recipe on the same seeds for the same total steps;
 identical schedules are replayed once. The headline is held-out *test* accuracy of the
 replays (mean of the last evaluations per seed), and every difference comes with a 95% t
-interval over the search replicates' means (the replicates are the independent draws).
+interval over the replicate x seed table with both as random draws (stats.crossed_t_interval):
+every replicate's winner is replayed on the same fresh seeds, so the seeds' spread is shared
+and an interval over the replicates' means alone would miss it (zero width where every
+replicate's winner is the same schedule).
 
     .venv/bin/python bench/search_efficiency.py                       # quickstart + chain_sum, 3 x 5
     .venv/bin/python bench/search_efficiency.py --configs configs/quickstart.yaml --replicates 5
@@ -46,7 +49,7 @@ from evotrainer.evolve.retrain import Arm, retrain  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.tasks.keys import split_key  # noqa: E402
 from evotrainer.skills import SkillLibrary  # noqa: E402
-from evotrainer.evolve.stats import clustered_t_interval  # noqa: E402
+from evotrainer.evolve.stats import crossed_t_interval  # noqa: E402
 
 NO_SKILLS = {"crossover": False, "escalation": False, "skills": None}
 METHODS = {
@@ -159,7 +162,7 @@ def table(result: dict) -> str:
              f"{len(result['runs'][methods[0]])} search replicates x {len(result['seeds'])} fresh seeds",
              "", "Accuracy % of each search's winner replayed from the base on the fresh seeds "
              "(mean ± sd over replicates; the reference: over seeds). Differences: mean and 95% t interval "
-             "over the replicates' means (R - 1 df).", "",
+             "over replicates and seeds, both random (the seeds are shared).", "",
              "| method | winners' schedules | trials to first kept | val % | test % | test − reference | "
              "evolved − method, test |", "|---|---|---|---|---|---|---|",
              f"| reference | v0 × {result['total_steps']} steps | – | {_ms([100 * x for x in ref['val']])} | "
@@ -189,7 +192,7 @@ def _ms(xs: list[float]) -> str:
 
 
 def _ci(rows: list[list[float]]) -> str:
-    lo, hi = clustered_t_interval(rows)
+    lo, hi = crossed_t_interval(rows)
     mean = statistics.fmean(x for row in rows for x in row)
     return f"{100 * mean:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
 

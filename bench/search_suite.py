@@ -20,8 +20,8 @@ Each strategy searches `--replicates` times (replicate r uses search seeds [2r, 
 same for every strategy, so replicates pair). Every winner, and both references, is then
 replayed from the base on `--seeds` fresh seeds no search saw (identical schedules once).
 The table gives each strategy's held-out test gain over each reference with a 95% t
-interval over the replicates (bench/search_efficiency.py's clustered interval: the replicate
-is the independent draw), trials to the first kept version, and the changes each winner
+interval over replicates and fresh seeds, both random (stats.crossed_t_interval: the seeds
+are shared by every replicate), trials to the first kept version, and the changes each winner
 holds; then the evolving controller minus greedy, paired by replicate and seed. The
 landscape lists every trained trial's gain over its control by move, across all searches:
 where nothing was found it shows what was tried and how close it came.
@@ -338,7 +338,8 @@ def table(result: dict) -> str:
              f"{reps} search replicates x {len(result['seeds'])} fresh seeds", "",
              f"Test accuracy % of each winner replayed from the base (mean ± sd over replicates; references over "
              f"seeds). Tuned reference: `{result['tuned']['recipe']}`, the best of {len(result['tuned']['sweep_val'])} "
-             f"swept recipes on 2 sweep seeds. Gains: mean and 95% t interval over the replicates.", "",
+             f"swept recipes on 2 sweep seeds. Gains: mean and 95% t interval over replicates and seeds (both "
+             "random; the seeds shared).", "",
              "| strategy | test % | − default | − tuned | trials to first kept | winners hold | segments trained / reused |",
              "|---|---|---|---|---|---|---|",
              f"| default | {_ms([100 * x for x in default])} | – | {_ci([[a - b for a, b in zip(default, tuned_)]])} "

@@ -6,8 +6,8 @@ import pytest
 
 from evotrainer.config import PromotionConfig
 from evotrainer.evolve.gate import gate
-from evotrainer.evolve.stats import (average_last, bootstrap_ci, clustered_t_interval, mean_se, paired_differences,
-                                     pooled_test, t_interval)
+from evotrainer.evolve.stats import (average_last, bootstrap_ci, clustered_t_interval, crossed_t_interval, mean_se,
+                                     paired_differences, pooled_test, t_interval)
 
 
 def test_statistics():
@@ -147,6 +147,34 @@ def test_noise_floor_is_the_rms_of_paired_differences_between_runs_of_one_harnes
     run = {0: 0.50, 1: 0.40}
     assert noise_floor(run, []) == 0.0
     assert noise_floor(run, [{0: 0.53, 1: 0.36}]) == pytest.approx(((0.03 ** 2 + 0.04 ** 2) / 2) ** 0.5)
+
+
+def test_crossed_t_interval_keeps_the_shared_seeds_spread_and_holds_its_level_on_null_tables():
+    # two replicates whose winners are the same arm: identical rows. The clustered interval
+    # (replicates as the draws) is a point; the seeds still disagree, and the crossed one says so
+    rows = [[0.02, -0.01, 0.04, 0.00, -0.03]] * 2
+    lo, hi = clustered_t_interval(rows)
+    assert hi - lo == pytest.approx(0.0)
+    assert crossed_t_interval(rows) == pytest.approx(t_interval(rows[0]))
+    assert crossed_t_interval([rows[0]]) == t_interval(rows[0])              # one row: over its seeds
+    assert crossed_t_interval([[0.1], [0.2], [0.4]]) == t_interval([0.1, 0.2, 0.4])  # one seed: over the rows
+    assert crossed_t_interval([[0.01] * 5] * 3) == pytest.approx((0.01, 0.01))  # nothing varies
+    # null tables y[u][s] = a[u] + b[s] + e, true mean 0, at the suite's sizes: the crossed
+    # interval covers 0 at about its level whichever term dominates; the clustered one does
+    # not where the shared seeds carry the spread
+    rng = random.Random(0)
+
+    def coverage(interval, u, sa, sb, se, n=1500):
+        hit = 0
+        for _ in range(n):
+            a, b = [rng.gauss(0, sa) for _ in range(u)], [rng.gauss(0, sb) for _ in range(5)]
+            lo, hi = interval([[a[i] + b[s] + rng.gauss(0, se) for s in range(5)] for i in range(u)])
+            hit += lo <= 0 <= hi
+        return hit / n
+    for u in (2, 3):
+        for sa, sb, se in ((0, 2, 0.01), (2, 2, 1), (1, 1, 1), (2, 0, 1)):
+            assert coverage(crossed_t_interval, u, sa, sb, se) >= 0.90, (u, sa, sb, se)
+        assert coverage(clustered_t_interval, u, 0, 2, 0.01) < 0.1
 
 
 def test_clustered_t_interval_carries_the_spread_between_search_replicates():

@@ -130,6 +130,44 @@ def clustered_t_interval(rows: Sequence[Sequence[float]], level: float = 0.95) -
     return t_interval(list(rows[0]) if len(rows) == 1 else [sum(r) / len(r) for r in rows], level)
 
 
+def crossed_t_interval(rows: Sequence[Sequence[float]], level: float = 0.95) -> tuple[float, float]:
+    """The t interval of the grand mean of a unit x seed table in which every unit was measured
+    on the SAME seeds (a crossed design: each search replicate's winner replayed on one shared
+    set of fresh seeds). Units and seeds are both random: y[u][s] = m + a[u] + b[s] + e[u][s],
+    and the grand mean's variance a[u]/U + b[s]/S + e/(U S) is estimated from the two-way mean
+    squares, (MS_unit + MS_seed - MS_resid) / (U S), with Satterthwaite's degrees of freedom.
+    The clustered interval (units as the draws) misses the seed term, which the units share:
+    units that agree (every replicate's winner the root) give it zero width, however much
+    the seeds disagree. One row or one column: the t interval over the other axis."""
+    if not rows or not rows[0]:
+        raise ValueError("no values")
+    if len(rows) == 1:
+        return t_interval(list(rows[0]), level)
+    if len(rows[0]) == 1:
+        return t_interval([r[0] for r in rows], level)
+    u, n = len(rows), len(rows[0])
+    if any(len(r) != n for r in rows):
+        raise ValueError("every unit needs a value per seed")
+    grand = sum(map(sum, rows)) / (u * n)
+    unit = [sum(r) / n for r in rows]
+    seed = [sum(r[s] for r in rows) / u for s in range(n)]
+    ms_unit = n * sum((x - grand) ** 2 for x in unit) / (u - 1)
+    ms_seed = u * sum((x - grand) ** 2 for x in seed) / (n - 1)
+    resid = sum((rows[i][s] - unit[i] - seed[s] + grand) ** 2 for i in range(u) for s in range(n))
+    ms_resid = resid / ((u - 1) * (n - 1))
+    # a negative estimate (MS_resid above the others, by chance) is floored at what the
+    # residual alone gives; the terms kept set the degrees of freedom
+    terms = [(ms_unit, u - 1), (ms_seed, n - 1), (ms_resid, (u - 1) * (n - 1))]
+    var = (ms_unit + ms_seed - ms_resid) / (u * n)
+    if var < ms_resid / (u * n):
+        var, terms = ms_resid / (u * n), [(ms_resid, (u - 1) * (n - 1))]
+    if var == 0:
+        return grand, grand  # every value the same: nothing varies
+    df = (var * u * n) ** 2 / sum(ms ** 2 / d for ms, d in terms if ms > 0)
+    h = t_quantile((1 + level) / 2, df) * math.sqrt(var)
+    return grand - h, grand + h
+
+
 def _percentiles(means: list[float], level: float) -> tuple[float, float]:
     """The central `level` interval of bootstrap means."""
     means = sorted(means)
