@@ -93,8 +93,8 @@ def text_field(action: type) -> str | None:
 
 
 def to_action(action: type, turn: str) -> Any:
-    """The policy's turn as the environment's Action (pydantic's ValidationError, or ValueError
-    where a JSON action has no object in it, where it does not fit)."""
+    """The policy's turn as the environment's Action; a ValueError where it does not fit (no
+    JSON object in it, or one that does not validate: pydantic's ValidationError is one)."""
     field = text_field(action)
     if field is not None:
         return action(**{field: turn.strip()})
