@@ -35,6 +35,15 @@ def calculator_rows(path: Path, n: int = 400) -> Path:
     return path
 
 
+def train_two_steps(tmp_path: Path, spec: str, model: str) -> tuple[dict, list[dict]]:
+    """`evotrainer train` on SPEC for 2 steps (embedded backend, a 4x4 harness): its summary and
+    evidence records."""
+    out = tmp_path / "train"
+    summary = cli("train", "--task", spec, "--model", model, "--harness", write_harness(tmp_path / "h"),
+                  "--steps", 2, "--eval-every", 2, "--out", out).json
+    return summary, [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
+
+
 # --------------------------------------------------------------------------- TRL's environment_factory
 
 def test_a_trl_environment_factory_class_plays_its_tools_and_its_reward_is_the_score(tmp_path):
@@ -109,10 +118,7 @@ def test_an_environment_without_demonstrations_asks_for_a_model_in_one_line(tmp_
 def test_a_trl_environment_trains_with_the_embedded_backend(tmp_path, tiny_qwen):
     rows = calculator_rows(tmp_path / "rows.jsonl")
     spec = f"trl-env:{FIXTURES / 'trl_envs.py'}:Calculator?data={rows}&{SMALL}"
-    out = tmp_path / "train"
-    summary = cli("train", "--task", spec, "--model", tiny_qwen, "--harness", write_harness(tmp_path / "h"),
-                  "--steps", 2, "--eval-every", 2, "--out", out).json
-    records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
+    summary, records = train_two_steps(tmp_path, spec, tiny_qwen)
     assert records and all(r["turns"] >= 1 and r["stop"] in (SUCCESS, FAIL, TURN_CAP, "token_cap") for r in records)
     assert all(r["score"] in (0.0, 1.0) for r in records)       # the environment's get_reward(), the score
     assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1  # the evaluator played held-out rows
@@ -165,10 +171,7 @@ def test_a_textarena_game_for_two_players_or_an_unknown_game_is_one_error():
 def test_a_textarena_game_trains_with_the_embedded_backend(tmp_path, tiny_qwen):
     pytest.importorskip("textarena")
     spec = f"textarena:GuessTheNumber-v0?{SMALL}"
-    out = tmp_path / "train"
-    summary = cli("train", "--task", spec, "--model", tiny_qwen, "--harness", write_harness(tmp_path / "h"),
-                  "--steps", 2, "--eval-every", 2, "--out", out).json
-    records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
+    summary, records = train_two_steps(tmp_path, spec, tiny_qwen)
     assert records and all(r["prompt"].startswith("[GAME] You are Player 0") for r in records)  # reset's, not the seed
     assert all(0.0 <= r["score"] <= 1.0 and r["turns"] >= 1 for r in records)
     assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1
@@ -231,10 +234,7 @@ def test_a_verifiers_spec_that_is_not_an_environment_is_one_error():
 def test_a_verifiers_env_trains_with_the_embedded_backend(tmp_path, tiny_qwen):
     pytest.importorskip("verifiers")
     spec = verifiers_spec("load_tools", SMALL)
-    out = tmp_path / "train"
-    summary = cli("train", "--task", spec, "--model", tiny_qwen, "--harness", write_harness(tmp_path / "h"),
-                  "--steps", 2, "--eval-every", 2, "--out", out).json
-    records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
+    summary, records = train_two_steps(tmp_path, spec, tiny_qwen)
     assert records and all(r["prompt"].startswith("user: What is") and r["turns"] >= 1 for r in records)
     assert all(r["score"] in (0.0, 1.0) for r in records)   # the rubric's reward
     assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1
@@ -316,10 +316,7 @@ def test_an_openenv_spec_that_is_not_an_environment_or_has_no_action_class_is_on
 @pytest.mark.slow
 def test_an_openenv_environment_trains_with_the_embedded_backend(tmp_path, tiny_qwen):
     pytest.importorskip("openenv")
-    out = tmp_path / "train"
-    summary = cli("train", "--task", openenv_spec("GuessNumber", SMALL), "--model", tiny_qwen,
-                  "--harness", write_harness(tmp_path / "h"), "--steps", 2, "--eval-every", 2, "--out", out).json
-    records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
+    summary, records = train_two_steps(tmp_path, openenv_spec("GuessNumber", SMALL), tiny_qwen)
     assert records and all(r["prompt"].startswith("I picked an integer") for r in records)  # reset's, not the seed
     assert all(r["score"] in (0.0, 1.0) and r["turns"] >= 1 for r in records)
     assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1
