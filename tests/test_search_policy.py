@@ -82,7 +82,7 @@ def test_a_streak_of_failures_grows_the_frontier_and_the_temperature_within_boun
             policy, since = rev.policy, n
             seen.append(rev)
     first = seen[0]
-    assert first.changes[-2:] == ("temperature 0 -> 0.005", "frontier 4 -> 5")
+    assert first.changes[-3:] == ("temperature 0 -> 0.005", "frontier 4 -> 5", "merge near misses off -> on")
     assert "nothing kept in trials 1, 2, 3" in first.reason and first.cites == (1, 2, 3)
     assert policy.frontier == FRONTIER[1] and policy.temperature == TEMPERATURE[1]
     assert all(WEIGHT[0] <= policy.family_weights[f] <= WEIGHT[1] for f in FAMILIES)  # no family dies
@@ -234,3 +234,82 @@ def test_an_evolving_controller_records_a_revision_citing_trials_in_a_tiny_run(t
     assert shown["cites"] == [1] and shown["changes"] == revised.changes
     page = render(gather(run), engine="svg")
     assert "Search controller" in page and revised.reason.split(":")[0] in page
+
+
+# ---------------------------------------------------------------------------- near-miss merges
+
+def single(n, parent, intervention, family, label, gain, knobs=None, files=None, agent="rules"):
+    """A finished trial and the plan it started with, from `parent` (v0 at depth 1)."""
+    from evotrainer.lineage.plan import TrialPlan
+    from evotrainer.lineage.state import State
+    t = rec(n, "v0", intervention, label, gain)
+    p = TrialPlan(parent=State(parent, 1, {0: "a", 1: "b"}, {0: 0.11, 1: 0.11}, {0: 0.1, 1: 0.1}),
+                  version=f"v{n}", round=0, intervention=intervention, family=family, hypothesis="-", frozen=None,
+                  success_criterion="-", rollback=None, knobs=knobs, files=files, agent=agent, trigger="none",
+                  expected=None, usage=None)
+    return t, p
+
+
+def vault3_trials():
+    """evolving-r0 of the vault3 suite (bench/results/search-suite): every move discarded off v0."""
+    return [single(1, "v0", "partial_credit", "reward", "discarded", -0.025, files={"reward.py": "a"}),
+            single(2, "v0", "mix_score1_partial0p5", "reward", "discarded", -0.04, files={"reward.py": "b"}),
+            single(3, "v0", "mix_score1_format0p2", "reward", "discarded", 0.008, files={"reward.py": "c"}),
+            single(4, "v0", "larger_groups", "signal", "discarded", -0.011, {"group_size": 8, "prompts_per_step": 4}),
+            single(5, "v0", "drop_dead", "group_filter", "discarded", -0.004, files={"group_filter.py": "d"}),
+            single(6, "v0", "easier_mix", "curriculum", "discarded", 0.014, {"curriculum_mix": [0.5, 0.5]}),
+            single(7, "v0", "raise_temperature", "exploration", "discarded", 0.016, {"temperature": 1.2}),
+            single(8, "v0", "lower_lr", "optimisation", "discarded", 0.0205, {"lr": 1e-5})]
+
+
+def test_near_misses_are_discarded_single_changes_whose_mean_gain_reached_the_minimum():
+    from evotrainer.evolve.near_miss import best_pair, near_misses
+    planned = vault3_trials() + [
+        single(9, "v0", "clip_higher", "exploration", "invalid", 0.05, {"clip_high": 0.28}),      # gamed score
+        single(10, "v3", "kl_anchor", "optimisation", "discarded", 0.03, {"kl_coef": 0.02}),       # another version
+        single(11, "v0", "warmup", "optimisation", "discarded", 0.03),                            # changed nothing
+        single(12, "v0", "lower_lr+easier_mix", "merge", "discarded", 0.03, {"lr": 1}, agent="merge")]
+    misses = near_misses(planned, "v0", 0.01)
+    assert [m.trial for m in misses] == [8, 7, 6]     # best first; +0.8 (trial 3) fell short of the minimum
+    assert [m.family for m in misses] == ["optimisation", "exploration", "curriculum"]
+    a, b = best_pair(misses, set())
+    assert (a.trial, b.trial) == (7, 8)                # the largest summed gain, in trial order
+    assert [m.trial for m in best_pair(misses, {frozenset((7, 8))})] == [6, 8]
+    assert best_pair(misses, {frozenset((7, 8)), frozenset((6, 8)), frozenset((6, 7))}) is None
+    # two from one family, or two that set the same knob, never merge: their gains would not separate
+    same = [single(1, "v0", "lower_lr", "optimisation", "discarded", 0.02, {"lr": 1e-5}),
+            single(2, "v0", "kl_anchor", "optimisation", "discarded", 0.02, {"kl_coef": 0.02}),
+            single(3, "v0", "raise_temperature", "exploration", "discarded", 0.02,
+                   {"lr": 2e-5, "kl_coef": 0.05, "temperature": 1.2})]
+    assert best_pair(near_misses(same, "v0", 0.01), set()) is None
+
+
+def test_a_stall_turns_merging_on_and_the_merge_is_one_trial_from_the_parent_with_both_changes():
+    from evotrainer.evolve import history
+    from evotrainer.evolve.search import merge_near_misses
+    from evotrainer.evolve.view import RunView
+    from evotrainer.lineage.events import TrialStarted
+    planned = vault3_trials()
+    trials = [ROOT] + [t for t, _ in planned]
+    plans = {t.id: p for t, p in planned}
+    rev = revise(ControllerPolicy(), trials[:4], plans)
+    assert rev.policy.merge_near_misses and "merge near misses off -> on" in rev.changes
+    assert rev.reason.endswith("a wider frontier and a hotter selection, and near misses merged")
+    again = revise(rev.policy, trials[:7], plans, since=3)      # a second stall says nothing more of merging
+    assert again.policy.merge_near_misses and "near misses" not in again.reason
+    assert not ControllerPolicy.from_json({"frontier": 5}).merge_near_misses   # a policy stored before it: off
+
+    view = RunView(tuple(trials), tuple(TrialStarted.of(t.id, p) for t, p in planned))
+    parent = planned[0][1].parent
+    assert merge_near_misses(view, 9, parent, 0.01, ControllerPolicy()) is None   # the fixed controller: never
+    m = merge_near_misses(view, 9, parent, 0.01, rev.policy)
+    assert (m.intervention, m.family, m.agent, m.merged) == ("raise_temperature+lower_lr", "merge", "merge", (7, 8))
+    assert (m.parent, m.mate, m.version, m.knobs) == (parent, None, "v9", {"temperature": 1.2, "lr": 1e-5})
+    assert "trial 7, +1.6 points" in m.hypothesis and "trial 8, +2.1" in m.hypothesis
+    assert type(m).from_json(m.to_json()) == m                  # the lineage's record round-trips
+    # once merged (its plan recorded), the pair is not merged again: the next best is
+    merged = rec(9, "v0", m.intervention, "discarded", 0.012)
+    view = RunView(view.trials + (merged,), view.events + (TrialStarted.of(9, m),))
+    assert merge_near_misses(view, 10, parent, 0.01, rev.policy).merged == (6, 8)
+    assert history.changes([ROOT, merged])["v9"] == {"raise_temperature", "lower_lr"}
+    assert history.family(m.intervention, m.family) == "merge"

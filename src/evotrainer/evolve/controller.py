@@ -88,9 +88,9 @@ def learn(lib: SkillLibrary, run_dir: Path, cfg: RunConfig, level: int, referenc
     """Agent trials' outcomes (each with its plan) into `lib`, under the run's conditions:
     what a run records as it goes, and what a finished lineage gives a library afterwards
     (bench/search_suite.py's transfer). Crossovers, agent failures, equivalents and aborts
-    say nothing about an intervention and are passed over."""
+    say nothing about an intervention and are passed over (so are near-miss merges: two at once)."""
     for t, p in done:
-        if not t.parents or t.intervention == history.CROSSOVER \
+        if not t.parents or p.agent in (history.CROSSOVER, history.MERGE) \
                 or t.label in AGENT_FAILED | {Label.EQUIVALENT, Label.ABORTED}:
             continue
         lib.record(run=str(Path(run_dir).resolve()), trial=t.id, task=cfg.task, trigger=p.trigger or "none",
@@ -213,7 +213,7 @@ class Controller:
         if len(broken) >= AGENT_ERRORS_TO_STOP:
             self._record(Stopped(f"the agent failed {len(broken)} times in a row: {broken[-1].reflection}"))
             return STOP
-        trial_plan = self._crossover(n, parent) or self._propose(n, parent)
+        trial_plan = self._merge(n, parent) or self._crossover(n, parent) or self._propose(n, parent)
         busy = specialists.claimed(view.in_flight, parent.version)
         if trial_plan is not None and specialists.surface(trial_plan.family) in busy:
             return WAIT  # an agent that chose its own surface chose one in flight: asked again later
@@ -349,6 +349,9 @@ class Controller:
     def _crossover(self, n: int, parent: State) -> TrialPlan | None:
         return search.crossover(self.view, n, parent, self.cfg.search, self.selection, self._harness_files,
                                 self.store.append, self.policy)  # a conflict is recorded, not shown
+
+    def _merge(self, n: int, parent: State) -> TrialPlan | None:
+        return search.merge_near_misses(self.view, n, parent, self.cfg.promotion.min_gain, self.policy)
 
     def _escalation(self) -> Escalation | None:
         """The escalation for the current view (search.escalation), decided and recorded once per view."""

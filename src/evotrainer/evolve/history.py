@@ -15,6 +15,8 @@ from evotrainer.labels import AGENT_FAILED, CRASHED, FAILED, Label
 from evotrainer.lineage.plan import TrialPlan
 
 CROSSOVER = "crossover"  # the intervention (and family) of a crossover trial
+MERGE = "merge"          # the family (and agent) of a near-miss merge (evolve/near_miss.py)
+MERGED = "+"             # a merge's intervention names its parts: "lower_lr+easier_mix"
 
 
 def family(intervention: str, recorded: str | None = None) -> str:
@@ -38,8 +40,13 @@ def changes(trials: Iterable) -> dict[str, frozenset[str]]:
         elif t.intervention == CROSSOVER:
             out[t.version] = frozenset().union(*(out.get(p, frozenset()) for p in t.parents))
         else:
-            out[t.version] = out.get(t.parents[0], frozenset()) | {t.intervention}
+            out[t.version] = out.get(t.parents[0], frozenset()) | set(parts(t.intervention))
     return out
+
+
+def parts(intervention: str) -> list[str]:
+    """The single changes an intervention is: a near-miss merge's two, else itself."""
+    return intervention.split(MERGED) if MERGED in intervention else [intervention]
 
 
 def ancestors(trials: Iterable, v: str) -> list[str]:

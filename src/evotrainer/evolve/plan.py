@@ -1,15 +1,15 @@
-"""Where a trial's plan comes from: an agent's proposal (or its failure), or a crossover of
-two elites. The plan itself is a lineage record (lineage/plan.py): it is what the trial's
+"""Where a trial's plan comes from: an agent's proposal (or its failure), a crossover of
+two elites, or a merge of two near misses. The plan itself is a lineage record (lineage/plan.py): it is what the trial's
 `trial_started` event carries, so a resumed controller redoes the trial as planned.
 """
 from __future__ import annotations
 
 from evotrainer.agents import AgentFailed, Proposal
-from evotrainer.evolve.history import CROSSOVER
+from evotrainer.evolve.history import CROSSOVER, MERGE, MERGED
 from evotrainer.evolve.state import State
 from evotrainer.lineage.plan import Failure, TrialPlan
 
-__all__ = ["Failure", "TrialPlan", "of_agent", "of_crossover"]
+__all__ = ["Failure", "TrialPlan", "of_agent", "of_crossover", "of_merge"]
 
 
 # ---------------------------------------------------------------------- the plans' origins
@@ -39,3 +39,18 @@ def of_crossover(parent: State, mate: State, version: str, parent_changes: froze
         success_criterion="validation accuracy beats the control's beyond the noise floor, with no blocking finding",
         rollback=f"back to {parent.version}", knobs=knobs, files=files, agent="crossover", trigger="none",
         expected=None, usage=None, mate=mate)
+
+
+def of_merge(parent: State, version: str, a, b) -> TrialPlan:
+    """Two near misses' changes together (evolve/near_miss.py: `a` and `b`, NearMiss records of
+    discarded trials made on `parent`'s version, touching different knobs and files)."""
+    return TrialPlan(
+        parent=parent, version=version, round=None, intervention=f"{a.intervention}{MERGED}{b.intervention}",
+        family=MERGE,
+        hypothesis=f"{a.intervention} (trial {a.trial}, {100 * a.gain:+.1f} points) and {b.intervention} "
+                   f"(trial {b.trial}, {100 * b.gain:+.1f}) each gained too little to clear the gate alone; they "
+                   f"change different parts of the harness ({a.family}, {b.family}), so together their gains add up",
+        frozen=f"everything else of {parent.version}",
+        success_criterion="validation accuracy beats the control's beyond the noise floor, with no blocking finding",
+        rollback=f"back to {parent.version}", knobs=a.knobs | b.knobs, files=a.files | b.files, agent=MERGE,
+        trigger="none", expected=None, usage=None, merged=(a.trial, b.trial))

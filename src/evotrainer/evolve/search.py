@@ -11,6 +11,9 @@ decisions, as functions of a view of the run (evolve/view.py) and the search's s
                  a pair whose gains come from the same ancestor change (history.repeats_ancestor)
                  and a pair already crossed in this order are skipped, a pair crossed the other
                  way round is tried after every fresh one
+    merge        where the policy merges near misses (an evolving controller after a stall):
+                 the best pair of near misses made on the parent's version and not merged
+                 yet, as one trial from the parent (evolve/near_miss.py); before a crossover
 
 "three" and the crossover timing, the frontier and the selection temperature are the
 controller's policy (evolve/search_policy.py): fixed, or revised as the run goes.
@@ -22,7 +25,7 @@ from typing import Callable
 
 from evotrainer.agents import Escalation
 from evotrainer.config import SearchConfig
-from evotrainer.evolve import history, plan
+from evotrainer.evolve import history, near_miss, plan
 from evotrainer.evolve.diagnosis import misleads
 from evotrainer.evolve.population import SelectionConfig, crossover_due, mates, merge, select_parent
 from evotrainer.evolve.search_policy import ControllerPolicy
@@ -81,6 +84,17 @@ def crossover(view: RunView, n: int, parent: State, search: SearchConfig, select
         mate_state = next(s for s in view.states if s.key == mate.key)
         return plan.of_crossover(parent, mate_state, f"v{n}", first.changes, mate.changes, m.knobs, m.files)
     return None
+
+
+def merge_near_misses(view: RunView, n: int, parent: State, min_gain: float,
+                      policy: ControllerPolicy = ControllerPolicy()) -> TrialPlan | None:
+    """A merge of two near misses for trial `n` from `parent`, where the policy merges and a
+    pair made on the parent's version is left, else None."""
+    if not policy.merge_near_misses:
+        return None
+    pair = near_miss.best_pair(near_miss.near_misses(view.planned, parent.version, min_gain),
+                               near_miss.merged_pairs(view.plans.values()))
+    return plan.of_merge(parent, f"v{n}", *pair) if pair else None
 
 
 def escalation(view: RunView, search: SearchConfig, timeout_s: float, record: Callable[[Event], None],

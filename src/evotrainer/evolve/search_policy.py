@@ -4,7 +4,8 @@ lineage shows worked (`search.controller: evolving`; `fixed` keeps the starting 
 What the search decides with (evolve/search.py) is one record, ControllerPolicy: the weights
 of the intervention families the agent tries first, how often a crossover is due, how
 greedily a parent is picked (the selection temperature), how many elites are kept (the
-frontier) and how many failures in a row roll the search back and make it subtract. An
+frontier), how many failures in a row roll the search back and make it subtract, and
+whether near misses are merged. An
 evolving run revises it every `revise_every` trials, by rules:
 
     family weights   a bandit over intervention families, on what its judged trials gained: the
@@ -18,10 +19,13 @@ evolving run revises it every `revise_every` trials, by rules:
     crossover rate   the kept rate of crossovers over that of mutations (each the mean of a
                      Beta(1 + kept, 1 + not kept) posterior) scales the minimum crossover rate
                      from 0.25, within [0.1, 0.5] (once two crossovers ran)
-    frontier and     nothing kept in `revise_every` or more trials since the last revision:
-    temperature      one more elite (at most 8) and a hotter selection (+0.005, at most 0.05);
-                     a branch that keeps improving (two kept trials since, one descending from
-                     the other): one fewer (at least 2) and cooler (-0.005, at least 0)
+    frontier,        nothing kept in `revise_every` or more trials since the last revision:
+    temperature,     one more elite (at most 8), a hotter selection (+0.005, at most 0.05), and
+    merging          near misses merged from then on (evolve/near_miss.py: two discarded
+                     changes whose mean gains reached the gate's minimum, tried together, for
+                     where single moves are too small for the gate to see); a branch that keeps
+                     improving (two kept trials since, one descending from the other): one
+                     fewer (at least 2) and cooler (-0.005, at least 0)
     revert after     once subtractions ran twice: revert after 2 failures where they were
                      kept at least as often as other changes, after 4 where none was, else 3
 
@@ -70,6 +74,7 @@ class ControllerPolicy:
     frontier: int = 4                    # elites kept (the population's capacity)
     revert_after: int = 3                # failures in a row that roll back and escalate
     revise_every: int = 3                # trials between revisions (an evolving controller)
+    merge_near_misses: bool = False      # merge two discarded near misses into one trial (evolve/near_miss.py)
 
     @classmethod
     def initial(cls, search: SearchConfig) -> "ControllerPolicy":
@@ -106,6 +111,8 @@ def changes(old: ControllerPolicy, new: ControllerPolicy) -> list[str]:
         if f.name == "family_weights":
             out += [f"weight {k} {a.get(k, 1.0):g} -> {b.get(k, 1.0):g}" for k in dict.fromkeys([*a, *b])
                     if a.get(k, 1.0) != b.get(k, 1.0)]
+        elif isinstance(a, bool) and a != b:
+            out.append(f"{f.name.replace('_', ' ')} {'on' if a else 'off'} -> {'on' if b else 'off'}")
         elif a != b:
             out.append(f"{f.name.replace('_', ' ')} {a:g} -> {b:g}")
     return out
@@ -228,8 +235,9 @@ def _streaks(policy: ControllerPolicy, trials: Sequence, since: int):
     if len(recent) >= policy.revise_every and not kept:
         frontier = policy.frontier + 1 if policy.frontier < FRONTIER[1] else policy.frontier
         temperature = round(_clamp(policy.temperature + TEMPERATURE_STEP, TEMPERATURE), 6)
-        new = replace(policy, frontier=frontier, temperature=temperature)
-        return (new, f"nothing kept in trials {_ids(recent)}: a wider frontier and a hotter selection",
+        new = replace(policy, frontier=frontier, temperature=temperature, merge_near_misses=True)
+        merging = "" if policy.merge_near_misses else ", and near misses merged"
+        return (new, f"nothing kept in trials {_ids(recent)}: a wider frontier and a hotter selection{merging}",
                 {t.id for t in recent}) if new != policy else None
     line = [(a, b) for a in kept for b in kept
             if a.id < b.id and b.version and a.version in history.ancestors(trials, b.version)]

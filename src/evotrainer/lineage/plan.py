@@ -52,6 +52,7 @@ class TrialPlan:
     feedback: str | None = None          # that person's words
     beside: tuple[int, ...] | None = None  # trials in flight when it was proposed (search.concurrency > 1)
     saw: tuple[int, ...] | None = None   # the finished trials its proposal read (search.concurrency > 1)
+    merged: tuple[int, ...] | None = None  # a near-miss merge's: the discarded trials whose changes it combines
 
     @property
     def parents(self) -> list[str]:
@@ -69,7 +70,8 @@ class TrialPlan:
                   "failed": self.failed and dataclasses.asdict(self.failed),
                   "rejected": None if self.rejected is None else list(self.rejected), "feedback": self.feedback,
                   "beside": None if self.beside is None else list(self.beside),
-                  "saw": None if self.saw is None else list(self.saw)}
+                  "saw": None if self.saw is None else list(self.saw),
+                  "merged": None if self.merged is None else list(self.merged)}
         return always | {k: v for k, v in stated.items() if v is not None}
 
     @classmethod
@@ -84,7 +86,8 @@ class TrialPlan:
                    failed=Failure(**d["failed"]) if d.get("failed") else None,
                    rejected=None if d.get("rejected") is None else tuple(d["rejected"]), feedback=d.get("feedback"),
                    beside=None if d.get("beside") is None else tuple(d["beside"]),
-                   saw=None if d.get("saw") is None else tuple(d["saw"]))
+                   saw=None if d.get("saw") is None else tuple(d["saw"]),
+                   merged=None if d.get("merged") is None else tuple(d["merged"]))
 
     # ------------------------------------------------------------------ revising at a gate
 
