@@ -76,6 +76,7 @@ from evotrainer.skills import SkillLibrary  # noqa: E402
 from evotrainer.evolve import setup  # noqa: E402
 from evotrainer.evolve.retrain import Arm  # noqa: E402
 from evotrainer.evolve.segment_cache import SegmentCache  # noqa: E402
+from evotrainer.evolve.stats import crossed_t_interval  # noqa: E402
 from evotrainer.harness import REFERENCE  # noqa: E402
 from evotrainer.harness.knobs import load_knobs  # noqa: E402
 from search_efficiency import _ci, _ms, arm_key, replays  # noqa: E402
@@ -370,6 +371,31 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def summary(results: list[dict]) -> str:
+    """Across tasks: each task's best strategy against both references, and what the winners
+    of every search hold (the kept changes per task: do the harnesses differ by domain?)."""
+    lines = ["## Across tasks", "",
+             "| task | best strategy | − default | − tuned | beats default | winners hold (searches) |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        default, tuned_ = _test(r, "default"), _test(r, "tuned")
+        searched = [s for s in r["runs"] if s != "transfer"]
+        mean = {s: round(statistics.fmean(x for row in gains(r, s, default) for x in row), 9) for s in searched}
+        best = max(searched, key=mean.get)
+        name = "all tie" if len(set(mean.values())) == 1 else best
+        lo, _ = crossed_t_interval(gains(r, best, default))
+        holds: dict[str, int] = {}
+        for s in searched:
+            for rec in r["runs"][s]:
+                for change in rec["holds"] or ["root"]:
+                    holds[change] = holds.get(change, 0) + 1
+        n = sum(len(r["runs"][s]) for s in searched)
+        held = ", ".join(f"{c} ({k} of {n})" for c, k in sorted(holds.items(), key=lambda kv: (-kv[1], kv[0])))
+        lines.append(f"| {r['config']} | {name} | {_ci(gains(r, best, default))} | {_ci(gains(r, best, tuned_))} "
+                     f"| {'yes' if lo > 0 else 'no'} | {held} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", nargs="+", default=sorted(c.stem for c in SUITE.glob("*.yaml")),
@@ -410,7 +436,9 @@ def main() -> None:
             print(f"# {path.stem}: {', '.join(args.strategies)}", flush=True)
             print("\n" + table(bench_task(path, args.strategies, args.replicates, seeds, args.out)) + "\n", flush=True)
     results = [json.loads(f.read_text()) for f in sorted([*args.out.glob("*/result.json"), *args.out.glob("*/transfer.json")])]
-    report = "# Search suite\n\n" + "\n\n".join(table(r) for r in results) + "\n"
+    suite = [r for r in results if "transfer_from" not in r]
+    report = ("# Search suite\n\n" + (summary(suite) + "\n\n" if suite else "")
+              + "\n\n".join(table(r) for r in results) + "\n")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.md").write_text(report)
     print(report)
