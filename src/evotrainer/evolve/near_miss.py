@@ -8,7 +8,10 @@ cleared the gate's minimum gain (`promotion.min_gain`) while its lower bound did
 of them from different intervention families, made on the same harness version and
 touching different knobs and files, are merged into one trial gated against that
 version's control like any other. If their gains add up, the merge clears the gate where
-neither part could; if not, it is discarded as a merge and says so in the lineage.
+neither part could; if not, it is discarded as a merge and says so in the lineage. On
+vault3's searches one merge of two +1.5-point near misses gained -0.1 (noise, not additive)
+and one was kept on search seeds where the default recipe falters, a gain that did not hold
+on fresh seeds (docs/benchmarks.md): a merge is a hypothesis the gate judges, not a gain.
 
 Only an evolving controller merges, and only once its policy says so
 (search_policy.py: a stall turns it on). Each pair is merged at most once. Pure functions
