@@ -174,3 +174,25 @@ def test_cli_exit_codes_and_files(tmp_path, evidence, capsys):
 def test_config_is_validated():
     with pytest.raises(ValueError, match="max_violation_rate"):
         BacktestConfig(max_violation_rate=2).validate()
+
+
+def test_two_harnesses_alike_on_one_policy_s_rollouts_can_differ_on_another_s(tmp_path, evidence):
+    """Partial credit equals the binary reward on rollouts whose every wrong answer shares no
+    position with the answer, and differs on near misses: the twin check asks every
+    directory a training sampled, not only the parent's."""
+    from evotrainer.backtest.run import same_signal
+    all_or_nothing = write_train_dir(readable(tmp_path) / "all-or-nothing")
+    lines = []
+    for line in (all_or_nothing / "evidence.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if not r["score"]:
+            r["completion"] = "x" * len(r["completion"])  # no digit in place: no partial credit
+        lines.append(json.dumps(r))
+    (all_or_nothing / "evidence.jsonl").write_text("\n".join(lines) + "\n")
+    binary = write_harness(tmp_path / "binary", small=False, group_filter="drop_dead")
+    partial = write_harness(tmp_path / "partial", small=False, group_filter="drop_dead", reward="partial_credit")
+    parent = all_or_nothing / "harness"
+    assert same_signal([all_or_nothing], partial, binary, parent)
+    assert not same_signal([all_or_nothing, evidence], partial, binary, parent)
+    assert same_signal([all_or_nothing, evidence], binary, binary, parent)
+    assert same_signal([], partial, binary, parent)  # nothing to ask: the caller's other evidence decides

@@ -18,7 +18,7 @@ class Label(enum.StrEnum):
     INVALID = "invalid"                           # a blocking finding (reward gamed): never kept, however it scored
     ILLEGAL = "illegal"                           # breaks a legality rule, or this run's backend cannot train it
     BACKTEST_REJECTED = "backtest_rejected"       # rescored on the parent's rollouts, it failed before training
-    EQUIVALENT = "equivalent"                     # would train exactly like a sibling already tried: not trained
+    EQUIVALENT = "equivalent"                     # would train like a sibling already tried: not trained
     CRASH = "crash"                               # a training worker raised or died
     TIMEOUT = "timeout"                           # a training worker ran past the trial's time limit
     OOM = "oom"                                   # a training worker ran out of memory

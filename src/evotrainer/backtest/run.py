@@ -70,12 +70,22 @@ SIGNAL_KNOBS = ("reward", "group_filter", "advantage", "max_new_tokens")
 def rest_key(harness_dir: Path | str) -> str:
     """What a rescore does not see of a harness: every other knob (lr, temperature, loss
     aggregation, ...) and all its code (conservatively: code can touch any slot). Two
-    harnesses with equal rest keys and equal signal fingerprints on one evidence train alike."""
+    harnesses with equal rest keys and equal signal fingerprints on one evidence give the
+    trainer the same signal there (on every rollout a training sampled: they train alike)."""
     h = Path(harness_dir)
     knobs = {k: v for k, v in (yaml.safe_load((h / "knobs.yaml").read_text()) or {}).items() if k not in SIGNAL_KNOBS}
     code = {p.name: p.read_text() for p in sorted(h.glob("*.py"))}
     blob = json.dumps({"knobs": knobs, "code": code}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def same_signal(evidence_dirs, candidate_dir: Path | str, other_dir: Path | str, parent_dir: Path | str,
+                timeout_s: float = 600.0) -> bool:
+    """Whether two harnesses give the trainer the same signal on every rollout of every
+    evidence directory (a rescore that fails on either side counts as different)."""
+    def signal(ev, harness) -> str:
+        return backtest(ev, harness, parent_dir, timeout_s=timeout_s).signal
+    return all((a := signal(ev, candidate_dir)) and a == signal(ev, other_dir) for ev in evidence_dirs)
 
 
 def signal_fingerprint(rescored: dict) -> str:

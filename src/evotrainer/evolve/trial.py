@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from evotrainer.backtest import backtest
-from evotrainer.backtest.run import rest_key
+from evotrainer.backtest.run import rest_key, same_signal
 from evotrainer.diagnostics.replay import revised_diagnostics
 from evotrainer.evolve import approval, history
 from evotrainer.evolve.diagnosis import Replayed, replay_revised
@@ -147,7 +147,7 @@ class Trial:
 
     def backtest(self, patch: str, replays: list[Replayed]) -> Screened | Outcome:
         """The candidate rescores the parent's rollouts before any training: a failure ends the
-        trial, and so does an earlier sibling that would train exactly alike (equivalent)."""
+        trial, and so does an earlier sibling that would train alike (equivalent)."""
         if not self.tools.run_backtests:
             return Screened(tuple(replays), "skipped")
         here = self.tools.harness_dir
@@ -158,16 +158,26 @@ class Trial:
         screened = Screened(tuple(replays), bt.label, tuple(bt.reasons), bt.signal, rest_key(here(self.version)))
         twin = self.twin(screened)
         if twin is not None:
-            return Outcome(Label.EQUIVALENT, f"trains exactly like {twin.version} ({twin.intervention}): the same "
-                           "rewards, filter and advantages on the parent's rollouts and every other setting equal; "
-                           "not trained", patch, screened)
+            where = "the parent's rollouts and every rollout its training made" if twin.fitness.get("state") \
+                else "the parent's rollouts"
+            return Outcome(Label.EQUIVALENT, f"trains like {twin.version} ({twin.intervention}): the same rewards, "
+                           f"filter and advantages on {where}, and every other setting equal (its runs would "
+                           "differ from those only by the sampling seed); not trained", patch, screened)
         return screened
 
     def twin(self, screened: Screened) -> TrialRecord | None:
         """An earlier child of the parent's harness that trained (or tried to) and would train
-        exactly like this candidate: the same rest key, and the same signal fingerprint on this
-        parent's evidence (its own, if it branched from this very state; else rescored here)."""
-        plans = self.tools.view.plans
+        like this candidate: the same rest key, the same signal fingerprint on this parent's
+        evidence (its own, if it branched from this very state; else rescored here), and, where
+        it trained, the same signal as its own harness on every rollout its training sampled.
+
+        The last is what makes "trains like" hold beyond the parent's policy: a reward that
+        differs only on answers the parent never wrote (partial credit where every parent
+        rollout was all right or all wrong) shows there, if the twin's policy wrote them.
+        Given equal signals on every rollout a training sampled, the candidate would train step
+        for step as the twin did on the twin's draws; its own runs are other draws (the sampling
+        seed follows the harness's content: trainer/jobs.sampling_seed), not other training."""
+        plans, here, timeout = self.tools.view.plans, self.tools.harness_dir, self.tools.cfg.budget.trial_timeout_s
         for t in self.tools.view.trials:
             if t.parents[:1] != [self.parent.version] or t.backtest.get("rest") != screened.rest \
                     or t.label in (Label.EQUIVALENT, Label.ILLEGAL, Label.BACKTEST_REJECTED):
@@ -175,10 +185,13 @@ class Trial:
             if t.id in plans and plans[t.id].parent.key == self.parent.key:
                 signal = t.backtest.get("signal")
             else:
-                signal = backtest(self.parent.dirs[min(self.parent.dirs)], self.tools.harness_dir(t.version),
-                                  self.tools.harness_dir(self.parent.version),
-                                  timeout_s=self.tools.cfg.budget.trial_timeout_s).signal
-            if signal and signal == screened.signal:
+                signal = backtest(self.parent.dirs[min(self.parent.dirs)], here(t.version), here(self.parent.version),
+                                  timeout_s=timeout).signal
+            # where it trained, also every rollout its own training sampled (none recorded: it
+            # failed before training, and the parent's evidence alone decides)
+            own = (t.fitness.get("state") or {}).get("dirs", {}).values()
+            if signal and signal == screened.signal and \
+                    same_signal(own, here(self.version), here(t.version), here(self.parent.version), timeout):
                 return t
         return None
 
