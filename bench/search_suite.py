@@ -76,7 +76,7 @@ from evotrainer.skills import SkillLibrary  # noqa: E402
 from evotrainer.evolve import setup  # noqa: E402
 from evotrainer.evolve.retrain import Arm  # noqa: E402
 from evotrainer.evolve.segment_cache import SegmentCache  # noqa: E402
-from evotrainer.evolve.stats import crossed_t_interval  # noqa: E402
+from evotrainer.evolve.stats import crossed_t_interval, null_differences  # noqa: E402
 from evotrainer.harness import REFERENCE  # noqa: E402
 from evotrainer.harness.knobs import load_knobs  # noqa: E402
 from search_efficiency import _ci, _ms, arm_key, replays  # noqa: E402
@@ -259,6 +259,23 @@ def landscape(runs: dict[str, list[dict]]) -> dict[str, dict]:
                 "kept": sum(1 for _, lab in v if lab == "kept")} for m, v in sorted(by_move.items())}
 
 
+def noise(runs: dict[str, list[dict]], out: Path) -> list[float]:
+    """The null differences of the task's searches (each root's noise replicas minus the root,
+    seed by seed: what a trial's gain per seed is when nothing changed), once per replicate:
+    every strategy's root of a replicate is the same segments, trained once."""
+    diffs = []
+    for r in range(len(next(iter(runs.values())))):
+        for s in runs:
+            db = out / f"{s}-r{r}" / "lineage.sqlite"
+            if db.exists():
+                store = LineageStore(db)
+                root = store.trials()[0].fitness
+                store.close()
+                diffs += null_differences(root["val"], root.get("replicas", []))
+                break
+    return [round(d, 6) for d in diffs]
+
+
 def bench_task(config_path: Path, strategies: list[str], replicates: int, seeds: list[int], out: Path,
                transfer_from: list[str] | None = None) -> dict:
     raw = yaml.safe_load(config_path.read_text())
@@ -280,7 +297,8 @@ def bench_task(config_path: Path, strategies: list[str], replicates: int, seeds:
     scores = replays(cfg, arms, base, seeds, out, SegmentCache(cache_dir(out)))
     result = {"config": config_path.stem, "task": f"{cfg.task} level {cfg.level}", "trials": cfg.budget.trials,
               "total_steps": cfg.budget.total_steps, "seeds": seeds, "runs": runs, "scores": scores,
-              "tuned": {"recipe": tuned_name, "sweep_val": sweep_val}, "landscape": landscape(runs)}
+              "tuned": {"recipe": tuned_name, "sweep_val": sweep_val}, "landscape": landscape(runs),
+              "noise": noise(runs, out)}
     if transfer_from is not None:  # the transfer rows: a result of their own beside the suite's
         result["transfer_from"] = transfer_from
     (out / ("result.json" if transfer_from is None else "transfer.json")).write_text(json.dumps(result, indent=2))
@@ -364,8 +382,15 @@ def table(result: dict) -> str:
         ev, gr = result["runs"]["evolving"], result["runs"]["greedy"]
         rows = [[a - b for a, b in zip(_test(result, e["arm"]), _test(result, g["arm"]))] for e, g in zip(ev, gr)]
         lines += ["", f"Evolving controller − greedy, paired by replicate and seed: {_ci(rows)} test points."]
-    lines += ["", "Landscape (every trained trial's gain over its control, validation points):", "",
-              "| move | tried | mean gain | best gain | kept |", "|---|---|---|---|---|"]
+    lines += ["", "Landscape (every trained trial's gain over its control, validation points):", ""]
+    if len(result.get("noise", [])) > 1:
+        sd = 100 * statistics.fmean(d * d for d in result["noise"]) ** 0.5  # a null difference has mean 0
+        lines += [f"Noise: a change that does nothing gains 0 ± {sd:.1f} per seed (root mean square of "
+                  f"{len(result['noise'])} null differences: the roots' noise replicas minus the roots). A trial's "
+                  f"first look, over 2 seeds, then falls within ±{2 * sd / 2 ** 0.5:.1f} of zero about 19 times in 20 "
+                  "(normal noise); trials judged against one control share its draw, so their gains move together.",
+                  ""]
+    lines += ["| move | tried | mean gain | best gain | kept |", "|---|---|---|---|---|"]
     for move, v in result["landscape"].items():
         lines.append(f"| {move} | {v['n']} | {100 * v['mean_gain']:+.1f} | {100 * v['best_gain']:+.1f} | {v['kept']} |")
     return "\n".join(lines)
