@@ -20,8 +20,8 @@ from helpers import agent_context
 ROOT = TrialRecord(0, "v0", [], "-", "root", 1, "", "-", "", "kept")
 
 
-def rec(n, parent, intervention, label, gain=None):
-    return TrialRecord(n, f"v{n}", [parent], "rules", intervention, 2, "", "-", "", label,
+def rec(n, parent, intervention, label, gain=None, agent="rules"):
+    return TrialRecord(n, f"v{n}", [parent], agent, intervention, 2, "", "-", "", label,
                        fitness={} if gain is None else {"gain": gain})
 
 
@@ -308,8 +308,10 @@ def test_a_stall_turns_merging_on_and_the_merge_is_one_trial_from_the_parent_wit
     assert "trial 7, +1.6 points" in m.hypothesis and "trial 8, +2.1" in m.hypothesis
     assert type(m).from_json(m.to_json()) == m                  # the lineage's record round-trips
     # once merged (its plan recorded), the pair is not merged again: the next best is
-    merged = rec(9, "v0", m.intervention, "discarded", 0.012)
+    merged = rec(9, "v0", m.intervention, "discarded", 0.012, agent=m.agent)
     view = RunView(view.trials + (merged,), view.events + (TrialStarted.of(9, m),))
     assert merge_near_misses(view, 10, parent, 0.01, rev.policy).merged == (6, 8)
     assert history.changes([ROOT, merged])["v9"] == {"raise_temperature", "lower_lr"}
+    named = rec(10, "v0", "clip+kl", "discarded")  # an agent's own name with a "+": one change
+    assert history.changes([ROOT, named])["v10"] == {"clip+kl"}
     assert history.family(m.intervention, m.family) == "merge"

@@ -40,13 +40,14 @@ def changes(trials: Iterable) -> dict[str, frozenset[str]]:
         elif t.intervention == CROSSOVER:
             out[t.version] = frozenset().union(*(out.get(p, frozenset()) for p in t.parents))
         else:
-            out[t.version] = out.get(t.parents[0], frozenset()) | set(parts(t.intervention))
+            out[t.version] = out.get(t.parents[0], frozenset()) | set(parts(t))
     return out
 
 
-def parts(intervention: str) -> list[str]:
-    """The single changes an intervention is: a near-miss merge's two, else itself."""
-    return intervention.split(MERGED) if MERGED in intervention else [intervention]
+def parts(t) -> list[str]:
+    """The single changes trial `t` made: a near-miss merge's two, else its intervention (an
+    agent's own name for a change may hold a "+" too: only a merge's is split)."""
+    return t.intervention.split(MERGED) if t.agent == MERGE else [t.intervention]
 
 
 def ancestors(trials: Iterable, v: str) -> list[str]:

@@ -26,9 +26,6 @@ from evotrainer.evolve import history
 from evotrainer.labels import Label
 from evotrainer.lineage.plan import TrialPlan
 
-MERGE = history.MERGE
-
-
 @dataclass(frozen=True)
 class NearMiss:
     trial: int
@@ -46,7 +43,7 @@ def near_misses(planned: Iterable[tuple], version: str, min_gain: float) -> list
     for t, p in planned:
         gain = t.fitness.get("gain")
         if (t.label != Label.DISCARDED or gain is None or gain < min_gain or p.parent.version != version
-                or p.agent in (MERGE, history.CROSSOVER) or not (p.knobs or p.files)):
+                or p.agent in (history.MERGE, history.CROSSOVER) or not (p.knobs or p.files)):
             continue
         out.append(NearMiss(t.id, t.intervention, history.family(t.intervention, p.family), gain,
                             dict(p.knobs or {}), dict(p.files or {})))
