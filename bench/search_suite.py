@@ -264,15 +264,16 @@ def noise(runs: dict[str, list[dict]], out: Path) -> list[float]:
     seed by seed: what a trial's gain per seed is when nothing changed), once per replicate:
     every strategy's root of a replicate is the same segments, trained once."""
     diffs = []
-    for r in range(len(next(iter(runs.values())))):
-        for s in runs:
-            db = out / f"{s}-r{r}" / "lineage.sqlite"
-            if db.exists():
-                store = LineageStore(db)
-                root = store.trials()[0].fitness
-                store.close()
-                diffs += null_differences(root["val"], root.get("replicas", []))
-                break
+    for r in range(max((len(recs) for recs in runs.values()), default=0)):
+        db = next((d for s in runs if (d := out / f"{s}-r{r}" / "lineage.sqlite").exists()), None)
+        if db is None:
+            continue
+        store = LineageStore(db)
+        try:
+            root = store.trials()[0].fitness
+        finally:
+            store.close()
+        diffs += null_differences(root["val"], root.get("replicas", []))
     return [round(d, 6) for d in diffs]
 
 
@@ -385,10 +386,11 @@ def table(result: dict) -> str:
     lines += ["", "Landscape (every trained trial's gain over its control, validation points):", ""]
     if len(result.get("noise", [])) > 1:
         sd = 100 * statistics.fmean(d * d for d in result["noise"]) ** 0.5  # a null difference has mean 0
+        pairs = len(next(iter(result["runs"].values()))[0]["seeds"])  # a trial's first look: the search seeds
         lines += [f"Noise: a change that does nothing gains 0 ± {sd:.1f} per seed (root mean square of "
                   f"{len(result['noise'])} null differences: the roots' noise replicas minus the roots). A trial's "
-                  f"first look, over 2 seeds, then falls within ±{2 * sd / 2 ** 0.5:.1f} of zero about 19 times in 20 "
-                  "(normal noise); trials judged against one control share its draw, so their gains move together.",
+                  f"first look, over {pairs} seeds, then falls within ±{2 * sd / pairs ** 0.5:.1f} of zero roughly "
+                  "19 times in 20; trials judged against one control share its draw, so their gains move together.",
                   ""]
     lines += ["| move | tried | mean gain | best gain | kept |", "|---|---|---|---|---|"]
     for move, v in result["landscape"].items():

@@ -196,3 +196,4 @@ def test_two_harnesses_alike_on_one_policy_s_rollouts_can_differ_on_another_s(tm
     assert not same_signal([all_or_nothing, evidence], partial, binary, parent)
     assert same_signal([all_or_nothing, evidence], binary, binary, parent)
     assert same_signal([], partial, binary, parent)  # nothing to ask: the caller's other evidence decides
+    assert not same_signal([tmp_path / "pruned"], binary, binary, parent)  # what cannot be checked is not alike

@@ -248,7 +248,7 @@ def test_a_sibling_that_would_train_the_same_is_recorded_equivalent_and_costs_no
     assert [t.intervention for t in trials[1:]] == order
     twin = trials[2]
     assert twin.label == "equivalent" and "trains like v1 (drop_dead)" in twin.reflection \
-        and "every rollout its training made" in twin.reflection
+        and "the twin's own recorded training" in twin.reflection
     assert twin.backtest["rest"] == trials[1].backtest["rest"]
     assert not (run / "versions" / "v2").exists() and twin.budgets == {}  # never trained
     assert trials[3].label in ("kept", "discarded") and trials[3].backtest["rest"] != twin.backtest["rest"]

@@ -268,7 +268,8 @@ def test_near_misses_are_discarded_single_changes_whose_mean_gain_reached_the_mi
         single(9, "v0", "clip_higher", "exploration", "invalid", 0.05, {"clip_high": 0.28}),      # gamed score
         single(10, "v3", "kl_anchor", "optimisation", "discarded", 0.03, {"kl_coef": 0.02}),       # another version
         single(11, "v0", "warmup", "optimisation", "discarded", 0.03),                            # changed nothing
-        single(12, "v0", "lower_lr+easier_mix", "merge", "discarded", 0.03, {"lr": 1}, agent="merge")]
+        single(12, "v0", "lower_lr+easier_mix", "merge", "discarded", 0.03, {"lr": 1}, agent="merge"),
+        single(13, "v0", "clip+kl", "optimisation", "discarded", 0.03, {"clip_high": 0.3})]     # a "+" in its name
     misses = near_misses(planned, "v0", 0.01)
     assert [m.trial for m in misses] == [8, 7, 6]     # best first; +0.8 (trial 3) fell short of the minimum
     assert [m.family for m in misses] == ["optimisation", "exploration", "curriculum"]

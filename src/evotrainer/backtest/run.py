@@ -82,10 +82,13 @@ def rest_key(harness_dir: Path | str) -> str:
 def same_signal(evidence_dirs, candidate_dir: Path | str, other_dir: Path | str, parent_dir: Path | str,
                 timeout_s: float = 600.0) -> bool:
     """Whether two harnesses give the trainer the same signal on every rollout of every
-    evidence directory (a rescore that fails on either side counts as different)."""
+    evidence directory. A directory without its evidence (pruned, or recorded on another
+    machine) or a rescore that fails on either side counts as different: what cannot be
+    checked is not called alike."""
     def signal(ev, harness) -> str:
         return backtest(ev, harness, parent_dir, timeout_s=timeout_s).signal
-    return all((a := signal(ev, candidate_dir)) and a == signal(ev, other_dir) for ev in evidence_dirs)
+    return all((Path(ev) / "evidence.jsonl").is_file() and (a := signal(ev, candidate_dir)) and
+               a == signal(ev, other_dir) for ev in evidence_dirs)
 
 
 def signal_fingerprint(rescored: dict) -> str:

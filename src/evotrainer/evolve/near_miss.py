@@ -43,7 +43,8 @@ def near_misses(planned: Iterable[tuple], version: str, min_gain: float) -> list
     for t, p in planned:
         gain = t.fitness.get("gain")
         if (t.label != Label.DISCARDED or gain is None or gain < min_gain or p.parent.version != version
-                or p.agent in (history.MERGE, history.CROSSOVER) or not (p.knobs or p.files)):
+                or p.agent in (history.MERGE, history.CROSSOVER) or not (p.knobs or p.files)
+                or history.MERGED in t.intervention):  # a merge's name must split back into its two
             continue
         out.append(NearMiss(t.id, t.intervention, history.family(t.intervention, p.family), gain,
                             dict(p.knobs or {}), dict(p.files or {})))

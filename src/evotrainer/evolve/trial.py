@@ -158,11 +158,11 @@ class Trial:
         screened = Screened(tuple(replays), bt.label, tuple(bt.reasons), bt.signal, rest_key(here(self.version)))
         twin = self.twin(screened)
         if twin is not None:
-            where = "the parent's rollouts and every rollout its training made" if twin.fitness.get("state") \
+            where = "the parent's rollouts and the twin's own recorded training" if twin.fitness.get("state") \
                 else "the parent's rollouts"
             return Outcome(Label.EQUIVALENT, f"trains like {twin.version} ({twin.intervention}): the same rewards, "
-                           f"filter and advantages on {where}, and every other setting equal (its runs would "
-                           "differ from those only by the sampling seed); not trained", patch, screened)
+                           f"filter and advantages on {where}, and every other setting equal; not trained",
+                           patch, screened)
         return screened
 
     def twin(self, screened: Screened) -> TrialRecord | None:
@@ -175,8 +175,9 @@ class Trial:
         differs only on answers the parent never wrote (partial credit where every parent
         rollout was all right or all wrong) shows there, if the twin's policy wrote them.
         Given equal signals on every rollout a training sampled, the candidate would train step
-        for step as the twin did on the twin's draws; its own runs are other draws (the sampling
-        seed follows the harness's content: trainer/jobs.sampling_seed), not other training."""
+        for step as the twin did on the twin's draws. Its own runs would be other draws (the
+        sampling seed follows the harness's content: trainer/jobs.sampling_seed), where the two
+        could still differ on an answer neither training wrote: alike is evidence, not proof."""
         plans, here, timeout = self.tools.view.plans, self.tools.harness_dir, self.tools.cfg.budget.trial_timeout_s
         for t in self.tools.view.trials:
             if t.parents[:1] != [self.parent.version] or t.backtest.get("rest") != screened.rest \
@@ -187,8 +188,8 @@ class Trial:
             else:
                 signal = backtest(self.parent.dirs[min(self.parent.dirs)], here(t.version), here(self.parent.version),
                                   timeout_s=timeout).signal
-            # where it trained, also every rollout its own training sampled (none recorded: it
-            # failed before training, and the parent's evidence alone decides)
+            # where it trained, also the rollouts its own training sampled on the run's seeds
+            # (none recorded: it crashed, timed out or ran out of memory; the parent's evidence decides)
             own = (t.fitness.get("state") or {}).get("dirs", {}).values()
             if signal and signal == screened.signal and \
                     same_signal(own, here(self.version), here(t.version), here(self.parent.version), timeout):
