@@ -26,6 +26,7 @@ from evotrainer.evolve import history
 from evotrainer.labels import Label
 from evotrainer.lineage.plan import TrialPlan
 
+
 @dataclass(frozen=True)
 class NearMiss:
     trial: int
