@@ -11,8 +11,8 @@ from evotrainer.agents import Escalation
 from evotrainer.agents.rules import FAMILY_ORDER, candidates, draw, family_order, propose_random
 from evotrainer.config import config_from_dict
 from evotrainer.errors import UsageError
-from evotrainer.evolve.search_policy import (FAMILIES, FRONTIER, TEMPERATURE, WEIGHT, ControllerPolicy, current,
-                                             decide, revise, write_files)
+from evotrainer.evolve.search_policy import (COVER, FAMILIES, FRONTIER, TEMPERATURE, WEIGHT, ControllerPolicy,
+                                             current, decide, revise, weights_now, write_files)
 from evotrainer.lineage import LineageStore, TrialRecord
 from evotrainer.lineage.events import ControllerRevised
 from helpers import agent_context
@@ -39,8 +39,8 @@ def test_nothing_is_revised_before_revise_every_trials():
 
 
 def test_a_family_that_gains_gets_more_weight_and_one_that_loses_less():
-    trials = [ROOT, rec(1, "v0", "clip_higher", "kept", 0.05), rec(2, "v1", "drop_dead", "discarded", -0.01),
-              rec(3, "v1", "entropy_bonus", "kept", 0.02), rec(4, "v3", "dr_grpo", "discarded", -0.02)]
+    trials = [ROOT, rec(1, "v0", "clip_higher", "discarded", 0.025), rec(2, "v0", "drop_dead", "discarded", -0.01),
+              rec(3, "v0", "entropy_bonus", "discarded", 0.045), rec(4, "v0", "dr_grpo", "discarded", -0.02)]
     rev = revise(ControllerPolicy(), trials, {})
     w = rev.policy.family_weights
     assert w["exploration"] == 2.0       # +7 points over 2 + 1 trials: 2 ** (2.33 / 2) = 2.2, the cap
@@ -48,11 +48,61 @@ def test_a_family_that_gains_gets_more_weight_and_one_that_loses_less():
     assert w["signal"] == 0.71           # -2 points over 1 + 1: 2 ** (-1 / 2)
     assert w["reward"] == 1.0            # untried: the prior
     assert "weight exploration 1 -> 2" in rev.changes
-    assert "exploration gained +2.3 points a trial (summed over n + 1), kept 2 of 2 (trials 1, 3)" in rev.reason
+    assert "exploration gained +2.3 points a trial (summed over n + 1), kept 0 of 2 (trials 1, 3)" in rev.reason
     assert {1, 2, 3, 4} <= set(rev.cites)
     # the rules agent now tries exploration changes before the fixed order's first families
     assert candidates(agent_context())[0].family != "exploration"
     assert candidates(agent_context(family_weights=w))[0].family == "exploration"
+
+
+def test_a_keep_spends_what_its_family_gained_and_its_later_trials_count_from_there():
+    """arith3-weak's evolving r0: one reward move gained +24 and was kept; weighed by that gain,
+    the reward family was tried four times more from the new parent and lost every time."""
+    trials = [ROOT, rec(1, "v0", "partial_credit", "discarded", 0.026),
+              rec(2, "v0", "mix_score1_partial0p5", "kept", 0.24), rec(3, "v2", "raise_temperature", "discarded", -0.071)]
+    plans = {2: SimpleNamespace(family="reward")}
+    first = revise(ControllerPolicy(), trials, plans)
+    assert first.policy.family_weights["reward"] == 1.0       # was 2 (+13.3 a trial over 2 + 1)
+    assert first.policy.family_weights["exploration"] == 0.29
+    # a weight that had risen before the keep returns to 1, and says why
+    favoured = ControllerPolicy(family_weights={**ControllerPolicy().family_weights, "reward": 2.0})
+    rev = revise(favoured, trials, plans)
+    assert "weight reward 2 -> 1" in rev.changes
+    assert "reward's gains were spent by its keep (trial 2): from 1 again" in rev.reason and 2 in rev.cites
+    # the family's trials after its keep are its evidence from then on
+    later = trials + [rec(4, "v2", "partial_credit", "discarded", -0.117), rec(5, "v2", "drop_dead", "discarded", 0.0),
+                      rec(6, "v2", "larger_groups", "discarded", 0.0)]
+    second = revise(first.policy, later, plans, since=3)
+    assert second.policy.family_weights["reward"] == 0.25     # -11.7 over 1 + 1, at the floor
+    assert "reward gained -5.9 points a trial since its keep (trial 2)" in second.reason
+
+
+def test_once_revised_each_untried_surface_gets_one_trial_at_the_coverage_weight():
+    trials = [ROOT, rec(1, "v0", "partial_credit", "discarded", 0.026),
+              rec(2, "v0", "mix_score1_partial0p5", "kept", 0.24), rec(3, "v2", "raise_temperature", "discarded", -0.071)]
+    plans = {1: SimpleNamespace(intervention="partial_credit", family="reward"),
+             2: SimpleNamespace(intervention="mix_score1_partial0p5", family="reward"),
+             3: SimpleNamespace(intervention="raise_temperature", family="exploration")}
+    policy = revise(ControllerPolicy(), trials, plans).policy
+    assert weights_now(policy, trials, plans, []) == policy.family_weights     # not revised yet: as a fixed run
+    revised = [decide(ControllerPolicy(), trials, plans, [])]
+    w = weights_now(policy, trials, plans, revised)
+    assert {f for f, x in w.items() if x == COVER} == {"group_filter", "signal", "curriculum", "optimisation",
+                                                       "efficiency"}
+    assert w["reward"] == 1.0 and w["exploration"] == 0.29 and w["reward_hacking"] == w["subtract"] == 1.0
+    # the rules agent goes to the first untried surface, and says why it is there
+    first = candidates(agent_context(family_weights=w))[0]
+    assert first.family == "group_filter" and "(the search controller weighs group_filter 1.41)" in first.hypothesis
+    # a family in flight is being tried; one whose only trial was `equivalent` was not
+    plans[4] = SimpleNamespace(intervention="drop_dead", family="group_filter")
+    plans[5] = SimpleNamespace(intervention="lower_lr", family="optimisation")
+    done = trials + [rec(5, "v2", "lower_lr", "equivalent")]
+    w = weights_now(policy, done, plans, revised)
+    assert w["group_filter"] == 1.0 and w["optimisation"] == COVER
+    assert candidates(agent_context(family_weights=w))[0].family == "signal"
+    # a surface that weighs more than the bonus keeps its weight
+    rich = dataclasses.replace(policy, family_weights={**policy.family_weights, "signal": 2.0})
+    assert weights_now(rich, trials, plans, revised)["signal"] == 2.0
 
 
 def test_where_nothing_is_kept_a_near_miss_outweighs_a_loss_and_a_gamed_score_counts_as_refused():

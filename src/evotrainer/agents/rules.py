@@ -117,6 +117,8 @@ def candidates(ctx: AgentContext) -> list[Proposal]:
                 continue
             if why is not None:  # the finding this answers is the evidence of the hypothesis
                 p = replace(p, hypothesis=f"{p.hypothesis} (evidence: {why['evidence']})", trigger=signature(why))
+            elif (w := ctx.family_weights.get(family, 1.0)) > 1.0:  # else the controller's reason to try it
+                p = replace(p, hypothesis=f"{p.hypothesis} (the search controller weighs {family} {w:g})")
             out.append(p)
     if esc:
         if esc.subtract:  # subtracting first: each change of the parent from the root, undone

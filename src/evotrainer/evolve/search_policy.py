@@ -15,7 +15,19 @@ evolving run revises it every `revise_every` trials, by rules:
                      trial at no gain: a single lucky trial counts half) gives the weight
                      2 ** (mean / 2 points), within [0.25, 2] (untried: 1): no family dies. A
                      gain, not the kept rate: where nothing clears the gate every family would
-                     weigh alike, and a near miss (+2 points) is what the next trial should follow
+                     weigh alike, and a near miss (+2 points) is what the next trial should follow.
+                     A family's trials count from its last kept one on: the keep spent what it
+                     gained before (the parent now holds that change, and further moves of the
+                     same surface start from there), so a kept family returns to 1 until its
+                     later trials say otherwise. On arith3-weak one reward move gained +24, and
+                     weighed by it the reward family was tried four more times from the new
+                     parent, losing 1 to 27 points each
+    coverage         once the policy was revised, a family this run has not tried yet weighs
+                     COVER (as if it had gained +1 point) at the next proposal, until its first
+                     trial (`weights_now`): UCB's bonus for an arm never pulled, one trial per
+                     family. Without it the rules agent reaches the optimisation family last,
+                     and no rules search on arith3-weak tried the step size the hand sweep
+                     found best there (and on vault3, chain_sum and codegen)
     crossover rate   the kept rate of crossovers over that of mutations (each the mean of a
                      Beta(1 + kept, 1 + not kept) posterior) scales the minimum crossover rate
                      from 0.25, within [0.1, 0.5] (once two crossovers ran)
@@ -63,6 +75,9 @@ BASE_RATE = 0.25                         # the crossover rate where both operato
 CROSSOVER_RATE = (0.1, 0.5)              # never two crossovers in a row: above a half is moot
 GAIN_SCALE = 0.02                        # a family's shrunk mean gain of this doubles its weight (minus: halves)
 REFUSED = -0.01                          # what a judged trial refused without a usable score counts as gaining
+COVER = 1.41                             # an untried family's weight once the policy was revised: 2 ** (1 point / 2)
+COVERED = ("reward", "group_filter", "signal", "curriculum", "exploration", "optimisation", "efficiency")
+# (the surfaces coverage visits; reward_hacking's and subtract's moves answer a finding or an escalation)
 
 
 @dataclass(frozen=True)
@@ -184,11 +199,21 @@ def _family_bandit(policy: ControllerPolicy, judged: Sequence, families: Mapping
         ts = by.get(fam, [])
         if not ts:  # no evidence: the weight stays where it is
             continue
+        kept = [t for t in ts if t.label == Label.KEPT]
+        if kept:  # the last keep spent what the family gained up to it
+            ts = [t for t in ts if t.id > kept[-1].id]
+        if not ts:
+            if weights.get(fam, 1.0) != 1.0:
+                weights[fam] = 1.0
+                said.append(f"{fam}'s gains were spent by its keep (trial {kept[-1].id}): from 1 again")
+                cited.add(kept[-1].id)
+            continue
         mean = sum(_gain(t) for t in ts) / (len(ts) + 1)  # shrunk towards no gain by one prior trial
         w = _clamp(round(2 ** (mean / GAIN_SCALE), 2), WEIGHT)
         if w != weights.get(fam, 1.0):
             weights[fam] = w
-            said.append(f"{fam} gained {100 * mean:+.1f} points a trial (summed over n + 1), "
+            since = f" since its keep (trial {kept[-1].id})" if kept else ""
+            said.append(f"{fam} gained {100 * mean:+.1f} points a trial{since} (summed over n + 1), "
                         f"kept {_kept(ts)} of {len(ts)} (trials {_ids(ts)})")
             cited |= {t.id for t in ts}
     if not said:
@@ -256,6 +281,24 @@ def _streaks(policy: ControllerPolicy, trials: Sequence, since: int):
 def current(revised: Sequence[ControllerRevised], initial: ControllerPolicy) -> ControllerPolicy:
     """The policy in force: the latest revision's, else the starting one."""
     return ControllerPolicy.from_json(revised[-1].policy) if revised else initial
+
+
+def weights_now(policy: ControllerPolicy, trials: Sequence, plans: Mapping[int, TrialPlan],
+                revised: Sequence[ControllerRevised]) -> dict[str, float]:
+    """The family weights the next proposal uses: the policy's, and once it was revised, each
+    surface (COVERED) that no trial of this run has tried yet at COVER where it weighs less.
+    `plans`: every started trial's (in flight included: a family another trial is trying is
+    tried); a trial that ended `equivalent` trained nothing, so it tried nothing. Before the
+    first revision the findings and the fixed order lead, as for a fixed controller."""
+    weights = dict(policy.family_weights)
+    if not revised:
+        return weights
+    untrained = {t.id for t in trials if t.label == Label.EQUIVALENT}
+    tried = {history.family(p.intervention, p.family) for n, p in plans.items() if n not in untrained}
+    for fam in COVERED:
+        if fam not in tried and weights.get(fam, 1.0) < COVER:
+            weights[fam] = COVER
+    return weights
 
 
 def decide(policy: ControllerPolicy, trials: Sequence, plans: Mapping[int, TrialPlan],
