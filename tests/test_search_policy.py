@@ -77,16 +77,15 @@ def test_a_keep_spends_what_its_family_gained_and_its_later_trials_count_from_th
     assert "reward gained -5.9 points a trial since its keep (trial 2)" in second.reason
 
 
-def test_once_revised_each_untried_surface_gets_one_trial_at_the_coverage_weight():
+def test_from_the_first_revision_s_turn_each_untried_surface_gets_one_trial_at_the_coverage_weight():
     trials = [ROOT, rec(1, "v0", "partial_credit", "discarded", 0.026),
               rec(2, "v0", "mix_score1_partial0p5", "kept", 0.24), rec(3, "v2", "raise_temperature", "discarded", -0.071)]
     plans = {1: SimpleNamespace(intervention="partial_credit", family="reward"),
              2: SimpleNamespace(intervention="mix_score1_partial0p5", family="reward"),
              3: SimpleNamespace(intervention="raise_temperature", family="exploration")}
     policy = revise(ControllerPolicy(), trials, plans).policy
-    assert weights_now(policy, trials, plans, []) == policy.family_weights     # not revised yet: as a fixed run
-    revised = [decide(ControllerPolicy(), trials, plans, [])]
-    w = weights_now(policy, trials, plans, revised)
+    assert weights_now(policy, trials[:3], plans) == policy.family_weights     # before the first revision: as fixed
+    w = weights_now(policy, trials, plans)
     assert {f for f, x in w.items() if x == COVER} == {"group_filter", "signal", "curriculum", "optimisation",
                                                        "efficiency"}
     assert w["reward"] == 1.0 and w["exploration"] == 0.29 and w["reward_hacking"] == w["subtract"] == 1.0
@@ -97,12 +96,19 @@ def test_once_revised_each_untried_surface_gets_one_trial_at_the_coverage_weight
     plans[4] = SimpleNamespace(intervention="drop_dead", family="group_filter")
     plans[5] = SimpleNamespace(intervention="lower_lr", family="optimisation")
     done = trials + [rec(5, "v2", "lower_lr", "equivalent")]
-    w = weights_now(policy, done, plans, revised)
+    w = weights_now(policy, done, plans)
     assert w["group_filter"] == 1.0 and w["optimisation"] == COVER
     assert candidates(agent_context(family_weights=w))[0].family == "signal"
     # a surface that weighs more than the bonus keeps its weight
     rich = dataclasses.replace(policy, family_weights={**policy.family_weights, "signal": 2.0})
-    assert weights_now(rich, trials, plans, revised)["signal"] == 2.0
+    assert weights_now(rich, trials, plans)["signal"] == 2.0
+    # the revision's turn gives coverage even where it moved nothing
+    flat = [ROOT, rec(1, "v0", "partial_credit", "kept", 0.05), rec(2, "v1", "drop_dead", "discarded", 0.0),
+            rec(3, "v1", "raise_temperature", "discarded", 0.0)]
+    assert revise(ControllerPolicy(), flat, {}) is None
+    flat_plans = {t.id: SimpleNamespace(intervention=t.intervention, family="") for t in flat[1:]}
+    assert weights_now(ControllerPolicy(), flat, flat_plans)["optimisation"] == COVER
+    assert weights_now(ControllerPolicy(), flat[:3], flat_plans)["optimisation"] == 1.0
 
 
 def test_where_nothing_is_kept_a_near_miss_outweighs_a_loss_and_a_gamed_score_counts_as_refused():

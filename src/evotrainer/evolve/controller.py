@@ -378,8 +378,8 @@ class Controller:
                            lineage=history.view(trials) + beside(in_flight), feedback=feedback, trial=n,
                            workdir=self.run_dir / "agents", closed=closed, reference_acc=self.view.reference_acc,
                            backend=self.cfg.backend,
-                           family_weights=search_policy.weights_now(self.policy, trials, self.view.plans,
-                                                                    self.view.revisions) if self.evolving else {})
+                           family_weights=search_policy.weights_now(self.policy, trials, self.view.plans)
+                           if self.evolving else {})
         try:
             p = self.agent(ctx)
         except Exception as e:  # noqa: BLE001 (an agent's own failure is a label, never the run's end)

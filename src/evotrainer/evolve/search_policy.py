@@ -22,8 +22,9 @@ evolving run revises it every `revise_every` trials, by rules:
                      later trials say otherwise. On arith3-weak one reward move gained +24, and
                      weighed by it the reward family was tried four more times from the new
                      parent, losing 1 to 27 points each
-    coverage         once the policy was revised, a family this run has not tried yet weighs
-                     COVER (as if it had gained +1 point) at the next proposal, until its first
+    coverage         from the first revision's turn on (whether or not it moved a value), a
+                     family this run has not tried yet weighs COVER (as if it had gained +1
+                     point) at the next proposal, until its first
                      trial (`weights_now`): UCB's bonus for an arm never pulled, one trial per
                      family. Without it the rules agent reaches the optimisation family last,
                      and no rules search on arith3-weak tried the step size the hand sweep
@@ -75,7 +76,7 @@ BASE_RATE = 0.25                         # the crossover rate where both operato
 CROSSOVER_RATE = (0.1, 0.5)              # never two crossovers in a row: above a half is moot
 GAIN_SCALE = 0.02                        # a family's shrunk mean gain of this doubles its weight (minus: halves)
 REFUSED = -0.01                          # what a judged trial refused without a usable score counts as gaining
-COVER = 1.41                             # an untried family's weight once the policy was revised: 2 ** (1 point / 2)
+COVER = 1.41                             # an untried family's weight from the first revision's turn: 2 ** (1 point / 2)
 COVERED = ("reward", "group_filter", "signal", "curriculum", "exploration", "optimisation", "efficiency")
 # (the surfaces coverage visits; reward_hacking's and subtract's moves answer a finding or an escalation)
 
@@ -283,15 +284,15 @@ def current(revised: Sequence[ControllerRevised], initial: ControllerPolicy) -> 
     return ControllerPolicy.from_json(revised[-1].policy) if revised else initial
 
 
-def weights_now(policy: ControllerPolicy, trials: Sequence, plans: Mapping[int, TrialPlan],
-                revised: Sequence[ControllerRevised]) -> dict[str, float]:
-    """The family weights the next proposal uses: the policy's, and once it was revised, each
-    surface (COVERED) that no trial of this run has tried yet at COVER where it weighs less.
-    `plans`: every started trial's (in flight included: a family another trial is trying is
-    tried); a trial that ended `equivalent` trained nothing, so it tried nothing. Before the
-    first revision the findings and the fixed order lead, as for a fixed controller."""
+def weights_now(policy: ControllerPolicy, trials: Sequence, plans: Mapping[int, TrialPlan]) -> dict[str, float]:
+    """The family weights the next proposal uses: the policy's, and from the first revision's
+    turn on (`revise_every` budgeted trials finished, whether or not the revision moved a
+    value), each surface (COVERED) that no trial of this run has tried yet at COVER where it
+    weighs less. `plans`: every started trial's (in flight included: a family another trial is
+    trying is tried); a trial that ended `equivalent` trained nothing, so it tried nothing.
+    Before that turn the findings and the fixed order lead, as for a fixed controller."""
     weights = dict(policy.family_weights)
-    if not revised:
+    if not due(policy, trials, 0):
         return weights
     untrained = {t.id for t in trials if t.label == Label.EQUIVALENT}
     tried = {history.family(p.intervention, p.family) for n, p in plans.items() if n not in untrained}
