@@ -350,6 +350,15 @@ def gains(result: dict, strategy: str, against: list[float]) -> list[list[float]
     return [[a - b for a, b in zip(_test(result, rec["arm"]), against)] for rec in result["runs"][strategy]]
 
 
+def evolving_minus_greedy(result: dict) -> list[list[float]]:
+    """The evolving controller's winner minus greedy's on each fresh seed, paired by replicate
+    (none where either did not run)."""
+    if "evolving" not in result["runs"] or "greedy" not in result["runs"]:
+        return []
+    ev, gr = result["runs"]["evolving"], result["runs"]["greedy"]
+    return [[a - b for a, b in zip(_test(result, e["arm"]), _test(result, g["arm"]))] for e, g in zip(ev, gr)]
+
+
 def table(result: dict) -> str:
     default, tuned_ = _test(result, "default"), _test(result, "tuned")
     strategies = list(result["runs"])
@@ -379,9 +388,7 @@ def table(result: dict) -> str:
         rows = [[a - b for a, b in zip(_test(result, t["arm"]), _test(result, b_["arm"]))] for t, b_ in zip(tr, base)]
         lines += ["", f"Transfer (the library of {', '.join(result.get('transfer_from', [])) or '?'}) − an empty "
                       f"library ({TRANSFER_FROM}), paired by replicate and seed: {_ci(rows)} test points."]
-    if "evolving" in result["runs"] and "greedy" in result["runs"]:
-        ev, gr = result["runs"]["evolving"], result["runs"]["greedy"]
-        rows = [[a - b for a, b in zip(_test(result, e["arm"]), _test(result, g["arm"]))] for e, g in zip(ev, gr)]
+    if rows := evolving_minus_greedy(result):
         lines += ["", f"Evolving controller − greedy, paired by replicate and seed: {_ci(rows)} test points."]
     lines += ["", "Landscape (every trained trial's gain over its control, validation points):", ""]
     if len(result.get("noise", [])) > 1:
@@ -402,8 +409,8 @@ def summary(results: list[dict]) -> str:
     """Across tasks: each task's best strategy against both references, and what the winners
     of every search hold (the kept changes per task: do the harnesses differ by domain?)."""
     lines = ["## Across tasks", "",
-             "| task | best strategy | − default | − tuned | beats default | winners hold (searches) |",
-             "|---|---|---|---|---|---|"]
+             "| task | best strategy | − default | − tuned | beats default | evolving − greedy | winners hold (searches) |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         default, tuned_ = _test(r, "default"), _test(r, "tuned")
         searched = [s for s in r["runs"] if s != "transfer"]
@@ -419,7 +426,7 @@ def summary(results: list[dict]) -> str:
         n = sum(len(r["runs"][s]) for s in searched)
         held = ", ".join(f"{c} ({k} of {n})" for c, k in sorted(holds.items(), key=lambda kv: (-kv[1], kv[0])))
         lines.append(f"| {r['config']} | {name} | {_ci(gains(r, best, default))} | {_ci(gains(r, best, tuned_))} "
-                     f"| {'yes' if lo > 0 else 'no'} | {held} |")
+                     f"| {'yes' if lo > 0 else 'no'} | {_ci(eg) if (eg := evolving_minus_greedy(r)) else '–'} | {held} |")
     return "\n".join(lines)
 
 
