@@ -350,13 +350,13 @@ def gains(result: dict, strategy: str, against: list[float]) -> list[list[float]
     return [[a - b for a, b in zip(_test(result, rec["arm"]), against)] for rec in result["runs"][strategy]]
 
 
-def evolving_minus_greedy(result: dict) -> list[list[float]]:
-    """The evolving controller's winner minus greedy's on each fresh seed, paired by replicate
-    (none where either did not run)."""
-    if "evolving" not in result["runs"] or "greedy" not in result["runs"]:
+def paired(result: dict, a: str, b: str) -> list[list[float]]:
+    """Strategy a's winner minus b's on each fresh seed, paired by replicate (none where either
+    did not run)."""
+    if a not in result["runs"] or b not in result["runs"]:
         return []
-    ev, gr = result["runs"]["evolving"], result["runs"]["greedy"]
-    return [[a - b for a, b in zip(_test(result, e["arm"]), _test(result, g["arm"]))] for e, g in zip(ev, gr)]
+    return [[x - y for x, y in zip(_test(result, ra["arm"]), _test(result, rb["arm"]))]
+            for ra, rb in zip(result["runs"][a], result["runs"][b])]
 
 
 def table(result: dict) -> str:
@@ -383,12 +383,10 @@ def table(result: dict) -> str:
         seg = (sum(rec["segments"]["trained"] for rec in recs), sum(rec["segments"]["reused"] for rec in recs))
         lines.append(f"| {s} | {_ms(test)} | {_ci(gains(result, s, default))} | {_ci(gains(result, s, tuned_))} "
                      f"| {kept} | {hold} | {seg[0]} / {seg[1]} |")
-    if "transfer" in result["runs"] and TRANSFER_FROM in result["runs"]:
-        tr, base = result["runs"]["transfer"], result["runs"][TRANSFER_FROM]
-        rows = [[a - b for a, b in zip(_test(result, t["arm"]), _test(result, b_["arm"]))] for t, b_ in zip(tr, base)]
+    if rows := paired(result, "transfer", TRANSFER_FROM):
         lines += ["", f"Transfer (the library of {', '.join(result.get('transfer_from', [])) or '?'}) − an empty "
                       f"library ({TRANSFER_FROM}), paired by replicate and seed: {_ci(rows)} test points."]
-    if rows := evolving_minus_greedy(result):
+    if rows := paired(result, "evolving", "greedy"):
         lines += ["", f"Evolving controller − greedy, paired by replicate and seed: {_ci(rows)} test points."]
     lines += ["", "Landscape (every trained trial's gain over its control, validation points):", ""]
     if len(result.get("noise", [])) > 1:
@@ -426,7 +424,7 @@ def summary(results: list[dict]) -> str:
         n = sum(len(r["runs"][s]) for s in searched)
         held = ", ".join(f"{c} ({k} of {n})" for c, k in sorted(holds.items(), key=lambda kv: (-kv[1], kv[0])))
         lines.append(f"| {r['config']} | {name} | {_ci(gains(r, best, default))} | {_ci(gains(r, best, tuned_))} "
-                     f"| {'yes' if lo > 0 else 'no'} | {_ci(eg) if (eg := evolving_minus_greedy(r)) else '–'} | {held} |")
+                     f"| {'yes' if lo > 0 else 'no'} | {_ci(eg) if (eg := paired(r, 'evolving', 'greedy')) else '–'} | {held} |")
     return "\n".join(lines)
 
 
