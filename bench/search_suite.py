@@ -54,6 +54,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,6 +67,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(var, "1")  # nothing here downloads
 
+import evotrainer  # noqa: E402
 from evotrainer.agents import set_knob  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.config import config_from_dict, load_config  # noqa: E402
@@ -123,6 +125,20 @@ def config(raw: dict, strategy: str, r: int, out: Path) -> dict:
     return raw
 
 
+def code_version() -> str:
+    """The commit of the evotrainer checkout this bench imports (`+changes` where its src/ differs
+    from it), so a record says which code made it; the package version outside a git checkout."""
+    src = Path(evotrainer.__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", src, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", src, "status", "--porcelain", "--", "."], capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return evotrainer.__version__
+    return head + ("+changes" if dirty else "")
+
+
 def cache_dir(out: Path) -> Path:
     return (out / "segment-cache").resolve()
 
@@ -151,7 +167,7 @@ def search(raw: dict, strategy: str, r: int, out: Path) -> dict:
     by_version = {t.version: t for t in trials if t.version}
     # harness paths relative to the task's folder: the records are committed (bench/results) and
     # read back on another machine, under another checkout path
-    rec = {"strategy": strategy, "replicate": r, "seeds": cfg.seeds, "winner": label,
+    rec = {"strategy": strategy, "replicate": r, "code": code_version(), "seeds": cfg.seeds, "winner": label,
            "holds": holds(by_version, versions[-1]), "harnesses": [os.path.relpath(h, out) for h in arm.harnesses],
            "steps": arm.steps,
            "base": ctl.base, "seconds": round(time.time() - t),
