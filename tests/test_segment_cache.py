@@ -75,6 +75,9 @@ def test_an_entry_is_whole_or_ignored_and_its_materialised_copy_is_marked(tmp_pa
     cache.store("k1", out)
     assert (out / KEY_FILE).read_text().strip() == "k1"     # `out` is exactly the entry now
     assert not (cache.entry("k1") / "worker.log").exists()   # the run's account of the job is not its outcome
+    for rel in ("checkpoint/model.bin", "evidence.jsonl", "run.json"):  # held once: `out` links the entry's files
+        assert (out / rel).stat().st_ino == (cache.entry("k1") / rel).stat().st_ino
+    assert (out / "worker.log").read_text() == "the job's own log\n" and cache.lookup("k1") is not None
     assert cache.materialise("k1", tmp_path / "b")
     b = tmp_path / "b"
     assert (b / "checkpoint" / "model.bin").read_text() == "w" and (b / KEY_FILE).read_text().strip() == "k1"
@@ -86,7 +89,7 @@ def test_an_entry_is_whole_or_ignored_and_its_materialised_copy_is_marked(tmp_pa
     (entry / "evidence.jsonl").chmod(0o644)
     (entry / "evidence.jsonl").write_text("")
     assert cache.lookup("k1") is None and not cache.materialise("k1", tmp_path / "c")
-    cache.store("k1", out)
+    cache.store("k1", _train_dir(tmp_path / "a2"))  # (not `out`: it links the entry, so it was truncated too)
     assert cache.lookup("k1") is not None
     assert not list(entry.parent.glob(".tmp-*"))              # nothing half-built left beside it
 

@@ -18,7 +18,9 @@ evidence.jsonl, run.json, harness/, whatever a backend adds) and MANIFEST, every
 It is built aside and renamed into place, so a killed run never leaves half an entry, and a
 lookup that finds a file missing or of another size ignores the entry (the segment trains
 again and replaces it). Materialising hard-links the entry's files (read-only, so no run can
-change an entry through its link) into the segment's directory, where possible.
+change an entry through its link) into the segment's directory, where possible; a trained
+directory, once published, has its files replaced by links to the entry's the same way, so a
+segment is held on disk once.
 
 Scores are cached too (`ScoreInputs`): the evaluator's accuracy of one checkpoint of an entry
 on one split, under one split key and policy; evaluation is a large share of a trial's time.
@@ -254,6 +256,7 @@ class SegmentCache:
                     return  # its content differs from ours: `out` is no copy of the entry
         elif tree_digest(entry, skip=(MANIFEST,)) != tree_digest(out, skip=NOT_STORED):
             return
+        _share(entry, out)
         (out / KEY_FILE).write_text(key + "\n")
 
     def score(self, inputs: ScoreInputs) -> float | None:
@@ -299,6 +302,23 @@ def _link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)
     except OSError:  # another file system, or links not allowed
         shutil.copy2(src, dst)
+
+
+def _share(entry: Path, out: Path) -> None:
+    """`out`'s files, now the entry's bytes, replaced by links to the entry's: a trained segment
+    is held once on disk (a checkpoint of a real model is gigabytes), as a materialised one is.
+    The entry was copied, not linked, from what the job wrote, so nothing the job left open can
+    reach it; a file that cannot be linked (another file system) stays a copy."""
+    for p in entry.rglob("*"):
+        rel = p.relative_to(entry)
+        if not p.is_file() or rel.as_posix() == MANIFEST:
+            continue
+        tmp = (out / rel).with_name(f".link-{uuid.uuid4().hex[:8]}")
+        try:
+            os.link(p, tmp)
+            os.replace(tmp, out / rel)
+        except OSError:
+            tmp.unlink(missing_ok=True)
 
 
 def _read_only(path: Path) -> None:
