@@ -7,9 +7,12 @@ local Ray cluster of the same cores. Each run reports:
 
     trials/hour    trials finished per hour of the search's wall clock (the root's training
                    included, the base's build not: it is built or read from the cache first)
-    utilisation    the CPU seconds its worker processes used over (wall clock x cores): how
-                   busy trials in flight keep the machine (one trial at a time leaves cores idle
-                   while it proposes, backtests, scores and waits on its slowest seed)
+    utilisation    the machine's busy CPU seconds over (wall clock x cores) while the search
+                   ran: how busy trials in flight keep it (one trial at a time leaves cores idle
+                   while it proposes, backtests, scores and waits on its slowest seed). Counted
+                   machine-wide (psutil), because the workers are no children this process
+                   waits for (the fork server starts them; Ray's are the cluster's): run the
+                   bench alone, as anything else running counts too
     overlap        pairs of trials that ran beside each other (from the lineage's start/end)
 
 Then search quality: every winner replayed from the base on fresh seeds beside the reference
@@ -27,12 +30,12 @@ import argparse
 import copy
 import json
 import os
-import resource
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,10 +56,11 @@ from search_efficiency import _ci, arm_key, replays  # noqa: E402
 FRESH = 300
 
 
-def cpu_children() -> float:
-    """CPU seconds of every child process this one has waited for (the workers)."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+def busy_cpu_seconds() -> float:
+    """The machine's CPU seconds spent running anything, summed over its cores (idle, I/O wait
+    and a hypervisor's steal are not; Linux counts guest time inside user and nice already)."""
+    t = psutil.cpu_times()
+    return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq"))
 
 
 def search(raw: dict, n: int, executor: str, out: Path) -> dict:
@@ -75,18 +79,17 @@ def search(raw: dict, n: int, executor: str, out: Path) -> dict:
     cfg = config_from_dict(raw).validate()
     setup.base_checkpoint(cfg, get_task(cfg.task, cfg.level), None, lambda kind, d: None)  # built (or cached) untimed
     cores = os.cpu_count() or 1
-    cpu0, t0 = cpu_children(), time.time()
+    cpu0, t0 = busy_cpu_seconds(), time.time()
     ctl = Controller(cfg, run, on_event=lambda kind, d: kind == "trial_finished" and print(
         f"    {name} trial {d['trial']}: {d['intervention']} {d['label']}", flush=True))
     ctl.run()
-    wall, cpu = time.time() - t0, cpu_children() - cpu0
+    wall, cpu = time.time() - t0, busy_cpu_seconds() - cpu0
     label, _, arm = ctl.winner_schedule()
     data = gather(run)
     trials = [v for v in data.versions if v.trial > 0]
     rec = {"n": n, "executor": executor, "wall_s": round(wall, 1), "trials": len(trials),
            "trials_per_hour": round(3600 * len(trials) / wall, 2),
-           # Ray's workers are the cluster's processes, not ours: their CPU time is not seen here
-           "utilisation": round(cpu / (wall * cores), 3) if executor == "local" else None,
+           "utilisation": round(cpu / (wall * cores), 3),
            "overlaps": overlaps(data.versions), "winner": label, "harnesses": list(arm.harnesses),
            "steps": arm.steps, "base": ctl.base,
            "trials_run": [(v.trial, v.intervention, v.label, v.surface) for v in trials]}

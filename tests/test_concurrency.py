@@ -1,6 +1,7 @@
 """Trials in flight (search.concurrency): specialists hold surfaces, the pool's workers are one
 limit for all, the lineage records every trial once in any order, and a SIGKILL with two
 trials in flight resumes to the same trials, each once."""
+import dataclasses
 import os
 import signal
 import threading
@@ -94,6 +95,30 @@ def test_two_trials_in_flight_from_different_specialists_each_recorded_once(tiny
     from evotrainer.report import write_report
     html = (run / "report.html").read_text() if write_report(run, engine="svg") else ""
     assert "Trials over time" in html and 'class="timeline"' in html and "1 and 2" in html
+    # what each proposal read off the blackboard, in the report and in `lineage`
+    assert "proposed while #1 ran" in html
+    assert "proposed while #1 ran" in cli("lineage", run).err  # (the tree is for people: stderr)
+
+
+def _plan():
+    """A plan of the catalog's partial_credit from a root state."""
+    from evotrainer.agents import CATALOG
+    from evotrainer.evolve.plan import of_agent
+    from evotrainer.harness import REFERENCE
+    from evotrainer.harness.knobs import load_knobs
+    from evotrainer.lineage.state import State
+    p = CATALOG.get("partial_credit")(load_knobs(REFERENCE / "knobs.yaml"), 2)
+    return of_agent(State("v0", 1, {0: "x"}, {0: 0.1}, {0: 0.1}), "v1", 0, p)
+
+
+def test_the_blackboard_says_what_ran_beside_each_proposal_and_what_came_in_since_the_last():
+    from evotrainer.lineage.plan import TrialPlan
+    p = lambda beside, saw: dataclasses.replace(_plan(), beside=beside, saw=saw)  # noqa: E731
+    read = specialists.blackboard({1: p((), (0,)), 2: p((1,), (0,)), 3: p((2,), (0, 1)), 4: p((), (0, 1, 2, 3)),
+                                   5: dataclasses.replace(_plan(), beside=None, saw=None)})
+    assert read == {1: "proposed after #0 finished", 2: "proposed while #1 ran", 3: "proposed while #2 ran, after #1 "
+                    "finished", 4: "proposed after #2, #3 finished"}
+    assert TrialPlan.from_json(p((1,), (0,)).to_json()).saw == (0,)
 
 
 def test_the_time_axis_finds_the_trials_that_overlapped():

@@ -2,6 +2,7 @@
 escalation (three failures in a row), parent selection and the skills it records.
 Nothing trains here: trials are written to the lineage as a finished run would have."""
 import dataclasses
+import time
 
 import pytest
 import yaml
@@ -200,3 +201,37 @@ def test_two_rounds_of_proposing_cost_add_up_and_a_round_that_cost_nothing_adds_
     assert add_usage(first, {"model": "b", "calls": 2, "prompt_tokens": 50, "seconds": 0.25, "transcript": "t2"}) == \
         {"model": "b", "calls": 3, "prompt_tokens": 150, "seconds": 0.75, "transcript": "t2"}
     assert add_usage(first, {}) == first and add_usage(None, None) == {}
+
+
+def test_the_wall_clock_budget_is_the_runs_over_its_sessions_so_a_resume_gets_what_is_left(ctl, monkeypatch):
+    from evotrainer.evolve.controller import STOP
+    from evotrainer.lineage import store as store_module
+    from evotrainer.lineage.events import SessionStarted, Stopped
+    budget, now = ctl.cfg.budget.wall_clock_s, time.time()
+    assert ctl._wall_clock_end() - now > budget - 5   # the fixture's session took no time
+
+    def session(start, seconds):  # a later session (a resume) that ran `seconds` before it was killed
+        monkeypatch.setattr(store_module.time, "time", lambda: start)
+        ctl.store.append(SessionStarted(None))
+        monkeypatch.setattr(store_module.time, "time", lambda: start + seconds)
+        ctl.store.append(ControlFinished(State("v0", 2, {0: "x"}, {0: 0.1}, {0: 0.1})))
+        monkeypatch.undo()
+    session(now + 1000, budget - 20)  # a day's gap between sessions is not the run's time
+    assert 15 < ctl._wall_clock_end() - time.time() <= 20
+    session(now + 9000, 30)
+    assert ctl._next(look(ctl), ctl._wall_clock_end()) == STOP
+    assert ctl.store.events(Stopped)[-1].reason == "wall-clock budget spent"
+
+
+def test_a_trial_redone_on_resume_reads_the_trials_finished_when_it_started_not_its_siblings_since(ctl):
+    root = State.of(ctl.store.trials()[0].fitness["state"])
+    p = CATALOG.get("partial_credit")(REF, 2)
+    ctl.store.begin_trial(TrialStarted.of(1, of_agent(root, "v1", 0, p)))  # in flight when the kill came
+    add(ctl, 2, root, "clip_higher", "discarded", val=0.12, gain=0.01)      # its sibling, finished beside it
+    ctl.store.append(ControlFinished(State("v0", 2, {0: "x"}, {0: 0.1}, {0: 0.1})))
+    now = look(ctl)
+    assert [t.id for t in now.trials] == [0, 2]
+    then = now.as_started(1)
+    assert [t.id for t in then.trials] == [0] and then.events == now.events  # the control is still found
+    assert then.control("v0", 2) is not None
+    assert [t.id for t in now.as_started(3).trials] == [0, 2]  # a trial not started: everything finished

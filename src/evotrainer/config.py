@@ -92,7 +92,7 @@
       trials: 8                  # versions proposed, whatever becomes of them
       steps_per_segment: 50      # training steps a version adds (continue mode)
       total_steps: 300           # the reference recipe's training budget (and restart mode's)
-      wall_clock_s: 3600
+      wall_clock_s: 3600         # no trial starts past this (over all sessions: a resume gets what is left)
       trial_timeout_s: 900       # a segment's worker is killed past this
     tracking:                    # experiment trackers (each an optional extra, imported only when named)
       report_to: []              # tensorboard | wandb | mlflow | trackio: per-step training metrics,

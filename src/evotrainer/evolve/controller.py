@@ -55,6 +55,7 @@ from evotrainer.evolve.population import SelectionConfig
 from evotrainer.evolve.segment_cache import SegmentCache
 from evotrainer.evolve.progress import Progress, seed_metrics
 from evotrainer.evolve.search_policy import ControllerPolicy
+from evotrainer.evolve.status import controller_seconds
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import noise_floor
 from evotrainer.evolve.tools import TrialTools
@@ -149,7 +150,8 @@ class Controller:
     def run(self) -> None:
         # every worker this process starts runs in the sandbox at this level (said in status and reports)
         self.isolation = use_isolation(self.cfg.sandbox)
-        # status adds up sessions (time between a kill and a resume is not ours) and reads the sandbox here
+        t_end = self._wall_clock_end()  # before this session's first event
+        # status adds up sessions and reads the sandbox here
         self.store.append(SessionStarted(sandbox_record(self.isolation)))
         self._cancel.clear()  # a run() again on this controller (a resume in-process) starts uncancelled
         self._setup()
@@ -157,7 +159,6 @@ class Controller:
         # what a kill cut off between a trial's row and its skill outcome
         self._learn(view.planned)
         self.training.ingest_missing(view.trials)  # a resume: what a kill cut off before it was stored
-        t_end = time.time() + self.cfg.budget.wall_clock_s
         # opened where the `finally` below closes them (a W&B run left open is a run never finished)
         self.trackers = open_trackers(self.cfg.tracking, self.run_dir, self.run_dir.name, self._tracker_failed)
         try:
@@ -165,7 +166,7 @@ class Controller:
             for started in self.store.pending():  # resume: redo what a kill cut off, same number
                 self._record(TrialResumed(started.trial, started.intervention))
                 if started.trial > 0 and self.cfg.search.concurrency > 1:
-                    resumed.append(started)  # beside the new ones, each on the view it started with
+                    resumed.append(started)  # beside the new ones
                 elif started.trial > 0:
                     self._look()
                     self._trial(started.trial, started.plan)
@@ -183,6 +184,12 @@ class Controller:
             if self._reader is not None:
                 self._reader.shutdown()
                 self._reader = None
+
+    def _wall_clock_end(self) -> float:
+        """When the wall-clock budget runs out: it is the run's, over all its sessions, so a
+        resume gets what is left (the time between a kill and a resume is not ours, as status
+        counts it)."""
+        return time.time() + self.cfg.budget.wall_clock_s - controller_seconds(self.store.log())
 
     def _search(self, t_end: float) -> None:
         while (view := self._look()).spent < self.cfg.budget.trials:
@@ -232,8 +239,9 @@ class Controller:
         pool = ThreadPoolExecutor(most, thread_name_prefix="trial")
         stopped = False
         try:
-            for started in resumed:  # each on the view it is redone on (its plan is what it started with)
-                flight[pool.submit(self._run_trial, started.trial, started.plan, self._look())] = started.trial
+            for started in resumed:  # each with the plan and the finished trials it started with
+                flight[pool.submit(self._run_trial, started.trial, started.plan,
+                                   self._look().as_started(started.trial))] = started.trial
             while True:
                 view = self._look()
                 if not stopped and len(flight) < most and view.spent + len(flight) < self.cfg.budget.trials:

@@ -42,3 +42,22 @@ def closed_families(surfaces: Iterable[str]) -> frozenset[str]:
 def in_flight_from(in_flight: Mapping[int, TrialPlan], parent: str) -> frozenset[str]:
     """The interventions trials in flight are trying from `parent` (counted as tried)."""
     return frozenset(p.intervention for p in in_flight.values() if p.parent.version == parent)
+
+
+def blackboard(plans: Mapping[int, TrialPlan]) -> dict[int, str]:
+    """What each trial proposed with others in flight read off the blackboard, in words: the
+    trials that were running as it was proposed, and the outcomes it read that had come in
+    since the proposal before it (those that finished while it was being made). Trials of a
+    run one at a time (no `saw` recorded) have none."""
+    out, before = {}, None
+    for n in sorted(plans):
+        p = plans[n]
+        if p.saw is None:
+            continue
+        new = [t for t in p.saw if before is None or t not in before]
+        parts = ([f"while {', '.join(f'#{t}' for t in p.beside)} ran"] if p.beside else []) + \
+                ([f"after {', '.join(f'#{t}' for t in new)} finished"] if new else [])
+        if parts:
+            out[n] = "proposed " + ", ".join(parts)
+        before = set(p.saw)
+    return out

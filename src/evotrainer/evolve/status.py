@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from evotrainer.errors import UsageError
+from evotrainer.evolve import specialists
 from evotrainer.evolve.approval import waiting
 from evotrainer.lineage import LineageStore, Logged
 from evotrainer.lineage.events import (ControllerRevised, Escalated, FinalFinished, RunFinished, RunStarted,
@@ -107,9 +108,11 @@ def lineage_tree(run_dir: Path | str) -> str:
     """The version tree: each version under its parent, with its label and fitness."""
     store = open_run(run_dir)
     try:
-        trials = store.trials()
+        trials, starts = store.trials(), store.events(TrialStarted)
     finally:
         store.close()
+    # search.concurrency > 1: what each proposal read off the blackboard (trials in flight, new outcomes)
+    read = specialists.blackboard({s.trial: s.plan for s in starts if s.plan})
     children: dict[str | None, list] = {}
     for t in trials:
         children.setdefault(t.parents[0] if t.parents else None, []).append(t)
@@ -124,7 +127,7 @@ def lineage_tree(run_dir: Path | str) -> str:
             agent = t.budgets.get("agent") or {}
             tokens = f", {agent['prompt_tokens']}+{agent['completion_tokens']} tokens" if "prompt_tokens" in agent else ""
             lines.append(f"{'  ' * indent}{t.version or '(refused)'} #{t.id} [{t.intervention}{mate}] {t.label}: "
-                         f"{mean}{gain}, depth {t.depth}{tokens}")
+                         f"{mean}{gain}, depth {t.depth}{tokens}" + (f"; {read[t.id]}" if t.id in read else ""))
             if t.version and t.version != parent:
                 walk(t.version, indent + 1)
     walk(None, 0)

@@ -34,6 +34,16 @@ class RunView:
     def read(cls, store: LineageStore) -> "RunView":
         return cls(tuple(store.trials()), tuple(store.events()))
 
+    def as_started(self, trial: int) -> "RunView":
+        """The view a trial redone on resume runs on: the trials that had finished when it first
+        started (its twin check, failure streak and replays read what they read before the kill,
+        not the siblings that finished beside it since), and every event as it stands (a control
+        trained before the kill is found, not trained again)."""
+        first = next((i for i, e in enumerate(self.events) if isinstance(e, TrialStarted) and e.trial == trial),
+                     len(self.events))
+        done = {e.trial for e in self.events[:first] if isinstance(e, TrialFinished)}
+        return RunView(tuple(t for t in self.trials if t.id in done), self.events)
+
     def of(self, *kinds: type[E]) -> list[E]:
         """The events of these kinds, in the order recorded."""
         return [e for e in self.events if isinstance(e, kinds)]

@@ -18,7 +18,7 @@ from evotrainer.diagnostics.health import load_evidence
 from evotrainer.diagnostics.load import harness_diagnostics
 from evotrainer.evolve import history
 from evotrainer.evolve.progress import seed_metrics
-from evotrainer.evolve.specialists import surface
+from evotrainer.evolve.specialists import blackboard, surface
 from evotrainer.evolve.status import open_run, status
 from evotrainer.lineage.events import TrialStarted
 from evotrainer.lineage.plan import TrialPlan
@@ -49,6 +49,7 @@ class Version:
     started: float | None = None     # wall-clock seconds (the trial's row; in flight: its start's record)
     finished: float | None = None    # None: in flight
     surface: str = ""                # the specialist's surface its change touched (evolve/specialists.py)
+    proposed: str = ""               # search.concurrency > 1: what its proposal read off the blackboard
 
     @property
     def mean_val(self) -> float | None:
@@ -150,7 +151,7 @@ def version_of(t: TrialRecord, plans: dict[int, TrialPlan]) -> Version:
                    {str(k): v for k, v in (f.get("test") or {}).items()},
                    f.get("gain"), f.get("threshold"), t.backtest or {}, t.reflection, t.findings or [], t.patch,
                    t.started, t.finished, surface(history.family(t.intervention, plan.family if plan else None))
-                   if t.parents else "root")
+                   if t.parents else "root", blackboard(plans).get(t.id, ""))
 
 
 def in_flight(pending: list[TrialStarted], since: dict[int, float] | None = None) -> list[Version]:

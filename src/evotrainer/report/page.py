@@ -182,6 +182,14 @@ def findings_table(versions: list[Version]) -> str:
             "<th>suggests</th></tr>" + "".join(rows) + "</table>")
 
 
+def blackboard_list(versions: list[Version]) -> str:
+    """What each proposal made beside running trials read off the blackboard (search.concurrency
+    > 1): the trials in flight, and the outcomes that came in while it was being made."""
+    rows = [f"<li>trial {v.trial} [{esc(v.intervention)}, {esc(v.surface)}]: {esc(v.proposed)}</li>"
+            for v in versions if v.proposed]
+    return f'<ul class="blackboard">{"".join(rows)}</ul>' if rows else ""
+
+
 def controller_table(st: dict) -> str:
     """The search controller's revisions of its policy (search.controller: evolving), each with
     what changed, why, and the trials whose outcomes it cites."""
@@ -270,7 +278,8 @@ def render(data: RunData, engine: str = "auto") -> str:
         ("Trials over time", '<p class="muted">each trial from its start to its end, coloured by its label; '
          'in brackets, the specialist\'s surface. Ran beside each other (search.concurrency): '
          + esc(", ".join(f"{a} and {b}" for a, b in overlaps(data.versions)) or "none, one trial at a time")
-         + '</p><div class="scroll">' + timeline_svg(data.versions + data.in_flight) + "</div>"),
+         + '</p><div class="scroll">' + timeline_svg(data.versions + data.in_flight) + "</div>"
+         + blackboard_list(data.versions)),
         ("Fitness per version", grid([fitness_chart(data.versions)] if trained else [])),
         ("Gate: gains, bars and the noise floor", grid([gate_chart(data.versions, data.noise_sd)] if gated else [])),
         ("Backtest verdicts beside training", backtest_table(data.versions)),
