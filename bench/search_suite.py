@@ -78,7 +78,7 @@ from evotrainer.skills import SkillLibrary  # noqa: E402
 from evotrainer.evolve import setup  # noqa: E402
 from evotrainer.evolve.retrain import Arm  # noqa: E402
 from evotrainer.evolve.segment_cache import SegmentCache  # noqa: E402
-from evotrainer.evolve.stats import crossed_t_interval, null_differences  # noqa: E402
+from evotrainer.evolve.stats import crossed_t_interval, null_differences, t_interval  # noqa: E402
 from evotrainer.harness import REFERENCE  # noqa: E402
 from evotrainer.harness.knobs import load_knobs  # noqa: E402
 from search_efficiency import _ci, _ms, arm_key, replays  # noqa: E402
@@ -375,6 +375,13 @@ def paired(result: dict, a: str, b: str) -> list[list[float]]:
             for ra, rb in zip(result["runs"][a], result["runs"][b])]
 
 
+def first_kept(result: dict, strategy: str) -> list[int]:
+    """Each replicate's trials to its first kept version; one that kept nothing counts as the
+    budget plus one (censored: it would have taken more)."""
+    return [rec["first_kept"] if rec["first_kept"] is not None else result["trials"] + 1
+            for rec in result["runs"][strategy]]
+
+
 def table(result: dict) -> str:
     default, tuned_ = _test(result, "default"), _test(result, "tuned")
     strategies = list(result["runs"])
@@ -402,6 +409,12 @@ def table(result: dict) -> str:
     if rows := paired(result, "transfer", TRANSFER_FROM):
         lines += ["", f"Transfer (the library of {', '.join(result.get('transfer_from', [])) or '?'}) − an empty "
                       f"library ({TRANSFER_FROM}), paired by replicate and seed: {_ci(rows)} test points."]
+        with_, without = (first_kept(result, s) for s in ("transfer", TRANSFER_FROM))
+        lo, hi = t_interval([a - b for a, b in zip(with_, without)])
+        lines += [f"Trials to the first kept version, with the library {with_} and without {without} (by replicate; "
+                  f"none kept counts as {result['trials'] + 1}): with − without "
+                  f"{statistics.fmean(with_) - statistics.fmean(without):+.1f} [{lo:+.1f}, {hi:+.1f}] "
+                  f"(95% t interval over {len(with_)} replicates)."]
     if rows := paired(result, "evolving", "greedy"):
         lines += ["", f"Evolving controller − greedy, paired by replicate and seed: {_ci(rows)} test points."]
     lines += ["", "Landscape (every trained trial's gain over its control, validation points):", ""]
@@ -442,6 +455,23 @@ def summary(results: list[dict]) -> str:
         lines.append(f"| {r['config']} | {name} | {_ci(gains(r, best, default))} | {_ci(gains(r, best, tuned_))} "
                      f"| {'yes' if lo > 0 else 'no'} | {_ci(eg) if (eg := paired(r, 'evolving', 'greedy')) else '–'} | {held} |")
     return "\n".join(lines)
+
+
+def transfer_summary(results: list[dict]) -> str:
+    """Leave one task out, per held-out task: the library of the others against an empty one
+    (the same population search, paired by replicate), in test points and trials to the first
+    kept version."""
+    lines = ["## Transfer: leave one task out", "",
+             "| held-out task | library from | test: with − without | first kept with | without | with − without |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        with_, without = first_kept(r, "transfer"), first_kept(r, TRANSFER_FROM)
+        lo, hi = t_interval([a - b for a, b in zip(with_, without)])
+        lines.append(f"| {r['config']} | {', '.join(r['transfer_from'])} | {_ci(paired(r, 'transfer', TRANSFER_FROM))} "
+                     f"| {with_} | {without} | {statistics.fmean(with_) - statistics.fmean(without):+.1f} "
+                     f"[{lo:+.1f}, {hi:+.1f}] |")
+    return "\n".join(lines + ["", "Trials to the first kept version by replicate; none kept counts as the budget "
+                                  "plus one. Intervals: 95% t over replicates (and fresh seeds for test)."])
 
 
 def main() -> None:
@@ -485,7 +515,9 @@ def main() -> None:
             print("\n" + table(bench_task(path, args.strategies, args.replicates, seeds, args.out)) + "\n", flush=True)
     results = [json.loads(f.read_text()) for f in sorted([*args.out.glob("*/result.json"), *args.out.glob("*/transfer.json")])]
     suite = [r for r in results if "transfer_from" not in r]
+    transfers = [r for r in results if "transfer_from" in r]
     report = ("# Search suite\n\n" + (summary(suite) + "\n\n" if suite else "")
+              + (transfer_summary(transfers) + "\n\n" if transfers else "")
               + "\n\n".join(table(r) for r in results) + "\n")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.md").write_text(report)
