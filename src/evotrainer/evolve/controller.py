@@ -154,6 +154,7 @@ class Controller:
         # status adds up sessions and reads the sandbox here
         self.store.append(SessionStarted(sandbox_record(self.isolation)))
         self._cancel.clear()  # a run() again on this controller (a resume in-process) starts uncancelled
+        self._once.clear()    # and trains again what a cancelled control left unfinished
         self._setup()
         view = self._look()
         # what a kill cut off between a trial's row and its skill outcome
