@@ -100,6 +100,41 @@ def test_two_trials_in_flight_from_different_specialists_each_recorded_once(tiny
     assert "proposed while #1 ran" in cli("lineage", run).err  # (the tree is for people: stderr)
 
 
+def test_every_catalog_and_space_move_reaches_only_its_own_familys_surface():
+    from evotrainer.agents import CATALOG
+    from evotrainer.agents.space import Parent, reach, space
+    from evotrainer.harness import REFERENCE
+    from evotrainer.harness.knobs import load_knobs
+    k = load_knobs(REFERENCE / "knobs.yaml")
+    moves = [p for name in CATALOG.names() for p in [CATALOG.get(name)(k, 3)] if p] + \
+        space(Parent(k, 3, {"knobs.yaml": (REFERENCE / "knobs.yaml").read_text()}))
+    assert len(moves) > 40
+    for p in moves:  # so the rules and random agents leave exactly the families of a claimed surface
+        assert {specialists.surface(f) for f in reach(p.family, p.knobs, p.files, k)} == \
+            {specialists.surface(p.family)}, p.intervention
+
+
+def test_an_agents_edit_claims_every_surface_it_reaches_not_only_the_role_it_was_briefed_as():
+    from evotrainer.agents import set_knob
+    from evotrainer.harness import REFERENCE
+    from evotrainer.harness.knobs import load_knobs
+    k = load_knobs(REFERENCE / "knobs.yaml")
+    text = (REFERENCE / "knobs.yaml").read_text()
+    # briefed as the reward specialist, it wrote reward.py and also halved the learning rate
+    edit = dataclasses.replace(_plan(), family="reward", knobs=None, files={
+        "reward.py": "def mine(completion, answer):\n    return 1.0\n",
+        "knobs.yaml": set_knob(set_knob(text, "lr", k.lr / 2), "reward", "mine")})
+    assert specialists.reached(edit, k) == {"reward", "optimisation"}
+    assert specialists.claimed({1: edit}, "v0", k) == {"reward", "optimisation"}
+    assert specialists.claimed({1: edit}, "v3", k) == frozenset()  # another parent's claims are its own
+    closed = specialists.closed_families(specialists.claimed({1: edit}, "v0", k))
+    left = candidates(agent_context(closed=closed))
+    assert left and not any(p.family in ("lower_lr", "optimisation", "exploration", "reward") for p in left)
+    # a knobs file that says nothing new reaches only the role's surface
+    same = dataclasses.replace(edit, files={"knobs.yaml": text})
+    assert specialists.reached(same, k) == {"reward"}
+
+
 def _plan():
     """A plan of the catalog's partial_credit from a root state."""
     from evotrainer.agents import CATALOG

@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 from evotrainer.agents.catalog import CATALOG, FAMILY, Proposal, revert
 from evotrainer.agents.edits import harness_files
-from evotrainer.agents.space import Parent, space
+from evotrainer.agents.space import Parent, reach, space
 from evotrainer.skills import Conditions, Skill, rank, signature
 from evotrainer.harness.knobs import Knobs
 
@@ -127,7 +127,7 @@ def candidates(ctx: AgentContext) -> list[Proposal]:
         # for having failed the gate: a near miss is what the next trial should follow
         avoid = esc.avoid - {f for f, w in ctx.family_weights.items() if w > 1.0}
         out = [p for p in out if p.family not in avoid] or out
-    return [p for p in out if p.family not in ctx.closed]
+    return [p for p in out if not reach(p.family, p.knobs, p.files, ctx.knobs) & ctx.closed]
 
 
 def catalog_moves(ctx: AgentContext) -> list[Proposal]:

@@ -47,6 +47,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
+import yaml
+
 from evotrainer.agents.catalog import Proposal, one_knob
 from evotrainer.errors import UsageError
 from evotrainer.harness.knobs import Knobs
@@ -193,6 +195,39 @@ def smaller_groups(parent: Parent) -> list[Proposal]:
 # slot knob -> the family whose findings lead to it (action_parser is a task fit: not searched)
 SLOT_FAMILY = {"reward": "reward", "group_filter": "group_filter", "advantage": "signal", "policy_loss": "signal",
                "loss_agg": "signal", "kl_estimator": "optimisation", "curriculum": "curriculum"}
+# every knob -> the family it belongs to: what a change reaches, whoever wrote it (a trial in
+# flight claims the surfaces its change reaches: evolve/specialists.py)
+KNOB_FAMILY = {**{k: r.family for k, r in RANGES.items()}, **SLOT_FAMILY, "group_size": "signal",
+               "prompts_per_step": "signal", "num_iterations": "optimisation", "steps": "optimisation",
+               "top_k": "exploration", "train_levels": "curriculum", "max_new_tokens": "efficiency",
+               "action_parser": "other"}
+
+
+def reach(family: str, knobs: Mapping | None, files: Mapping | None, parent: Knobs) -> frozenset[str]:
+    """Every family a change reaches: its own, that of each knob it sets to a new value, and
+    that of each harness file it writes (`slot`.py: the slot's; diagnostics.py: diagnostics).
+    A catalog or space move stays in its family; an llm or command agent briefed as one
+    specialist may edit past that specialist's surface, and then claims what it reached."""
+    knobs, files, out = dict(knobs or {}), dict(files or {}), {family}
+    if "knobs.yaml" in files:  # an agent's edit of the knobs file: the knobs it changes
+        try:
+            written = yaml.safe_load(files.pop("knobs.yaml")) or {}
+        except yaml.YAMLError:
+            written = None
+        if isinstance(written, dict):
+            knobs = {**written, **knobs}
+        else:
+            out.add("other")  # unreadable (the legality check refuses it)
+    out |= {KNOB_FAMILY.get(k, "other") for k, v in knobs.items()
+            if _as_tuple(getattr(parent, k, None)) != _as_tuple(v)}
+    out |= {"diagnostics" if f == "diagnostics.py" else KNOB_FAMILY.get(f.removesuffix(".py"), "other") for f in files}
+    return frozenset(out)
+
+
+def _as_tuple(v):
+    return tuple(v) if isinstance(v, (list, tuple)) else v
+
+
 # slots whose choice matters only under a condition on the other knobs
 SLOT_MATTERS: dict[str, Callable[[Knobs], bool]] = {
     "kl_estimator": lambda k: k.kl_coef > 0,            # no KL term, no estimator

@@ -222,9 +222,10 @@ class Controller:
             self._record(Stopped(f"the agent failed {len(broken)} times in a row: {broken[-1].reflection}"))
             return STOP
         trial_plan = self._merge(n, parent) or self._crossover(n, parent) or self._propose(n, parent)
-        busy = specialists.claimed(view.in_flight, parent.version)
-        if trial_plan is not None and specialists.surface(trial_plan.family) in busy:
-            return WAIT  # an agent that chose its own surface chose one in flight: asked again later
+        knobs = self._knobs(parent.version)
+        busy = specialists.claimed(view.in_flight, parent.version, knobs)
+        if trial_plan is not None and specialists.reached(trial_plan, knobs) & busy:
+            return WAIT  # an agent whose change reaches a surface in flight (its own choice): asked again later
         if trial_plan is None:
             if busy:
                 return WAIT
@@ -379,7 +380,8 @@ class Controller:
         trials, in_flight = self.view.trials, self.view.in_flight
         tried = {t.intervention for t in trials if t.parents[:1] == [parent.version]} | set(rejected) | \
             specialists.in_flight_from(in_flight, parent.version)
-        closed = specialists.closed_families(specialists.claimed(in_flight, parent.version))
+        claims = specialists.claimed(in_flight, parent.version, self._knobs(parent.version))
+        closed = specialists.closed_families(claims)
         ctx = AgentContext(findings=findings, knobs=self._knobs(parent.version), root_knobs=self._knobs("v0"),
                            target_level=self.task.target_level, task=self.cfg.task, tried=frozenset(tried),
                            skills=self._skills(), escalation=self._escalation(), seed=1000 * self.cfg.seeds[0] + n,

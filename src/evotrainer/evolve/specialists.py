@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from evotrainer.agents.brief import SPECIALISTS
+from evotrainer.agents.space import reach
+from evotrainer.harness.knobs import Knobs
 from evotrainer.lineage.plan import TrialPlan
 
 
@@ -26,9 +28,15 @@ def surface(family: str) -> str:
     return next((role for role, fams in SPECIALISTS.items() if family in fams), family)
 
 
-def claimed(in_flight: Mapping[int, TrialPlan], parent: str) -> frozenset[str]:
-    """The surfaces trials in flight are changing from `parent`."""
-    return frozenset(surface(p.family) for p in in_flight.values() if p.parent.version == parent)
+def reached(p: TrialPlan, parent_knobs: Knobs) -> frozenset[str]:
+    """The surfaces a plan's change reaches (agents/space.reach: its family's, and those of the
+    knobs and files it writes, which an llm or command agent's edit may take past its role)."""
+    return frozenset(surface(f) for f in reach(p.family, p.knobs, p.files, parent_knobs))
+
+
+def claimed(in_flight: Mapping[int, TrialPlan], parent: str, parent_knobs: Knobs) -> frozenset[str]:
+    """The surfaces trials in flight are changing from `parent` (whose knobs are `parent_knobs`)."""
+    return frozenset().union(*(reached(p, parent_knobs) for p in in_flight.values() if p.parent.version == parent))
 
 
 def closed_families(surfaces: Iterable[str]) -> frozenset[str]:
