@@ -135,6 +135,25 @@ def test_an_agents_edit_claims_every_surface_it_reaches_not_only_the_role_it_was
     assert specialists.reached(same, k) == {"reward"}
 
 
+def test_an_agent_reads_the_surfaces_claimed_in_flight_and_the_outcomes_that_came_in_meanwhile():
+    from evotrainer.evolve import history
+    from evotrainer.evolve.controller import beside
+    from evotrainer.lineage import TrialRecord
+    claim = {3: _plan()}
+    text = beside(claim, lambda p: frozenset({"reward", "optimisation"}))  # what the claim's change reached
+    assert "- trial 3: partial_credit (optimisation, reward) from v0" in text and beside({}, None) == ""
+
+    def rec(n, parent, label, gain, finished):
+        return TrialRecord(n, f"v{n}", [parent], "rules", f"move{n}", 2, "", "", "", label,
+                           fitness={"gain": gain}, finished=finished)
+    trials = [TrialRecord(0, "v0", [], "-", "root", 1, "", "", "", "kept", finished=1.0),
+              rec(1, "v0", "kept", 0.05, 30.0), rec(2, "v1", "discarded", -0.01, 50.0),
+              rec(4, "v0", "discarded", 0.02, 40.0)]
+    assert history.latest(trials, k=2).splitlines()[-2:] == [  # by finish, newest first; any parent's
+        "- trial 2 move2 from v1: discarded, gain -0.010", "- trial 4 move4 from v0: discarded, gain +0.020"]
+    assert history.latest(trials[:1]) == ""
+
+
 def _plan():
     """A plan of the catalog's partial_credit from a root state."""
     from evotrainer.agents import CATALOG

@@ -100,12 +100,13 @@ def learn(lib: SkillLibrary, run_dir: Path, cfg: RunConfig, level: int, referenc
                    level=level, ref_acc=reference_acc, backend=cfg.backend)
 
 
-def beside(in_flight: dict[int, TrialPlan]) -> str:
-    """The claims of the trials in flight, as an agent's lineage text ends (none: nothing)."""
+def beside(in_flight: dict[int, TrialPlan], reached: Callable[[TrialPlan], frozenset[str]]) -> str:
+    """The claims of the trials in flight (each the surfaces its change `reached`), as an
+    agent's lineage text ends (none: nothing)."""
     if not in_flight:
         return ""
     return "\n\nIn flight now (their surfaces of their parents are taken):\n" + "\n".join(
-        f"- trial {n}: {p.intervention} ({specialists.surface(p.family)}) from {p.parent.version}"
+        f"- trial {n}: {p.intervention} ({', '.join(sorted(reached(p)))}) from {p.parent.version}"
         for n, p in sorted(in_flight.items()))
 
 
@@ -382,12 +383,18 @@ class Controller:
             specialists.in_flight_from(in_flight, parent.version)
         claims = specialists.claimed(in_flight, parent.version, self._knobs(parent.version))
         closed = specialists.closed_families(claims)
+        # what an llm or command agent reads of the lineage; with trials in flight, also their
+        # claims and the outcomes that came in while they ran
+        shown = history.view(trials) + beside(in_flight,
+                                              lambda p: specialists.reached(p, self._knobs(p.parent.version)))
+        if self.cfg.search.concurrency > 1:
+            shown += history.latest(trials)
         ctx = AgentContext(findings=findings, knobs=self._knobs(parent.version), root_knobs=self._knobs("v0"),
                            target_level=self.task.target_level, task=self.cfg.task, tried=frozenset(tried),
                            skills=self._skills(), escalation=self._escalation(), seed=1000 * self.cfg.seeds[0] + n,
                            parent=parent.version, harness_dir=self._harness_dir(parent.version),
-                           lineage=history.view(trials) + beside(in_flight), feedback=feedback, trial=n,
-                           workdir=self.run_dir / "agents", closed=closed, reference_acc=self.view.reference_acc,
+                           lineage=shown, feedback=feedback, trial=n, workdir=self.run_dir / "agents",
+                           closed=closed, reference_acc=self.view.reference_acc,
                            backend=self.cfg.backend,
                            family_weights=search_policy.weights_now(self.policy, trials, self.view.plans)
                            if self.evolving else {})

@@ -146,6 +146,18 @@ def spent(trials: Iterable) -> int:
     return sum(1 for t in trials if t.parents and t.label != Label.EQUIVALENT)
 
 
+def latest(trials: Sequence, k: int = 5) -> str:
+    """The last `k` trials to finish, from any parent, newest first: with trials in flight, the
+    outcomes that came in while others ran, which the leaderboard (kept versions, the best's
+    children) may not show."""
+    done = sorted((t for t in trials if t.parents and t.finished is not None), key=lambda t: -t.finished)[:k]
+    if not done:
+        return ""
+    gain = lambda t: "" if t.fitness.get("gain") is None else f", gain {t.fitness['gain']:+.3f}"  # noqa: E731
+    return "\n\nLatest outcomes (newest first):\n" + "\n".join(
+        f"- trial {t.id} {t.intervention} from {t.parents[0]}: {t.label}{gain(t)}" for t in done)
+
+
 def view(trials: Sequence, top: int = 5) -> str:
     """What an agent is shown of the lineage: a leaderboard of kept versions by validation
     accuracy, the path from the root to the best, and every child of the best with its label."""
