@@ -123,3 +123,19 @@ def test_a_library_from_before_conditions_opens_with_its_rows_and_absorbs(tmp_pa
     new.absorb(old)
     (s,) = new.skills()
     assert s.tried == 1 and s.evidence[0]["ref_acc"] is None and standing(s, ARITH) == 0.03 / 2
+
+
+def test_a_code_writing_agent_is_shown_the_skills_weighed_for_its_run_as_the_rules_agent_weighs_them(tmp_path):
+    from evotrainer.agents.brief import skills_shown
+    from helpers import agent_context
+    lib = SkillLibrary(tmp_path / "s.sqlite")
+    far = {"level": 2, "ref_acc": 0.5, "backend": "embedded"}
+    for i in range(4):  # large gains, on another family and two bands away
+        record(lib, i, "rg:chain_sum", "larger_groups", "kept", 0.10, **far)
+    record(lib, 9, "arith", "partial_credit", "kept", 0.03, level=3, ref_acc=0.05, backend="embedded")
+    skills = lib.skills()
+    assert max(skills, key=lambda s: s.score).intervention == "larger_groups"  # unweighted, the far one leads
+    text = skills_shown(agent_context([DEAD], task="arith", reference_acc=0.05, backend="embedded", skills=skills))
+    first, second = text.splitlines()
+    assert first.startswith("- dead_group_ratio:critical -> partial_credit: expects +0.015 here (1 of its 1 outcomes "
+                            "on this task)") and "larger_groups" in second and "(0 of its 4 outcomes" in second

@@ -10,7 +10,7 @@ from string import Template
 
 from evotrainer.agents.edits import harness_files
 from evotrainer.agents.rules import AgentContext, family_of
-from evotrainer.skills import matching
+from evotrainer.skills import Conditions, matching, standing
 
 PROMPTS = Path(__file__).resolve().parent / "prompts"
 # specialist role -> the intervention families (findings' suggestions) it answers
@@ -58,7 +58,7 @@ def brief(ctx: AgentContext, role: str, task: str) -> str:
         feedback=f"\n## A person reviewed the last proposal and asks\n{ctx.feedback}\n" if ctx.feedback else "",
         findings="\n".join(_finding(f) for f in ctx.findings) or "(no findings)",
         lineage=ctx.lineage or "(only the root so far)",
-        skills="\n".join(_skill(s) for s in matching(ctx.skills, ctx.findings)[:8]) or "(none yet)",
+        skills=skills_shown(ctx) or "(none yet)",
         tried=", ".join(sorted(ctx.tried)) or "(nothing)",
         escalation=(f"\n## Escalation: three failures in a row\nLeave the surfaces that failed "
                     f"({', '.join(sorted(esc.avoid - {'other'})) or 'see the lineage'}); prefer undoing a change "
@@ -72,9 +72,22 @@ def _finding(f) -> str:
             f"{f.get('evidence', '')} -> {f.get('suggest', '')}")
 
 
-def _skill(s) -> str:
+def skills_shown(ctx: AgentContext, most: int = 8) -> str:
+    """The skills matching the findings, weighed for this run as the rules agent weighs them
+    (skills.standing: each outcome by how close its task, level, accuracy band and backend are
+    to this run's), best first, each with where its evidence comes from."""
+    here = Conditions(ctx.task, ctx.target_level, ctx.reference_acc, ctx.backend)
+    weighed = [(standing(s, here), s) for s in matching(ctx.skills, ctx.findings)]
+    weighed.sort(key=lambda x: -(x[0] if x[0] is not None else 0.0))
+    return "\n".join(_skill(s, expect, here) for expect, s in weighed[:most])
+
+
+def _skill(s, expect: float | None, here: Conditions) -> str:
     gain = "n/a" if s.mean_gain is None else f"{s.mean_gain:+.3f}"
-    return f"- {s.name}: tried {s.tried}, kept {s.kept}, mean gain {gain}, held on {', '.join(s.held_on) or '-'}"
+    own = sum(o["task"] == here.task for o in s.evidence)
+    return (f"- {s.name}: expects {'n/a' if expect is None else f'{expect:+.3f}'} here "
+            f"({own} of its {s.tried} outcomes on this task); kept {s.kept}, mean gain {gain} everywhere, "
+            f"held on {', '.join(s.held_on) or '-'}")
 
 
 def _choices() -> str:
