@@ -139,3 +139,14 @@ def test_a_code_writing_agent_is_shown_the_skills_weighed_for_its_run_as_the_rul
     first, second = text.splitlines()
     assert first.startswith("- dead_group_ratio:critical -> partial_credit: expects +0.015 here (1 of its 1 outcomes "
                             "on this task)") and "larger_groups" in second and "(0 of its 4 outcomes" in second
+
+
+def test_an_interventions_loss_under_one_finding_is_not_hidden_by_its_gain_under_another(tmp_path):
+    lib = SkillLibrary(tmp_path / "s.sqlite")
+    here = {"level": 3, "ref_acc": 0.05, "backend": "embedded"}
+    record(lib, 1, "arith", "lower_lr", "kept", 0.03, trigger="none", **here)        # tried with no finding: +3
+    for i in (2, 3):  # tried twice since, while the dead-group finding stood: -4 each
+        record(lib, i, "arith", "lower_lr", "discarded", -0.04, **here)
+    names = ["lower_lr", "drop_dead"]
+    assert rank(names, [DEAD], lib.skills(), ARITH) == ["drop_dead", "lower_lr"]  # pooled: -5 / 4 points
+    assert rank(names, [], lib.skills(), ARITH) == ["lower_lr", "drop_dead"]        # without the finding: +3 / 2

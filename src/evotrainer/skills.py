@@ -17,12 +17,13 @@ Each outcome also records the conditions it was measured under: the task and its
 accuracy band of the run's reference recipe (the root's validation accuracy: a weak start is
 where reward shaping matters, a strong one where the update's size does), and the backend.
 `rank` is pure: it reorders the rules agent's applicable proposals by what the matching
-skills measured, each outcome weighted by how close its conditions are to the run at hand
-(`closeness`): the same task and band count fully, another task of the same family half,
-another family a tenth. A skill that expects a point of gain or more goes first, a point of
-loss or more last; less than that moves a proposal a place per point. Evidence from far away
-is shrunk below a point, so it nudges the rules' order and never buries its first pick; a
-skill that misleads on a new task is demoted by its own outcome there, which counts fully.
+skills measured (an intervention's outcomes under every matching trigger pooled), each
+outcome weighted by how close its conditions are to the run at hand (`closeness`): the same
+task and band count fully, another task of the same family half, another family a tenth. A
+proposal expecting a point of gain or more goes first, a point of loss or more last; less
+than that moves it a place per point. Evidence from far away is shrunk below a point, so it
+nudges the rules' order and never buries its first pick; a skill that misleads on a new task
+is demoted by its own outcome there, which counts fully, under whichever finding it was tried.
 """
 from __future__ import annotations
 
@@ -145,10 +146,14 @@ def standing(skill: Skill, here: Conditions) -> float | None:
     invalid one counts as -0.05), each weighted by `closeness`, shrunk towards 0 by one
     imaginary neutral outcome as close as can be (so far-away evidence says little, and one
     lucky trial less than three steady ones). None: no outcome."""
-    if not skill.evidence:
+    return _expect(skill.evidence, here)
+
+
+def _expect(evidence: Sequence[Mapping], here: Conditions) -> float | None:
+    if not evidence:
         return None
-    w = [closeness(o, here) for o in skill.evidence]
-    return sum(wi * _gain(o) for wi, o in zip(w, skill.evidence)) / (sum(w) + 1)
+    w = [closeness(o, here) for o in evidence]
+    return sum(wi * _gain(o) for wi, o in zip(w, evidence)) / (sum(w) + 1)
 
 
 def signature(finding: Mapping | None) -> str:
@@ -241,16 +246,17 @@ def matching(skills: Iterable[Skill], findings: Iterable[Mapping]) -> list[Skill
 
 def rank(candidates: Sequence[str], findings: Iterable[Mapping], skills: Iterable[Skill],
          here: Conditions) -> list[str]:
-    """Intervention names reordered by evidence for the run under `here` (`standing` of each
-    one's best matching skill): expecting a point (PLACE) or more of gain, first (the most
-    first); a point or more of loss, last (the least harmful first); less either way, moved by
-    its expectation, a place per point. Far evidence is shrunk below a point by `closeness`, so
-    it only nudges the rules' order; without evidence the order stands (a stable sort)."""
-    best: dict[str, float] = {}
+    """Intervention names reordered by evidence for the run under `here` (the expected gain of
+    every outcome of its skills that match the findings, pooled: a loss under one trigger is
+    not hidden by a gain under another): expecting a point (PLACE) or more of gain, first (the
+    most first); a point or more of loss, last (the least harmful first); less either way,
+    moved by its expectation, a place per point. Far evidence is shrunk below a point by
+    `closeness`, so it only nudges the rules' order; without evidence the order stands (a
+    stable sort)."""
+    pooled: dict[str, list[Mapping]] = {}
     for s in matching(skills, findings):
-        sc = standing(s, here)
-        if sc is not None and sc > best.get(s.intervention, -float("inf")):
-            best[s.intervention] = sc
+        pooled.setdefault(s.intervention, []).extend(s.evidence)
+    best = {name: sc for name, ev in pooled.items() if (sc := _expect(ev, here)) is not None}
 
     def key(item: tuple[int, str]) -> tuple[int, float]:
         i, name = item
