@@ -150,7 +150,7 @@ def latest(trials: Sequence, k: int = 5) -> str:
     """The last `k` trials to finish, from any parent, newest first: with trials in flight, the
     outcomes that came in while others ran, which the leaderboard (kept versions, the best's
     children) may not show."""
-    done = sorted((t for t in trials if t.parents and t.finished is not None), key=lambda t: -t.finished)[:k]
+    done = sorted((t for t in trials if t.parents), key=lambda t: -t.finished)[:k]
     if not done:
         return ""
     gain = lambda t: "" if t.fitness.get("gain") is None else f", gain {t.fitness['gain']:+.3f}"  # noqa: E731

@@ -151,7 +151,7 @@ def version_of(t: TrialRecord, plans: dict[int, TrialPlan]) -> Version:
                    {str(k): v for k, v in (f.get("test") or {}).items()},
                    f.get("gain"), f.get("threshold"), t.backtest or {}, t.reflection, t.findings or [], t.patch,
                    t.started, t.finished, surface(history.family(t.intervention, plan.family if plan else None))
-                   if t.parents else "root", blackboard(plans).get(t.id, ""))
+                   if t.parents else "root")
 
 
 def in_flight(pending: list[TrialStarted], since: dict[int, float] | None = None) -> list[Version]:
@@ -193,7 +193,9 @@ def gather(run_dir: Path | str) -> RunData:
         since = {x.event.trial: x.t for x in starts}  # the last start of each
     finally:
         store.close()
-    versions = [version_of(t, plans) for t in trials]
+    versions, read = [version_of(t, plans) for t in trials], blackboard(plans)
+    for v in versions:
+        v.proposed = read.get(v.trial, "")
     final_path = run / "final.json"
     final = json.loads(final_path.read_text()) if final_path.exists() else None
     table = None
