@@ -457,17 +457,19 @@ def summary(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def transfer_summary(results: list[dict]) -> str:
+def transfer_summary(results: list[dict], task_of: dict[str, str]) -> str:
     """Leave one task out, per held-out task: the library of the others against an empty one
     (the same population search, paired by replicate), in test points and trials to the first
-    kept version."""
+    kept version. A source config of the same task (another base: arith3-weak and -strong)
+    is named, starred: its outcomes count fully there, but for the accuracy band."""
     lines = ["## Transfer: leave one task out", "",
-             "| held-out task | library from | test: with − without | first kept with | without | with − without |",
-             "|---|---|---|---|---|---|"]
+             "| held-out task | library from (* the same task) | test: with − without | first kept with | without "
+             "| with − without |", "|---|---|---|---|---|---|"]
     for r in results:
         with_, without = first_kept(r, "transfer"), first_kept(r, TRANSFER_FROM)
         lo, hi = t_interval([a - b for a, b in zip(with_, without)])
-        lines.append(f"| {r['config']} | {', '.join(r['transfer_from'])} | {_ci(paired(r, 'transfer', TRANSFER_FROM))} "
+        sources = ", ".join(c + ("*" if task_of.get(c) == r["task"] else "") for c in r["transfer_from"])
+        lines.append(f"| {r['config']} | {sources} | {_ci(paired(r, 'transfer', TRANSFER_FROM))} "
                      f"| {with_} | {without} | {statistics.fmean(with_) - statistics.fmean(without):+.1f} "
                      f"[{lo:+.1f}, {hi:+.1f}] |")
     return "\n".join(lines + ["", "Trials to the first kept version by replicate; none kept counts as the budget "
@@ -517,7 +519,7 @@ def main() -> None:
     suite = [r for r in results if "transfer_from" not in r]
     transfers = [r for r in results if "transfer_from" in r]
     report = ("# Search suite\n\n" + (summary(suite) + "\n\n" if suite else "")
-              + (transfer_summary(transfers) + "\n\n" if transfers else "")
+              + (transfer_summary(transfers, {r["config"]: r["task"] for r in suite}) + "\n\n" if transfers else "")
               + "\n\n".join(table(r) for r in results) + "\n")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.md").write_text(report)
