@@ -382,6 +382,14 @@ def first_kept(result: dict, strategy: str) -> list[int]:
             for rec in result["runs"][strategy]]
 
 
+def first_kept_gap(result: dict) -> tuple[list[int], list[int], str]:
+    """Trials to the first kept version with the library and without it, by replicate, and
+    with − without: its mean and 95% t interval over replicates."""
+    with_, without = first_kept(result, "transfer"), first_kept(result, TRANSFER_FROM)
+    lo, hi = t_interval([a - b for a, b in zip(with_, without)])
+    return with_, without, f"{statistics.fmean(with_) - statistics.fmean(without):+.1f} [{lo:+.1f}, {hi:+.1f}]"
+
+
 def table(result: dict) -> str:
     default, tuned_ = _test(result, "default"), _test(result, "tuned")
     strategies = list(result["runs"])
@@ -409,11 +417,9 @@ def table(result: dict) -> str:
     if rows := paired(result, "transfer", TRANSFER_FROM):
         lines += ["", f"Transfer (the library of {', '.join(result.get('transfer_from', [])) or '?'}) − an empty "
                       f"library ({TRANSFER_FROM}), paired by replicate and seed: {_ci(rows)} test points."]
-        with_, without = (first_kept(result, s) for s in ("transfer", TRANSFER_FROM))
-        lo, hi = t_interval([a - b for a, b in zip(with_, without)])
+        with_, without, gap = first_kept_gap(result)
         lines += [f"Trials to the first kept version, with the library {with_} and without {without} (by replicate; "
-                  f"none kept counts as {result['trials'] + 1}): with − without "
-                  f"{statistics.fmean(with_) - statistics.fmean(without):+.1f} [{lo:+.1f}, {hi:+.1f}] "
+                  f"none kept counts as {result['trials'] + 1}): with − without {gap} "
                   f"(95% t interval over {len(with_)} replicates)."]
     if rows := paired(result, "evolving", "greedy"):
         lines += ["", f"Evolving controller − greedy, paired by replicate and seed: {_ci(rows)} test points."]
@@ -466,12 +472,10 @@ def transfer_summary(results: list[dict], task_of: dict[str, str]) -> str:
              "| held-out task | library from (* the same task) | test: with − without | first kept with | without "
              "| with − without |", "|---|---|---|---|---|---|"]
     for r in results:
-        with_, without = first_kept(r, "transfer"), first_kept(r, TRANSFER_FROM)
-        lo, hi = t_interval([a - b for a, b in zip(with_, without)])
+        with_, without, gap = first_kept_gap(r)
         sources = ", ".join(c + ("*" if task_of.get(c) == r["task"] else "") for c in r["transfer_from"])
         lines.append(f"| {r['config']} | {sources} | {_ci(paired(r, 'transfer', TRANSFER_FROM))} "
-                     f"| {with_} | {without} | {statistics.fmean(with_) - statistics.fmean(without):+.1f} "
-                     f"[{lo:+.1f}, {hi:+.1f}] |")
+                     f"| {with_} | {without} | {gap} |")
     return "\n".join(lines + ["", "Trials to the first kept version by replicate; none kept counts as the budget "
                                   "plus one. Intervals: 95% t over replicates (and fresh seeds for test)."])
 

@@ -381,15 +381,15 @@ class Controller:
         trials, in_flight = self.view.trials, self.view.in_flight
         tried = {t.intervention for t in trials if t.parents[:1] == [parent.version]} | set(rejected) | \
             specialists.in_flight_from(in_flight, parent.version)
-        claims = specialists.claimed(in_flight, parent.version, self._knobs(parent.version))
-        closed = specialists.closed_families(claims)
+        knobs = self._knobs(parent.version)
+        closed = specialists.closed_families(specialists.claimed(in_flight, parent.version, knobs))
         # what an llm or command agent reads of the lineage; with trials in flight, also their
         # claims and the outcomes that came in while they ran
         shown = history.view(trials) + beside(in_flight,
                                               lambda p: specialists.reached(p, self._knobs(p.parent.version)))
         if self.cfg.search.concurrency > 1:
             shown += history.latest(trials)
-        ctx = AgentContext(findings=findings, knobs=self._knobs(parent.version), root_knobs=self._knobs("v0"),
+        ctx = AgentContext(findings=findings, knobs=knobs, root_knobs=self._knobs("v0"),
                            target_level=self.task.target_level, task=self.cfg.task, tried=frozenset(tried),
                            skills=self._skills(), escalation=self._escalation(), seed=1000 * self.cfg.seeds[0] + n,
                            parent=parent.version, harness_dir=self._harness_dir(parent.version),
