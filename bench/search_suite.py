@@ -40,7 +40,10 @@ library, so they compare alike; afterwards each task's population searches give 
 (their lineages' outcomes, recorded under their conditions), and a held-out task's
 population search runs again from the union of the other tasks' libraries: trials to the
 first kept version and the test gain against the same search with an empty library, paired
-by replicate. Written to OUT/TASK/transfer.json beside the suite's result.json.
+by replicate. Both run again, beside each other, in OUT/TASK/transfer/ (with the default and
+tuned references replayed there): the base is rebuilt on each machine and CPUs differ in float
+results, so arms compared must share a machine, and the suite's own population searches may
+have run on another. Written to OUT/TASK/transfer/transfer.json.
 
 A finished search, sweep or replay under --out is read back, not redone. The default --out,
 bench/results/search-suite, is kept by git (its .gitignore keeps the small records and none of
@@ -95,6 +98,7 @@ STRATEGIES = {
     "transfer": {"agent": "rules", "search": {"selection": "population", "controller": "fixed"}},
 }
 TRANSFER_FROM = "population"  # whose searches' lineages make a task's library
+TRANSFER_DIR = "transfer"       # under a held-out task's folder: both transfer arms, on one machine
 SWEEP_SEEDS = [50, 51]  # the tuned reference's sweep: seeds no search and no replay uses
 FRESH = 300             # first fresh replay seed
 
@@ -203,9 +207,9 @@ def library(task_out: Path) -> Path | None:
 
 
 def transfer_library(out: Path, held_out: str) -> list[str]:
-    """OUT/HELD_OUT/transfer-library.sqlite: the union of every other task's library (the
-    leave-one-task-out library); the tasks it learned from."""
-    target = out / held_out / "transfer-library.sqlite"
+    """OUT/HELD_OUT/transfer/transfer-library.sqlite: the union of every other task's library
+    (the leave-one-task-out library); the tasks it learned from."""
+    target = out / held_out / TRANSFER_DIR / "transfer-library.sqlite"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.unlink(missing_ok=True)
     union, sources = SkillLibrary(target), []
@@ -296,7 +300,8 @@ def noise(runs: dict[str, list[dict]], out: Path) -> list[float]:
 def bench_task(config_path: Path, strategies: list[str], replicates: int, seeds: list[int], out: Path,
                transfer_from: list[str] | None = None) -> dict:
     raw = yaml.safe_load(config_path.read_text())
-    out = out / config_path.stem
+    task = out / config_path.stem
+    out = task if transfer_from is None else task / TRANSFER_DIR
     runs = {s: [] for s in strategies}
     for r in range(replicates):  # replicate by replicate, so a bench cut short leaves paired searches
         for s in strategies:
@@ -305,7 +310,12 @@ def bench_task(config_path: Path, strategies: list[str], replicates: int, seeds:
     root = out / f"{strategies[0]}-r0" / "harnesses" / "v0"
     cfg = config_from_dict(config(raw, "greedy", 0, out)).validate()
     base = same_base(cfg, first["base"])
-    tuned_name, tuned_arm, sweep_val = tuned(raw, root, base, out)
+    if transfer_from is None:
+        tuned_name, tuned_arm, sweep_val = tuned(raw, root, base, out)
+    else:  # the suite's sweep chose it; replayed here, on this machine's base, beside both arms
+        chosen = json.loads((task / "result.json").read_text())["tuned"]
+        tuned_name, sweep_val = chosen["recipe"], chosen["sweep_val"]
+        tuned_arm = Arm((str(task / "sweep" / "harnesses" / tuned_name),), cfg.budget.total_steps)
     arms = {"default": Arm((str(root),), cfg.budget.total_steps), "tuned": tuned_arm}
     for rec in (rec for s in strategies for rec in runs[s]):
         harnesses = [str(out / h) for h in rec["harnesses"]]  # an absolute path stays itself
@@ -493,8 +503,9 @@ def main() -> None:
                         "searches, harnesses, scores), so a task's part can span machines")
     p.add_argument("--merge", action="store_true", help="only print the report of the tasks finished under --out")
     p.add_argument("--transfer", action="store_true",
-                   help=f"leave-one-task-out: each task's {TRANSFER_FROM} search again from the library the other "
-                        f"tasks' {TRANSFER_FROM} searches learned (after those ran)")
+                   help=f"leave-one-task-out: each task's {TRANSFER_FROM} search from the library the other tasks' "
+                        f"{TRANSFER_FROM} searches learned, beside the same search with an empty library, both run "
+                        f"here (in TASK/{TRANSFER_DIR}/; after the suite's part of the task ran)")
     p.add_argument("--headroom", action="store_true",
                    help="only each task's base, sweep and references on the fresh seeds (read back by the full bench)")
     args = p.parse_args()
@@ -519,7 +530,7 @@ def main() -> None:
             path = Path(name) if name.endswith(".yaml") else SUITE / f"{name}.yaml"
             print(f"# {path.stem}: {', '.join(args.strategies)}", flush=True)
             print("\n" + table(bench_task(path, args.strategies, args.replicates, seeds, args.out)) + "\n", flush=True)
-    results = [json.loads(f.read_text()) for f in sorted([*args.out.glob("*/result.json"), *args.out.glob("*/transfer.json")])]
+    results = [json.loads(f.read_text()) for f in sorted([*args.out.glob("*/result.json"), *args.out.glob(f"*/{TRANSFER_DIR}/transfer.json")])]
     suite = [r for r in results if "transfer_from" not in r]
     transfers = [r for r in results if "transfer_from" in r]
     report = ("# Search suite\n\n" + (summary(suite) + "\n\n" if suite else "")
