@@ -47,7 +47,10 @@ have run on another. Written to OUT/TASK/transfer/transfer.json.
 
 A finished search, sweep or replay under --out is read back, not redone. The default --out,
 bench/results/search-suite, is kept by git (its .gitignore keeps the small records and none of
-the checkpoints): commit what finished and a later machine goes on from there.
+the checkpoints): commit what finished, and `--merge` reads it on any machine. A task's part
+goes on only where the split key its searches were scored under is (the cache's keys/: a fresh
+machine makes another, which picks other validation and test problems); elsewhere the bench
+refuses to add to it (same_base).
 """
 from __future__ import annotations
 
@@ -77,6 +80,8 @@ from evotrainer.config import config_from_dict, load_config  # noqa: E402
 from evotrainer.evolve.controller import Controller, learn  # noqa: E402
 from evotrainer.evolve.view import RunView  # noqa: E402
 from evotrainer.lineage import LineageStore  # noqa: E402
+from evotrainer.lineage.events import RunStarted  # noqa: E402
+from evotrainer.tasks.keys import key_digest, split_key  # noqa: E402
 from evotrainer.skills import SkillLibrary  # noqa: E402
 from evotrainer.evolve import setup  # noqa: E402
 from evotrainer.evolve.retrain import Arm  # noqa: E402
@@ -303,13 +308,12 @@ def bench_task(config_path: Path, strategies: list[str], replicates: int, seeds:
     task = out / config_path.stem
     out = task if transfer_from is None else task / TRANSFER_DIR
     runs = {s: [] for s in strategies}
+    cfg = config_from_dict(config(raw, "greedy", 0, out)).validate()
+    base = same_base(cfg, out)  # before anything runs here: records made elsewhere must match
     for r in range(replicates):  # replicate by replicate, so a bench cut short leaves paired searches
         for s in strategies:
             runs[s].append(search(raw, s, r, out))
-    first = runs[strategies[0]][0]
     root = out / f"{strategies[0]}-r0" / "harnesses" / "v0"
-    cfg = config_from_dict(config(raw, "greedy", 0, out)).validate()
-    base = same_base(cfg, first["base"])
     if transfer_from is None:
         tuned_name, tuned_arm, sweep_val = tuned(raw, root, base, out)
     else:  # the suite's sweep chose it; replayed here, on this machine's base, beside both arms
@@ -332,14 +336,28 @@ def bench_task(config_path: Path, strategies: list[str], replicates: int, seeds:
     return result
 
 
-def same_base(cfg, recorded: str) -> str:
-    """The base the task's searches started from, built again from the base cache if this
-    machine lacks it (records made elsewhere are read back); its cache key must be the one
-    the searches recorded, or their winners would be replayed from another base."""
+def same_base(cfg, out: Path) -> str:
+    """The base the task's searches start from, built or read from the base cache. Every search
+    already recorded under `out` must have started from it (its cache key) and been scored under
+    this machine's split key: which held-out problems are validation and test follows a random
+    key made once per cache (tasks/keys.py), so another machine's records were scored on other
+    problems, and searches or replays added here would not compare with them."""
     base = setup.base_checkpoint(cfg, get_task(cfg.task, cfg.level), None, lambda kind, d: None)
-    if Path(base).name != Path(recorded).name:
-        raise SystemExit(f"error: the searches recorded base {Path(recorded).name}, this config builds "
-                         f"{Path(base).name}; run the task's searches again under a new --out")
+    here = key_digest(split_key(Path(base).name))
+    for done in sorted(out.glob("*-r*/search.json")):
+        recorded = json.loads(done.read_text())["base"]
+        if Path(recorded).name != Path(base).name:
+            raise SystemExit(f"error: {done.parent} recorded base {Path(recorded).name}, this config builds "
+                             f"{Path(base).name}; run the task's searches again under a new --out")
+        store = LineageStore(done.parent / "lineage.sqlite")
+        try:
+            key = store.events(RunStarted)[0].split_key_digest
+        finally:
+            store.close()
+        if key != here:
+            raise SystemExit(f"error: {done.parent} was scored under split key {key}, this machine's is {here} "
+                             f"(another machine's cache): read finished tasks with --merge, or run this one again "
+                             f"under a new --out")
     return base
 
 
@@ -500,7 +518,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=5, help="fresh seeds every winner and reference is replayed on")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "search-suite",
                    help="where records go; the default is committed (its .gitignore keeps the small records: "
-                        "searches, harnesses, scores), so a task's part can span machines")
+                        "searches, harnesses, scores), so a finished task outlives its machine")
     p.add_argument("--merge", action="store_true", help="only print the report of the tasks finished under --out")
     p.add_argument("--transfer", action="store_true",
                    help=f"leave-one-task-out: each task's {TRANSFER_FROM} search from the library the other tasks' "
