@@ -41,9 +41,9 @@ library, so they compare alike; afterwards each task's population searches give 
 population search runs again from the union of the other tasks' libraries: trials to the
 first kept version and the test gain against the same search with an empty library, paired
 by replicate. Both run again, beside each other, in OUT/TASK/transfer/ (with the default and
-tuned references replayed there): the base is rebuilt on each machine and CPUs differ in float
-results, so arms compared must share a machine, and the suite's own population searches may
-have run on another. Written to OUT/TASK/transfer/transfer.json.
+tuned references replayed there): a fresh machine scores other validation and test problems
+(the split key is made once per cache) and rebuilds the base in its own floats, so arms
+compared must share a machine, and the suite's own population searches may have run on another. Written to OUT/TASK/transfer/transfer.json.
 
 A finished search, sweep or replay under --out is read back, not redone. The default --out,
 bench/results/search-suite, is kept by git (its .gitignore keeps the small records and none of
