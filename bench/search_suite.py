@@ -43,7 +43,8 @@ first kept version and the test gain against the same search with an empty libra
 by replicate. Both run again, beside each other, in OUT/TASK/transfer/ (with the default and
 tuned references replayed there): a fresh machine scores other validation and test problems
 (the split key is made once per cache) and rebuilds the base in its own floats, so arms
-compared must share a machine, and the suite's own population searches may have run on another. Written to OUT/TASK/transfer/transfer.json.
+compared must share a machine, and the suite's own population searches may have run on
+another. Written to OUT/TASK/transfer/transfer.json.
 
 A finished search, sweep or replay under --out is read back, not redone. The default --out,
 bench/results/search-suite, is kept by git (its .gitignore keeps the small records and none of
