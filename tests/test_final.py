@@ -36,6 +36,19 @@ def test_winner_is_chosen_on_validation_only():
     assert winner([a, b]) is b
 
 
+def test_the_report_says_the_winner_is_the_best_validated_state_not_the_last_kept():
+    from evotrainer.report.gather import Version
+    from evotrainer.report.page import why_winner
+
+    def v(n, depth, label, val):
+        return Version(n, f"v{n}", ["v0"], "x", label, depth, "", val, {}, None, None, {}, "", [], "")
+    data = T(versions=[v(1, 2, "kept", {"0": 0.70, "1": 0.64}), v(2, 3, "rejected", {"0": 0.9}),
+                       v(3, 4, "kept", {"0": 0.60, "1": 0.62})])
+    text = why_winner(data)
+    assert "not the last version kept" in text and "v1@2 67.0%, v3@4 61.0%" in text and "v2" not in text
+    assert "none" in why_winner(T(versions=[]))
+
+
 def test_compare_pairs_seeds_and_gives_a_ci():
     ref = {100: {"val": 0.10, "test": 0.12}, 101: {"val": 0.20, "test": 0.18}, 102: {"val": 0.00, "test": 0.02}}
     evo = {100: {"val": 0.15, "test": 0.16}, 101: {"val": 0.26, "test": 0.22}, 102: {"val": 0.04, "test": 0.07}}

@@ -203,6 +203,16 @@ def controller_table(st: dict) -> str:
             "<th>trials cited</th></tr>" + "".join(rows) + "</table>")
 
 
+def why_winner(data: RunData) -> str:
+    """The rule that picked the winner, beside every kept version's validation score: the
+    winner is the best validated state, which need not be the last version kept."""
+    kept = [v for v in data.versions if v.label == "kept" and v.mean_val is not None]
+    listed = ", ".join(f"{v.version}@{v.depth} {100 * v.mean_val:.1f}%" for v in kept) or "none"
+    return ('<p class="muted" id="why-winner">chosen on validation only: the state (a version at a depth) with the '
+            "highest mean validation accuracy over its seeds, deeper on ties; not the last version kept. "
+            f"Kept versions' validation at their trial: {esc(listed)}.</p>")
+
+
 def final_section(data: RunData) -> str:
     if not data.final:
         return '<p class="muted" id="final-table">no final comparison yet (the run is in progress or stopped before it)</p>'
@@ -218,7 +228,7 @@ def final_section(data: RunData) -> str:
         cells.append(f"<tr><th>{'evolved - reference' if arm == 'difference' else arm}</th>{''.join(tds)}</tr>")
     base = f"<tr><th>base</th><td>{100 * f['base']['val']:.1f}</td><td></td><td>{100 * f['base']['test']:.1f}</td><td></td></tr>"
     return (f"<p>winner <b>{esc(f['winner'])}</b>, schedule {esc(' -> '.join(f['schedule']))}, fresh seeds "
-            f"{esc(f['seeds'])}, {f['total_steps']} steps each</p>"
+            f"{esc(f['seeds'])}, {f['total_steps']} steps each</p>{why_winner(data)}"
             "<table id=\"final-table\"><tr><th></th><th>validation %</th><th>per seed</th><th>test %</th>"
             f"<th>per seed</th></tr>{base}{''.join(cells)}</table><pre>{esc(data.final_table)}</pre>")
 
