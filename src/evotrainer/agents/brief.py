@@ -17,7 +17,8 @@ PROMPTS = Path(__file__).resolve().parent / "prompts"
 SPECIALISTS: dict[str, tuple[str, ...]] = {
     "reward": ("reward", "reward_hacking", "efficiency"),
     "signal": ("group_filter", "signal"),
-    "optimisation": ("optimisation", "exploration"),
+    "optimisation": ("optimisation",),
+    "exploration": ("exploration",),
     "curriculum": ("curriculum",),
     "diagnostics": (),
 }

@@ -23,7 +23,7 @@ from evotrainer.lineage.plan import TrialPlan
 
 def surface(family: str) -> str:
     """The specialist whose surface holds `family` (agents/brief.py: reward, signal,
-    optimisation, curriculum, diagnostics); a family of none (crossover, subtract, other), or
+    optimisation, exploration, curriculum, diagnostics); a family of none (crossover, subtract, other), or
     a specialist's own name as an llm agent's plan records it, is its own surface."""
     return next((role for role, fams in SPECIALISTS.items() if family in fams), family)
 
