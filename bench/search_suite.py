@@ -423,7 +423,8 @@ def table(result: dict) -> str:
     default, tuned_ = _test(result, "default"), _test(result, "tuned")
     strategies = list(result["runs"])
     reps = len(result["runs"][strategies[0]])
-    lines = [f"## {result['config']}: {result['task']}, {result['trials']} trials, {result['total_steps']} steps; "
+    held_out = " held out (transfer)" if "transfer_from" in result else ""  # the task's second section
+    lines = [f"## {result['config']}{held_out}: {result['task']}, {result['trials']} trials, {result['total_steps']} steps; "
              f"{reps} search replicates x {len(result['seeds'])} fresh seeds", "",
              f"Test accuracy % of each winner replayed from the base (mean ± sd over replicates; references over "
              f"seeds). Tuned reference: `{result['tuned']['recipe']}`, the best of {len(result['tuned']['sweep_val'])} "
