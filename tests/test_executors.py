@@ -167,3 +167,14 @@ def test_the_local_pool_is_an_executor_that_keeps_the_calls_order():
     assert isinstance(pool, Executor) and pool.run([], timeout_s=10) == []
     results = pool.run([Call(worker_targets.add, {"a": i, "b": 1}) for i in range(3)], timeout_s=60)
     assert [r.value for r in results] == [1, 2, 3] and all(r.ok for r in results)
+
+
+def test_the_log_tail_is_read_from_its_end_only(tmp_path):
+    """A job may write gigabytes to its stdout: the controller reads the last few KB."""
+    from evotrainer.executors import worker
+    with open(tmp_path / "log.txt", "w+b") as log:
+        log.truncate(64 * 2**30)  # sparse: 64 GiB that reading whole would take
+        log.seek(0, os.SEEK_END)
+        log.write("the last line: é\n".encode())
+        tail = worker._tail(log)
+    assert tail.endswith("the last line: é\n") and len(tail) == worker.TAIL_CHARS

@@ -9,11 +9,13 @@ An attack in the reward slot meets the backtest's worker first (a rescore runs t
 reward); one in the curriculum slot, which only training runs, meets the training worker
 (the one that holds the policy and writes checkpoints). One run covers both. An attack that
 works inside the sandbox, a link planted in the job's own checkpoint, fails when the job
-ends: its output is refused, and the trial is a crash that says why."""
+ends: its output is refused, and the trial is a bad_output that says why."""
 import json
+import shutil
 import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -116,10 +118,11 @@ def test_hostile_edits_through_the_loop_fail_inside_the_sandbox(tiny_run, tmp_pa
     for name, t in trials.items():
         slot = corpus[name][0]
         if name != "setsid_daemon":  # the daemon "works" until its job ends; the others must fail
-            assert t.label in {"crash", "timeout", "oom"}, (name, t.label, t.reflection)
+            assert t.label in ({"bad_output"} if name == "plant_link" else {"crash", "timeout", "oom"}), \
+                (name, t.label, t.reflection)
             # a reward attack failed in the backtest's worker, a curriculum attack in training's
             assert t.backtest["label"] == (t.label if slot == "reward" else "passed"), (name, t.backtest)
-        if t.label == "crash":  # it failed because the attack did (or its output was refused), not for another reason
+        if t.label in ("crash", "bad_output"):  # it failed because the attack did (or its output was refused)
             why = "its output was refused: " if name == "plant_link" else "attack failed"
             assert why in t.reflection, (name, t.reflection)
     assert trials["loop_forever"].label == "timeout" and trials["allocate_30gb"].label in ("oom", "crash")
@@ -140,3 +143,99 @@ def test_hostile_edits_through_the_loop_fail_inside_the_sandbox(tiny_run, tmp_pa
     keyed.use_key(split_key(started.split_key))
     val = {p.id for p in keyed.split("val")}
     assert len(val & {p.id for p in public.split("val")}) < len(val) / 2
+
+
+# ------------------------------------------------------------------ what a job leaves behind
+# The sandbox holds; what a job writes in its own directory does not stay there: the controller
+# (root here) writes its log, reads the records, lists the checkpoints and hands them to the
+# evaluator. Each attack below works inside the job (it only touches its own output) and the
+# slot then returns normally, so the job "succeeds": what it left must be refused with a
+# label (bad_output), or ignored, and never written through, followed or scored.
+
+def output_attacks(run: str, target: str) -> dict[str, str]:
+    """name -> the curriculum body: a shell line over the job's own seed directories (the
+    writable ones among those its root shows), then a return (or a raise, where the attack
+    needs a failed job)."""
+    def each(cmd: str) -> str:
+        line = f"for d in {run}/versions/*/seed-*; do [ -w $d ] || continue; {cmd}; done; true"
+        return f"    sh({line!r})\n"
+    return {
+        # a failed job's log is written by the controller: once into OUT/worker.log, through this link
+        "log_link": each(f"ln -sfn {target} $d/worker.log") + "    print('PLANTED-IN-LOG')\n"
+                                                               "    raise RuntimeError('the job fails, its log is kept')\n",
+        # a FIFO where the progress poll and the vetting read: neither may block
+        "fifo_metrics": each("[ -p $d/metrics.jsonl ] || { rm -f $d/metrics.jsonl; mkfifo $d/metrics.jsonl; }"),
+        # a chat template that raises beside the weights: the evaluator must not render it
+        "chat_template": each("for c in $d/checkpoint $d/checkpoints/step-1; do mkdir -p $c; "
+                              "printf '{{ raise_exception(\"planted\") }}' > $c/chat_template.jinja; done"),
+        "deleted_checkpoints": each("rm -rf $d/checkpoints"),
+        "extra_checkpoint": each("mkdir -p $d/checkpoints/step-x"),
+        "malformed_evidence": each("echo '{' >> $d/evidence.jsonl"),
+    }
+
+
+def test_what_a_job_leaves_is_refused_or_ignored_and_the_run_goes_on(tiny_run, tmp_path):
+    from evotrainer.config import config_from_dict
+    from evotrainer.evaluate.greedy import evaluate_checkpoints
+    from evotrainer.evolve.controller import Controller
+    from evotrainer.lineage import LineageStore
+    from evotrainer.lineage.events import RunStarted
+    from evotrainer.tasks.keys import split_key
+    cfg, run = tiny_run
+    target = tmp_path / "outside" / "lineage-of-another-run.sqlite"
+    target.parent.mkdir()
+    target.write_text("original\n")
+    corpus = output_attacks(str(run.resolve()), str(target))
+    (tmp_path / "attacks.json").write_text(json.dumps(
+        {name: ("curriculum", "curriculum.py", source("curriculum", body)) for name, body in corpus.items()}))
+    for name, body in corpus.items():  # every edit passes the static check: the sandbox and the vetting hold
+        h = tmp_path / "check" / name
+        h.mkdir(parents=True)
+        (h / "curriculum.py").write_text(source("curriculum", body))
+        (h / "knobs.yaml").write_text("curriculum: hostile\n")
+        assert check_harness(h).legal, (name, check_harness(h).reasons)
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT.format(attacks=str(tmp_path / "attacks.json"), counter=str(tmp_path / "n")))
+    raw = yaml.safe_load(cfg.read_text())
+    raw |= {"agent": "command", "command": {"run": f"{sys.executable} {agent} {{proposal}}", "timeout_s": 60},
+            "final_seeds": [], "sandbox": "namespaces"}
+    raw["budget"] |= {"trials": len(corpus), "trial_timeout_s": 60}
+    config = config_from_dict(raw).validate()
+    ctl = Controller(config, run)
+    try:
+        ctl.run()
+        trials = {t.intervention: t for t in ctl.store.trials() if t.id > 0}
+    finally:
+        ctl.store.close()
+    assert set(trials) == set(corpus)
+    assert target.read_text() == "original\n"  # the log link: nothing written through it
+    log_link = trials["log_link"]
+    assert log_link.label == "crash" and "the job fails" in log_link.reflection
+    kept_logs = list(run.glob("versions/*/seed-0.log"))
+    assert any("PLANTED-IN-LOG" in p.read_text() for p in kept_logs)  # kept beside the job's directory
+    refused = {"fifo_metrics": "not a regular file", "deleted_checkpoints": "where the run's schedule",
+               "extra_checkpoint": "step-x", "malformed_evidence": "evidence.jsonl"}
+    for name, why in refused.items():
+        assert trials[name].label == "bad_output" and why in trials[name].reflection, (name, trials[name])
+    # the template was ignored: the trial was judged, and its test score is what its weights score
+    # with the base's tokenizer (a clean copy: the checkpoint without the planted file)
+    t = trials["chat_template"]
+    assert t.label in ("kept", "discarded"), (t.label, t.reflection)
+    ckpt = Path(next(iter(t.fitness["state"]["dirs"].values()))) / "checkpoint"
+    assert (ckpt / "chat_template.jinja").is_file()
+    clean = tmp_path / "clean"
+    shutil.copytree(ckpt, clean, ignore=shutil.ignore_patterns("chat_template.jinja"))
+    store = LineageStore(run / "lineage.sqlite")
+    started = store.events(RunStarted)[0]
+    store.close()
+    policy = config.runtime().on_base(config.model).policy.to_dict()
+    key = split_key(started.split_key).hex()
+    again = evaluate_checkpoints("arith", 1, {str(clean): ["test"], str(ckpt): ["test"]}, policy, key=key)
+    assert again[str(clean)]["test"] == again[str(ckpt)]["test"] == next(iter(t.fitness["test"].values()))
+    # the run is whole and resumes: nothing left to do, nothing fails
+    ctl = Controller(config, run)
+    try:
+        ctl.run()
+        assert len(ctl.store.trials()) == len(corpus) + 1 and ctl.store.pending() == []
+    finally:
+        ctl.store.close()

@@ -1,9 +1,13 @@
 """Where evotrainer keeps bases, keys and skills: the XDG base directories, and in the tests
-the clone's own (conftest.py), never the user's."""
+the clone's own (conftest.py), never the user's; and paths named with any character, in task
+specs and in what a job reads."""
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from evotrainer.paths import xdg_dir
 
@@ -44,3 +48,62 @@ def test_the_tests_and_every_command_they_start_use_the_clones_own_directories()
     from evotrainer.tasks.keys import DEFAULT_CACHE  # ... and this process
     assert DEFAULT_CACHE == test_home / "cache" / "evotrainer"
     assert ".test-home/" in (CLONE / ".gitignore").read_text().splitlines()
+
+
+# ----------------------------------------------------------- paths inside specs and jobs' reads
+# A file may be named with any character a task spec is made of ('=', ':', '?', ',', '&'):
+# a spec carries it escaped, and a job is shown exactly the files its Call names.
+
+WEIRD = "/data/exp=2,a:b?c%3F&d+e;f/t.jsonl"
+
+
+def test_a_spec_carries_any_path_and_names_exactly_its_files():
+    from evotrainer.tasks.spec import canonical, parse_spec, spec_files
+    spec = canonical(f"jsonl:{WEIRD}", {"data": WEIRD, "verifier": "exact"})
+    s = parse_spec(spec)
+    assert s.base == f"jsonl:{WEIRD}" and s.query == {"data": WEIRD, "verifier": "exact"}
+    assert canonical(s.base, s.query) == spec and spec_files(spec) == (WEIRD, WEIRD)
+    # a spec with nothing to escape reads and writes as it always has
+    assert canonical("jsonl:/data/x,y:z=1.jsonl", {"verifier": "exact"}) == "jsonl:/data/x,y:z=1.jsonl?verifier=exact"
+    assert spec_files("/p/x:y/tasks.py:Make") == ("/p/x:y/tasks.py",)
+    assert spec_files("trl-env:/p/x:y/env.py:Env?data=/r/a=b,c.jsonl&max_turns=2") == ("/p/x:y/env.py", "/r/a=b,c.jsonl")
+    assert spec_files("arith") == spec_files("rg:composite?families=a,b:2") == spec_files("pkg.mod:Make") == ()
+
+
+def test_a_job_without_declared_reads_reads_whole_paths_never_a_prefix_of_one(tmp_path):
+    from evotrainer.sandbox import declared_paths, named_paths
+    data = tmp_path / "exp=2,a:b" / "t.jsonl"
+    data.parent.mkdir()
+    data.write_text("{}\n")
+    (tmp_path / "exp").mkdir()  # what cutting 'jsonl:/.../exp=2,a:b/t.jsonl' at '=' would name
+    assert named_paths({"task": f"jsonl:{data}?verifier=exact", "level": 1}) == set()
+    assert named_paths({"rows": [str(data)], "jobs": {str(data.parent): ["val"]}}) == {str(data), str(data.parent)}
+    assert declared_paths((f"jsonl:{data}", str(data), str(tmp_path / "gone"))) == {str(data)}
+
+
+@pytest.mark.slow
+def test_a_jsonl_run_into_a_directory_named_like_a_spec_finishes_its_root_trial(tmp_path, ckpt):
+    """`evotrainer run` of a JSONL task whose file and run directory are named with '=', ':',
+    '?' and ',': its training jobs read the train view, its evaluator the file, and the root
+    trial is scored."""
+    import yaml
+    from helpers import cli, readable, write_harness
+    from evotrainer.lineage import LineageStore
+    from evotrainer.tasks.spec import canonical
+    data = tmp_path / "exp=2,a:b?c" / "t.jsonl"
+    data.parent.mkdir()
+    data.write_text("".join(json.dumps({"prompt": f"What is {i} + 0? ", "answer": str(i)}) + "\n" for i in range(80)))
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "task": canonical(f"jsonl:{data}", {}), "model": str(ckpt), "harness": str(write_harness(tmp_path / "root")),
+        "seeds": [0], "final_seeds": [], "search": {"skills": str(tmp_path / "skills.sqlite")},
+        "budget": {"trials": 1, "steps_per_segment": 2, "total_steps": 2, "trial_timeout_s": 120},
+        "evaluation": {"every": 1}, "promotion": {"replicas": 1}}))
+    readable(tmp_path)
+    run = tmp_path / "lr=1e-5,x:y?z"
+    status = cli("run", cfg, "--out", run, "--json").json
+    store = LineageStore(run / "lineage.sqlite")
+    root = store.trials()[0]
+    store.close()
+    assert status["state"] == "finished" and root.label not in ("crash", "timeout", "oom"), (status, root)
+    assert (run / "train-data" / "t.jsonl").is_file()

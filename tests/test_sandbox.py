@@ -1,6 +1,8 @@
 """The sandbox holds with arbitrary Python inside: every job here tries what untrusted code
 must not do, and the test checks the outside world, not just what the job reports."""
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -13,15 +15,15 @@ import pytest
 
 import worker_targets
 from helpers import descends_from, processes_with
-from evotrainer.executors import run_in_worker
-from evotrainer.sandbox import Isolation, probe
+from evotrainer.executors import Call, run_all, run_in_worker
+from evotrainer.sandbox import Isolation, probe, users
 
 HERE = Path(__file__).parent
 pytestmark = pytest.mark.skipif(probe() is not Isolation.NAMESPACES,
                                 reason="this machine allows no namespaces (the fallback has its own test)")
 
 
-def test_a_job_sees_no_secret_no_home_and_is_nobody():
+def test_a_job_sees_no_secret_no_home_and_is_a_user_of_its_own():
     os.environ["EVOTRAINER_TEST_SECRET"] = "hunter2"
     sentinel = Path("/tmp") / f"evotrainer-sentinel-{os.getpid()}"  # in the machine's /tmp, not the job's
     sentinel.write_text("the machine's /tmp")
@@ -33,8 +35,10 @@ def test_a_job_sees_no_secret_no_home_and_is_nobody():
     assert r.ok, r.log_tail
     assert "EVOTRAINER_TEST_SECRET" not in r.value["env"] and not any("KEY" in k or "TOKEN" in k for k in r.value["env"])
     assert r.value["pid"] == 1  # PID 1 of its own namespace: its death takes every process in it
-    if os.geteuid() == 0:
-        assert r.value["uid"] == 65534
+    if os.geteuid() == 0:  # a user of its own, lent for its life: never root, never another job's
+        assert r.value["uid"] in range(users.FIRST_UID, users.FIRST_UID + users.COUNT)
+        a, b = run_all([Call(worker_targets.whoami), Call(worker_targets.whoami)], workers=2, timeout_s=60, cwd=HERE)
+        assert a.value["uid"] != b.value["uid"]
     # HOME is the private /tmp: it holds the job's own directory (its arguments and result) and
     # the paths the job reads that happen to lie under /tmp (a checkout there), nothing else
     assert sentinel.name not in r.value["home"] and any(n.startswith("evotrainer-worker-") for n in r.value["home"])
@@ -154,3 +158,108 @@ run_all([Call(worker_targets.daemon_then_sleep, {{"marker": {marker!r}}}),
     ctl.wait()
     time.sleep(2)
     assert processes_with(daemon) == [] and set(family) & set(processes_with("")) == set()
+
+
+def test_a_job_reads_exactly_the_files_its_call_names_whatever_their_names(tmp_path):
+    """A JSONL file and a run directory named with the characters a spec is made of: the
+    training job reads its train view, and neither `exp` beside `exp=2,a:b?c` nor `lr` beside
+    `lr=1e-5,x:y?z` (what cutting the spec at its punctuation would have shown it)."""
+    from helpers import readable
+    from evotrainer.catalog import get_task
+    from evotrainer.tasks.spec import canonical
+    data = tmp_path / "exp=2,a:b?c" / "t.jsonl"
+    data.parent.mkdir()
+    data.write_text("".join(f'{{"prompt": "{i}+0=", "answer": "{i}"}}\n' for i in range(80)))
+    siblings = [tmp_path / "exp", tmp_path / "lr"]
+    for d in siblings:
+        d.mkdir()
+        (d / "secret.txt").write_text("not the job's")
+    task = get_task(canonical(f"jsonl:{data}", {}))
+    view = task.train_view(tmp_path / "lr=1e-5,x:y?z" / "train-data")
+    readable(tmp_path)
+    assert task.files() == (str(data),) and task.files(view) == (str(tmp_path / "lr=1e-5,x:y?z" / "train-data" / "t.jsonl"),)
+    others = [str(p) for p in (*siblings, data)]
+    r = run_in_worker(worker_targets.train_rows, {"spec": view, "others": others}, timeout_s=120, cwd=HERE,
+                      reads=task.files(view))
+    assert r.ok, r.log_tail
+    assert r.value == {"rows": task.problem_space(0), "others": dict.fromkeys(others, False)}
+
+
+@pytest.mark.parametrize("kind, why", [("link", "result.json is a symbolic link"),
+                                       ("fifo", "result.json is not a regular file"),
+                                       ("huge", "more than the 16777216 read")])
+def test_a_result_the_job_planted_is_refused_never_followed_nor_waited_on(tmp_path, kind, why):
+    """The controller reads a job's result as hostile: a link to a file the job could not
+    read (which holds a result the controller would take), a fifo (which would hang a plain
+    read), a file past the cap: each a crash with one line, in well under a second."""
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"label": "ok", "value": "the controller\'s secret"}')
+    t0 = time.monotonic()
+    r = run_in_worker(worker_targets.plant_result, {"kind": kind, "target": str(secret)}, timeout_s=60, cwd=HERE)
+    assert r.label == "crash" and r.value is None and why in r.error and "\n" not in r.error, (r.error, r.log_tail)
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_job_cannot_rewrite_its_own_spec(monkeypatch):
+    """sandbox.json (which root reads to build the jail) and job.json lie where only the
+    controller writes: the job reads job.json through a read-only bind and never sees
+    sandbox.json; both are as the controller wrote them when the job has ended."""
+    from evotrainer.executors import worker
+    after, release = {}, worker._Job._release
+
+    def spy(job):
+        after.update({f: (job.dir / f).read_text() for f in ("sandbox.json", "job.json")})
+        release(job)
+    monkeypatch.setattr(worker._Job, "_release", spy)
+    r = run_in_worker(worker_targets.rewrite_spec, timeout_s=60, cwd=HERE)
+    assert r.ok, r.log_tail
+    assert r.value["job.json"] == "refused: OSError"  # a read-only filesystem
+    if os.geteuid() == 0:  # (else its own /tmp's copy of the directory is its user's: a file there is its own)
+        assert r.value["sandbox.json"] == "refused: PermissionError"
+    assert json.loads(after["sandbox.json"])["argv"] != ["/bin/sh"] and json.loads(after["job.json"])["target"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and tuple(map(int, re.findall(r"\d+", os.uname().release)[:2])) < (5, 14),
+                    reason="in user namespaces, Linux counts processes per namespace since 5.14 (sandbox/users.py)")
+def test_a_fork_bomb_leaves_a_concurrent_sibling_room_to_start_processes(tmp_path, monkeypatch):
+    """Two jobs at once, each with a limit of 32 processes: one forks until refused and
+    holds them; the other, started beside it, still starts its own. (Were both the one uid,
+    the first would have spent the count of both.)"""
+    import functools
+    from evotrainer.executors import worker
+    from evotrainer.sandbox import Jail, Limits
+    monkeypatch.setattr(worker, "Jail", functools.partial(Jail, limits=Limits(processes=32)))
+    bomb, sibling = tmp_path / "bomb", tmp_path / "sibling"
+    bomb.mkdir()
+    sibling.mkdir()
+    a, b = run_all([Call(worker_targets.fork_to_limit, {"out": str(bomb), "until": str(sibling / "done")},
+                         writes=(str(bomb),), reads=(str(sibling),)),
+                    Call(worker_targets.start_processes, {"n": 8, "after": str(bomb / "full"), "out": str(sibling)},
+                         writes=(str(sibling),), reads=(str(bomb),))],
+                   workers=2, timeout_s=120, memory_mb=None, cwd=HERE)
+    assert a.ok and b.ok, (a.log_tail, b.log_tail)
+    assert 10 < a.value < 32 and b.value == 8, (a.value, b.value)
+
+
+def test_what_its_dev_shm_holds_counts_toward_a_jobs_memory():
+    """/tmp and /dev/shm are memory (tmpfs) that no process's resident size shows: a job that
+    writes 900 MB there, its processes far under an 800 MB limit (~300 MB), is out of memory."""
+    r = run_in_worker(worker_targets.fill_shm, {"mb": 900}, timeout_s=120, memory_mb=800, cwd=HERE)
+    assert r.label == "oom" and "/dev/shm" in r.error, (r.label, r.error)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="jobs have users of their own only when the controller is root")
+def test_what_an_earlier_job_left_private_the_next_job_reads(tmp_path):
+    """A checkpoint an earlier job (another uid) wrote 0600 is read through an idmapped bind
+    that shows its owner's files as the reading job's own; its owner and modes stay."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "weights").write_text("an earlier job's")
+    earlier = users.FIRST_UID + users.COUNT - 1  # a uid no job of this test holds
+    for p in (out, out / "weights"):
+        os.chown(p, earlier, earlier)
+    os.chmod(out / "weights", 0o600)
+    r = run_in_worker(worker_targets.probe, {"paths": [str(out / "weights")]}, timeout_s=60, cwd=HERE, reads=(str(out),))
+    assert r.ok and r.value[str(out / "weights")] == "read: an earlier job's", r.value
+    st = (out / "weights").stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (earlier, 0o600)

@@ -12,9 +12,11 @@ import yaml
 from helpers import tiny_run_config, write_harness
 from evotrainer.config import config_from_dict
 from evotrainer.errors import UsageError
-from evotrainer.evolve.segment_cache import (KEY_FILE, SegmentCache, SegmentInputs, segment_key, start_identity,
-                                             tree_digest)
+from evotrainer.evolve import segment_cache
+from evotrainer.evolve.segment_cache import (KEY_FILE, LIBRARIES, ScoreInputs, SegmentCache, SegmentInputs, digest,
+                                             package_digest, segment_key, start_identity, task_identity, tree_digest)
 from evotrainer.evolve.state import Clock, Segment, SegmentFailed, State
+from evotrainer.trainer.outputs import log_path
 
 INPUTS = SegmentInputs(start="files:abc", harness="h1", seed=1001, replica=0, steps=2, task='["arith", []]',
                        level=1, draws="d1", runtime={"backend": "embedded", "threads": 1}, eval_every=1)
@@ -25,7 +27,8 @@ INPUTS = SegmentInputs(start="files:abc", harness="h1", seed=1001, replica=0, st
 
 @pytest.mark.parametrize("change", [
     {"start": "segment:k2"}, {"harness": "h2"}, {"seed": 1002}, {"replica": 1}, {"steps": 3},
-    {"task": '["arith", ["x"]]'}, {"level": 2}, {"draws": "d2"}, {"eval_every": 2}, {"version": "9.9"},
+    {"task": '["arith", ["x"]]'}, {"level": 2}, {"draws": "d2"}, {"eval_every": 2},
+    {"code": {"package": "edited", "libraries": {}}},
     {"runtime": {"backend": "embedded", "threads": 2}}, {"runtime": {"backend": "trl", "threads": 1}},
 ])
 def test_the_key_changes_with_every_input_that_determines_the_outcome(change):
@@ -56,6 +59,136 @@ def test_a_start_is_named_by_the_entry_its_directory_holds_else_by_its_bytes(tmp
     assert start_identity(d / "checkpoint") == "segment:k1"
 
 
+# ---------------------------------------------------------------------------- the code in the key
+
+
+SCORE = ScoreInputs(checkpoint="segment:k1/checkpoint", split="val", task='["arith", []]', level=1, split_key="s",
+                    runtime={"threads": 1})
+
+
+def _keys() -> tuple[str, str]:
+    """A segment's and a score's key as this process makes them now: records built afresh, so
+    their code is read again (a replace() would copy the old record's)."""
+    seg = {f.name: getattr(INPUTS, f.name) for f in dataclasses.fields(INPUTS) if f.name != "code"}
+    score = {f.name: getattr(SCORE, f.name) for f in dataclasses.fields(SCORE) if f.name != "code"}
+    return segment_key(SegmentInputs(**seg)), digest(ScoreInputs(**score))
+
+
+@pytest.fixture
+def versions_read_again():
+    """The libraries' versions are read once per process: read again, under the test's lookup."""
+    segment_cache.library_versions.cache_clear()
+    yield
+    segment_cache.library_versions.cache_clear()
+
+
+def test_an_edit_to_the_package_source_changes_every_key(monkeypatch):
+    before = _keys()
+    assert _keys() == before  # the same code, the same keys: read once, never from the clock or a path
+    monkeypatch.setattr(segment_cache, "source_digest", lambda: "the package, one line edited")
+    after = _keys()
+    assert after[0] != before[0] and after[1] != before[1]
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_another_version_of_a_library_that_computes_the_numbers_changes_every_key(monkeypatch, versions_read_again,
+                                                                                 library):
+    real = segment_cache.library_version
+    before = _keys()
+    segment_cache.library_versions.cache_clear()
+    monkeypatch.setattr(segment_cache, "library_version", lambda name: "9.9.9" if name == library else real(name))
+    after = _keys()
+    assert after[0] != before[0] and after[1] != before[1]
+
+
+def test_a_library_not_installed_is_absent_and_none_is_imported_to_ask():
+    import subprocess
+    import sys
+    assert segment_cache.library_version("no-such-distribution-xyz") == "absent"
+    probe = ("import sys\nfrom evotrainer.evolve.segment_cache import code_identity\ncode_identity()\n"
+             "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_the_package_digest_is_its_code_and_shipped_data_wherever_it_is_installed(tmp_path):
+    pkg = tmp_path / "a" / "evotrainer"
+    for rel, text in {"__init__.py": "", "tasks/arith.py": "N = 3\n", "recipes/reference/knobs.yaml": "lr: 0.1\n",
+                      "agents/prompts/system.md": "You are", "__pycache__/x.pyc": "\0"}.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    first = package_digest(pkg)
+    import shutil
+    shutil.copytree(pkg, tmp_path / "b" / "evotrainer")
+    assert package_digest(tmp_path / "b" / "evotrainer") == first       # installed elsewhere: the same code
+    (pkg / "agents" / "prompts" / "system.md").write_text("You were")   # what an agent is told: not a job's numbers
+    (pkg / "__pycache__" / "x.pyc").write_text("\1")
+    assert package_digest(pkg) == first
+    (pkg / "recipes" / "reference" / "knobs.yaml").write_text("lr: 0.2\n")  # the reference recipe: numbers
+    assert package_digest(pkg) != first
+    (pkg / "recipes" / "reference" / "knobs.yaml").write_text("lr: 0.1\n")
+    (pkg / "tasks" / "arith.py").write_text("N = 4\n")
+    assert package_digest(pkg) != first
+    assert segment_cache.PACKAGE_DIR / "evolve" / "segment_cache.py" == Path(segment_cache.__file__).resolve()
+
+
+USER_TASK = """
+from evotrainer.tasks import Problem, Task
+
+
+class Parity(Task):
+    def __init__(self, level=None):
+        self.name, self.levels, self.target_level, self.max_new_tokens = "parity", (1, 2), level or 1, 5
+
+    def problem_space(self, level):
+        return 9 * 10 ** (level - 1)
+
+    def generate(self, rng, level):
+        n = rng.randrange(10 ** (level - 1), 10 ** level)
+        return Problem(id=str(n), prompt=f"{n} even?", answer="yes" if n % 2 == 0 else "no", level=level)
+
+    def score(self, problem, completion):
+        return float(completion.strip() == problem.answer)
+"""
+
+
+def test_a_user_tasks_identity_holds_its_files_bytes(tmp_path):
+    from evotrainer.catalog import get_task
+    (tmp_path / "parity.py").write_text(USER_TASK)
+    task = get_task(f"{tmp_path / 'parity.py'}:Parity", 1)
+    before = task_identity(task.spec, task.data_files())
+    assert task_identity(task.spec, task.data_files()) == before
+    (tmp_path / "parity.py").write_text(USER_TASK.replace('"yes"', '"even"'))  # the same spec, another task
+    after = task_identity(task.spec, task.data_files())
+    assert after != before
+    assert segment_key(dataclasses.replace(INPUTS, task=after)) != segment_key(dataclasses.replace(INPUTS, task=before))
+    assert task_identity("arith", ()) == '["arith", []]'  # a built-in: the package's code, in every key
+
+
+def test_a_user_modules_identity_holds_its_modules_or_packages_bytes(tmp_path, monkeypatch):
+    (tmp_path / "parity_mod_xyz.py").write_text(USER_TASK)
+    (tmp_path / "parity_pkg_xyz" / "sub").mkdir(parents=True)
+    (tmp_path / "parity_pkg_xyz" / "__init__.py").write_text("from parity_pkg_xyz.sub.impl import Parity\n")
+    (tmp_path / "parity_pkg_xyz" / "sub" / "impl.py").write_text(USER_TASK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod, pkg = task_identity("parity_mod_xyz:Parity", ()), task_identity("parity_pkg_xyz:Parity", ())
+    assert mod != task_identity("parity_pkg_xyz.sub.impl:Parity", ())  # where the code is, too
+    (tmp_path / "parity_mod_xyz.py").write_text(USER_TASK + "\n# edited\n")
+    (tmp_path / "parity_pkg_xyz" / "sub" / "impl.py").write_text(USER_TASK + "\n# edited\n")  # a module inside
+    assert task_identity("parity_mod_xyz:Parity", ()) != mod and task_identity("parity_pkg_xyz:Parity", ()) != pkg
+    assert "parity_mod_xyz" not in __import__("sys").modules  # found, not imported
+
+
+def test_the_code_of_a_task_is_the_users_only():
+    import evotrainer.catalog  # noqa: F401  (the environment families, as a run has them)
+    from evotrainer.tasks.registry import user_code_files
+    json_module = user_code_files("json.decoder:JSONDecoder")
+    assert json_module and user_code_files("trl-env:json.decoder:JSONDecoder") == json_module  # a family's factory
+    for builtin in ("arith", "vault?tool=on", "rg:chain_sum", "jsonl:/data/rows.jsonl?verifier=exact",
+                    "textarena:GuessTheNumber-v0"):
+        assert user_code_files(builtin) == (), builtin
+
+
 # ---------------------------------------------------------------------------- entries
 
 
@@ -64,7 +197,6 @@ def _train_dir(path: Path, text: str = "w") -> Path:
     (path / "checkpoint" / "model.bin").write_text(text)
     (path / "evidence.jsonl").write_text("{}\n")
     (path / "run.json").write_text(json.dumps({"task": "arith"}))
-    (path / "worker.log").write_text("the job's own log\n")
     return path
 
 
@@ -74,10 +206,10 @@ def test_an_entry_is_whole_or_ignored_and_its_materialised_copy_is_marked(tmp_pa
     assert cache.lookup("k1") is None and not cache.materialise("k1", tmp_path / "b")
     cache.store("k1", out)
     assert (out / KEY_FILE).read_text().strip() == "k1"     # `out` is exactly the entry now
-    assert not (cache.entry("k1") / "worker.log").exists()   # the run's account of the job is not its outcome
+    assert not (cache.entry("k1") / KEY_FILE).exists()   # the run's mark on the directory is not its outcome
     for rel in ("checkpoint/model.bin", "evidence.jsonl", "run.json"):  # held once: `out` links the entry's files
         assert (out / rel).stat().st_ino == (cache.entry("k1") / rel).stat().st_ino
-    assert (out / "worker.log").read_text() == "the job's own log\n" and cache.lookup("k1") is not None
+    assert cache.lookup("k1") is not None
     assert cache.materialise("k1", tmp_path / "b")
     b = tmp_path / "b"
     assert (b / "checkpoint" / "model.bin").read_text() == "w" and (b / KEY_FILE).read_text().strip() == "k1"
@@ -174,8 +306,8 @@ def test_the_same_segment_twice_trains_once_and_scores_alike(tmp_path, ckpt):
     assert (clock.trained, clock.reused) == (1, 1) and clock.steps == 2
     assert (again.val, again.test) == (first.val, first.test)
     a, b = tmp_path / "a" / "seed-0", tmp_path / "b" / "seed-0"
-    assert "reused from the segment cache" in (b / "worker.log").read_text()
-    assert tree_digest(a, skip=("worker.log",)) == tree_digest(b, skip=("worker.log",))
+    assert "reused from the segment cache" in log_path(b).read_text()  # the log is kept beside the directory
+    assert tree_digest(a) == tree_digest(b)
     assert clock.budgets()["segments_trained"] == 1 and clock.budgets()["segments_reused"] == 1
 
 

@@ -1,5 +1,17 @@
 """The skill library: outcomes in, effects, domains and rankings out."""
-from evotrainer.skills import PLACE, Conditions, SkillLibrary, closeness, matching, rank, signature, standing
+import re
+import shutil
+import sqlite3
+
+import pytest
+
+from evotrainer.errors import UsageError
+from evotrainer.lineage import LineageStore, TrialRecord
+from evotrainer.lineage.events import decode
+from evotrainer.lineage.plan import TrialPlan
+from evotrainer.lineage.state import State
+from evotrainer.skills import (PLACE, Conditions, DuplicateOutcome, SkillLibrary, closeness, matching, rank, signature,
+                               standing)
 
 DEAD = {"diagnostic": "dead_group_ratio", "severity": "critical"}
 
@@ -108,7 +120,6 @@ def test_far_evidence_moves_the_rules_order_a_little_and_a_misleading_skill_is_d
 
 
 def test_a_library_from_before_conditions_opens_with_its_rows_and_absorbs(tmp_path):
-    import sqlite3
     old = tmp_path / "old.sqlite"
     db = sqlite3.connect(old)
     db.executescript("""CREATE TABLE skills (name TEXT PRIMARY KEY, trigger TEXT NOT NULL, intervention TEXT NOT NULL,
@@ -150,3 +161,101 @@ def test_an_interventions_loss_under_one_finding_is_not_hidden_by_its_gain_under
     names = ["lower_lr", "drop_dead"]
     assert rank(names, [DEAD], lib.skills(), ARITH) == ["drop_dead", "lower_lr"]  # pooled: -5 / 4 points
     assert rank(names, [], lib.skills(), ARITH) == ["lower_lr", "drop_dead"]        # without the finding: +3 / 2
+
+
+# ---------------------------------------------------------------------------- outcomes keyed by the run's id
+
+
+def _agent_trial(n: int, label: str = "kept", gain: float = 0.05) -> tuple[TrialRecord, TrialPlan]:
+    """Trial n of a run, as the lineage holds it: its record and the plan it ran."""
+    plan = TrialPlan(parent=State("v0", 1, {0: "x"}, {0: 0.1}, {0: 0.1}), version=f"v{n}", round=0,
+                     intervention="partial_credit", family="reward", hypothesis="partial credit helps", frozen=None,
+                     success_criterion="-", rollback=None, knobs={"reward": "partial_credit"}, files=None,
+                     agent="rules", trigger="none", expected=None, usage=None)
+    rec = TrialRecord(n, f"v{n}", ["v0"], "rules", "partial_credit", 2, "partial credit helps", "-", "", label,
+                      fitness={"gain": gain})
+    return rec, plan
+
+
+def _controller(tmp_path, ckpt):
+    """A run at tmp_path/run set up as `evotrainer run` sets it up (a new one, or resumed)."""
+    from evotrainer.config import config_from_dict
+    from evotrainer.evolve.controller import Controller
+    cfg = config_from_dict({"task": "arith", "level": 2, "seeds": [0], "final_seeds": [], "model": str(ckpt),
+                            "search": {"skills": str(tmp_path / "skills.sqlite")},
+                            "budget": {"trials": 3, "steps_per_segment": 10, "total_steps": 20}}).validate()
+    c = Controller(cfg, tmp_path / "run")
+    c._setup()
+    return c
+
+
+def test_two_runs_made_at_one_path_keep_both_their_outcomes(tmp_path, ckpt):
+    first = _controller(tmp_path, ckpt)
+    first._learn([_agent_trial(1, "kept", 0.05)])
+    first.store.close()
+    shutil.rmtree(tmp_path / "run")                      # deleted, and a new run made where it was
+    second = _controller(tmp_path, ckpt)
+    second._learn([_agent_trial(1, "discarded", -0.02)])
+    (s,) = SkillLibrary(tmp_path / "skills.sqlite").skills()
+    assert s.tried == 2 and sorted(o["gain"] for o in s.evidence) == [-0.02, 0.05]
+    runs = {o["run"] for o in s.evidence}
+    assert len(runs) == 2 and str(tmp_path / "run") not in runs  # each its run's id, not the path they shared
+    assert {o["run_dir"] for o in s.evidence} == {str((tmp_path / "run").resolve())}
+
+
+def test_a_resumed_run_learning_its_trials_again_changes_nothing(tmp_path, ckpt):
+    run = _controller(tmp_path, ckpt)
+    run._learn([_agent_trial(1), _agent_trial(2, "discarded", -0.01)])
+    run.store.close()
+    resumed = _controller(tmp_path, ckpt)                # its run_started read back: the same run
+    resumed._learn([_agent_trial(1), _agent_trial(2, "discarded", -0.01), _agent_trial(3, "kept", 0.02)])
+    (s,) = SkillLibrary(tmp_path / "skills.sqlite").skills()
+    assert s.tried == 3 and [o["trial"] for o in s.evidence] == [1, 2, 3]
+    assert len({o["run"] for o in s.evidence}) == 1
+
+
+def test_another_outcome_for_a_runs_trial_is_an_error_and_changes_nothing(tmp_path):
+    lib = SkillLibrary(tmp_path / "s.sqlite")
+    record(lib, 1, "arith", "partial_credit", "kept", 0.05)
+    said = 'trial 1 of run r1 (label: "kept" there, "discarded" now, gain: 0.05 there, -0.01 now)'
+    with pytest.raises(DuplicateOutcome, match=re.escape(said)) as e:
+        record(lib, 1, "arith", "partial_credit", "discarded", -0.01)
+    assert isinstance(e.value, UsageError)  # the CLI shows it as one line
+    (s,) = lib.skills()
+    assert s.tried == 1 and s.evidence[0]["gain"] == 0.05
+    other = SkillLibrary(tmp_path / "other.sqlite")
+    record(other, 1, "arith", "partial_credit", "kept", 0.07)  # the same key, another outcome: refused whole
+    record(other, 2, "arith", "partial_credit", "kept", 0.01)
+    other.close()
+    with pytest.raises(DuplicateOutcome):
+        lib.absorb(tmp_path / "other.sqlite")
+    assert lib.get(s.name).tried == 1
+
+
+def test_a_run_and_a_library_from_before_run_ids_go_on_under_the_runs_directory(tmp_path):
+    from evotrainer.config import config_from_dict
+    from evotrainer.evolve.controller import learn
+    run = tmp_path / "run"
+    run.mkdir()
+    store = LineageStore(run / "lineage.sqlite")
+    store.append(decode("run_started", {"base": "b", "max_depth": 3}))  # a run_started from before run ids
+    store.close()
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)  # a library from before run ids: its outcomes keyed by their run's directory
+    db.executescript(f"""CREATE TABLE skills (name TEXT PRIMARY KEY, trigger TEXT NOT NULL,
+        intervention TEXT NOT NULL, family TEXT NOT NULL, patch TEXT NOT NULL, expected TEXT NOT NULL,
+        created REAL NOT NULL);
+        CREATE TABLE outcomes (run TEXT NOT NULL, trial INTEGER NOT NULL, skill TEXT NOT NULL, task TEXT NOT NULL,
+        label TEXT NOT NULL, gain REAL, t REAL NOT NULL, level INTEGER, ref_acc REAL, backend TEXT,
+        PRIMARY KEY (run, trial));
+        INSERT INTO skills VALUES ('none -> partial_credit', 'none', 'partial_credit', 'reward', '{{}}', 'x', 1);
+        INSERT INTO outcomes VALUES ('{run.resolve()}', 1, 'none -> partial_credit', 'arith', 'kept', 0.05, 1,
+                                     2, 0.1, 'embedded');""")
+    db.commit()
+    db.close()
+    lib = SkillLibrary(path)
+    (o,) = lib.get("none -> partial_credit").evidence
+    assert o["run"] == o["run_dir"] == str(run.resolve())
+    cfg = config_from_dict({"task": "arith"}).validate()  # that run resumed: trial 1 learned again, once
+    learn(lib, run, cfg, 2, 0.1, [_agent_trial(1), _agent_trial(2, "discarded", -0.01)])
+    assert [o["trial"] for o in lib.get("none -> partial_credit").evidence] == [1, 2]

@@ -167,3 +167,93 @@ def identity():
             pass  # the listing's own
     return {"preloaded": "torch" in sys.modules, "fds": fds,
             **{k: status[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")}}
+
+
+# Jobs that attack what the controller reads of them (test_sandbox.py): each ends with
+# os._exit(0), so that the worker writes no result of its own over what the job left.
+
+def plant_result(kind, target=None):
+    """Leave out/result.json as a link to `target`, a fifo, or a file past the result cap."""
+    path = os.path.join(sys.argv[1], "out", "result.json")
+    if kind == "link":
+        os.symlink(target, path)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        with open(path, "wb") as f:
+            f.write(b'{"label": "ok", "value": "')
+            f.truncate(17 * 2**20)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def rewrite_spec():
+    """Try to rewrite the job's spec files (sandbox.json, job.json): what happened to each."""
+    out = {}
+    for name in ("sandbox.json", "job.json"):
+        path = os.path.join(sys.argv[1], name)
+        try:
+            with open(path, "w") as f:
+                f.write('{"argv": ["/bin/sh"]}')
+            out[name] = "written"
+        except OSError as e:
+            out[name] = f"refused: {type(e).__name__}"
+    return out
+
+
+def fork_to_limit(out, until):
+    """Fork until the process limit refuses, say so in `out`/full, and hold them until the
+    file `until` exists (a minute at most): how many it started."""
+    children = 0
+    while True:
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(120)  # killed with the job
+            os._exit(0)
+        children += 1
+    with open(os.path.join(out, "full"), "w") as f:
+        f.write(str(children))
+    deadline = time.time() + 60
+    while not os.path.exists(until) and time.time() < deadline:
+        time.sleep(0.05)
+    return children
+
+
+def start_processes(n, after, out):
+    """Once the file `after` exists, start n processes one at a time (each exits at once),
+    then write `out`/done: how many started."""
+    deadline = time.time() + 60
+    while not os.path.exists(after) and time.time() < deadline:
+        time.sleep(0.05)
+    started = 0
+    for _ in range(n):
+        try:
+            pid = os.fork()
+        except OSError as e:
+            started = f"refused after {started}: {e}"
+            break
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        started += 1
+    with open(os.path.join(out, "done"), "w") as f:
+        f.write(str(started))
+    return started
+
+
+def fill_shm(mb):
+    """Write `mb` MB to /dev/shm (memory: a tmpfs), then hold it."""
+    with open("/dev/shm/fill", "wb") as f:
+        for _ in range(mb):
+            f.write(b"\1" * 2**20)
+    sleep_forever()
+
+
+def train_rows(spec, others=()):
+    """How many training problems the task `spec` has here, and what the job sees of `others`."""
+    from evotrainer.catalog import get_task
+    task = get_task(spec)
+    return {"rows": task.problem_space(task.target_level), "others": {p: os.path.exists(p) for p in others}}

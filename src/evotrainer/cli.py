@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from evotrainer.errors import HarnessFailed, UsageError
+from evotrainer.jobfiles import BadOutput
 
 
 class RunFailed(Exception):
@@ -163,7 +164,8 @@ def cmd_evaluate(args) -> dict:
     r = run_in_worker(evaluate_sampled, dict(
         task=task.spec, level=task.target_level, checkpoint=model, split=args.split, samples=args.samples,
         ks=list(args.k), temperature=args.temperature, policy=policy.to_dict(), key=key),
-        timeout_s=args.timeout, memory_mb=args.memory_mb, reveal=task.data_files())
+        timeout_s=args.timeout, memory_mb=args.memory_mb, reveal=task.data_files(),
+        reads=(model, *task.files(), *task.data_files(), *policy.reads()))
     if not r.ok:
         raise RunFailed(f"evaluation {r.label}: {r.error}")
     return r.value
@@ -522,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         with contextlib.redirect_stdout(sys.stderr):
             result = args.fn(args)
-    except UsageError as e:
+    except (UsageError, BadOutput) as e:  # BadOutput: a file given to read (evidence, a run) is malformed
         print(f"evotrainer: error: {e}", file=sys.stderr)
         return 2
     except (RunFailed, HarnessFailed, PretrainFailed) as e:  # the work ran and failed (a harness bug, a timeout): exit 1

@@ -22,6 +22,8 @@ class Label(enum.StrEnum):
     CRASH = "crash"                               # a training worker raised or died
     TIMEOUT = "timeout"                           # a training worker ran past the trial's time limit
     OOM = "oom"                                   # a training worker ran out of memory
+    BAD_OUTPUT = "bad_output"                     # what a job wrote was refused (a link, a malformed record,
+                                                  # checkpoints off the run's schedule, weights the base cannot take)
     UNPARSEABLE = "unparseable"                   # the agent's reply could not be read as a proposal
     PATCH_FAILED = "patch_failed"                 # the agent's edits did not apply, or changed no harness file
     SYNTAX_ERROR = "syntax_error"                 # the agent's edited harness code does not parse
@@ -34,8 +36,8 @@ class Label(enum.StrEnum):
 # the agent produced nothing usable: nothing was committed or trained
 AGENT_FAILED = frozenset({Label.UNPARSEABLE, Label.PATCH_FAILED, Label.SYNTAX_ERROR, Label.AGENT_TIMEOUT,
                           Label.AGENT_ERROR})
-# a training worker did not finish: the change was never judged on its merits
-CRASHED = frozenset({Label.CRASH, Label.TIMEOUT, Label.OOM})
+# a training worker did not finish, or what it wrote was refused: the change was never judged on its merits
+CRASHED = frozenset({Label.CRASH, Label.TIMEOUT, Label.OOM, Label.BAD_OUTPUT})
 # a non-root trial that did not give a state to build on: a streak of these escalates the
 # search (EQUIVALENT is neither a success nor a failure: it is passed over)
 FAILED = frozenset({Label.DISCARDED, Label.INVALID, Label.ILLEGAL, Label.BACKTEST_REJECTED, *CRASHED, *AGENT_FAILED,

@@ -5,7 +5,8 @@ a harness choice (an agent may not move the run to another device or backend).
         GRPOTrainer, for Hugging Face models on GPUs). Both take the same harness and write
         the same metrics and evidence; what a backend cannot express is refused by name
         before training.
-    policy: dtype, device and chat template (evotrainer.policy.config.PolicyConfig).
+    policy: dtype, device and chat template (evotrainer.policy.config.PolicyConfig), and the
+        run's base, which `on_base` fills in for every job of the run.
     micro_batch_size: rows per forward/backward pass, gradients accumulated over the batch
         (0: the whole batch at once). The update is the same; only memory and speed change.
     use_vllm / vllm_mode: the TRL backend samples with vLLM (`colocate`: in the training
@@ -68,11 +69,10 @@ class Runtime:
         return self
 
     def on_base(self, base: str | Path) -> "Runtime":
-        """This runtime for a run whose model is `base`: a LoRA run's adapters all sit on it."""
-        lora = self.policy.lora
-        if lora is None:
-            return self
-        return replace(self, policy=replace(self.policy, lora=replace(lora, base=str(Path(base).resolve()))))
+        """This runtime for a run whose model is `base`: every checkpoint of the run is loaded
+        with the base's config, tokenizer, chat template and generation config (only its weights
+        are the checkpoint's), and a LoRA run's adapters all sit on it (PolicyConfig.base)."""
+        return replace(self, policy=replace(self.policy, base=str(Path(base).resolve())))
 
     def to_dict(self) -> dict:
         return {"backend": self.backend, "policy": self.policy.to_dict(), "micro_batch_size": self.micro_batch_size,

@@ -10,8 +10,12 @@ is *general* once it held (was kept with a positive mean gain) on two or more ta
 
 The library is one SQLite file (default ~/.local/share/evotrainer/skills.sqlite, under
 $XDG_DATA_HOME where that is set; `search.skills` in the run config), shared by runs and
-tasks. An outcome is keyed by (run, trial), so a resumed run that records it again changes
-nothing.
+tasks. An outcome is keyed by (run, trial), the run by its id (`run_started`'s run_id), so a
+run made again in a deleted run's directory keeps its outcomes beside the first one's; its
+directory is kept beside it (`run_dir`), to be shown. A resumed run that records an outcome
+again changes nothing; another outcome under the same key is an error (DuplicateOutcome), never
+silently dropped. Outcomes of a library from before run ids keep their directory as their run
+(run_dir the same): runs from before ids are known by their directory (controller.run_key).
 
 Each outcome also records the conditions it was measured under: the task and its level, the
 accuracy band of the run's reference recipe (the root's validation accuracy: a weak start is
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from evotrainer.errors import UsageError
 from evotrainer.labels import HELD_UP, Label
 from evotrainer.paths import DATA
 
@@ -53,7 +58,7 @@ CREATE TABLE IF NOT EXISTS skills (
     created REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS outcomes (
-    run TEXT NOT NULL,
+    run TEXT NOT NULL,              -- the run's id (a run from before ids: its directory)
     trial INTEGER NOT NULL,
     skill TEXT NOT NULL REFERENCES skills(name),
     task TEXT NOT NULL,
@@ -63,12 +68,18 @@ CREATE TABLE IF NOT EXISTS outcomes (
     level INTEGER,                  -- the conditions it was measured under (null: before they were kept)
     ref_acc REAL,                   -- the run's reference recipe's validation accuracy (its root)
     backend TEXT,
+    run_dir TEXT,                   -- where the run was (null: not said)
     PRIMARY KEY (run, trial)
 );
 """
-OUTCOME_COLUMNS = ("run", "trial", "skill", "task", "label", "gain", "t", "level", "ref_acc", "backend")
-EVIDENCE = ("run", "trial", "task", "label", "gain", "level", "ref_acc", "backend")  # an outcome as a skill shows it
+OUTCOME_COLUMNS = ("run", "trial", "skill", "task", "label", "gain", "t", "level", "ref_acc", "backend", "run_dir")
+EVIDENCE = ("run", "trial", "task", "label", "gain", "level", "ref_acc", "backend", "run_dir")  # as a skill shows it
 CONDITIONS = {"level": "INTEGER", "ref_acc": "REAL", "backend": "TEXT"}  # added to libraries from before
+SAME = ("skill", "task", "label", "gain", "level", "ref_acc", "backend")  # an outcome recorded again must match
+
+
+class DuplicateOutcome(UsageError):
+    """A run's trial recorded with another outcome than the library holds for it."""
 
 
 @dataclass(frozen=True)
@@ -166,29 +177,61 @@ class SkillLibrary:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(self.path, isolation_level=None)
         self.db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """A library from before conditions were kept gets their columns (its rows: null); one
+        from before run ids keeps each row's directory as its run, and says so in run_dir."""
         have = {row[1] for row in self.db.execute("PRAGMA table_info(outcomes)")}
-        for col, kind in CONDITIONS.items():  # a library from before conditions were kept: same rows, new columns
+        for col, kind in CONDITIONS.items():
             if col not in have:
                 self.db.execute(f"ALTER TABLE outcomes ADD COLUMN {col} {kind}")
+        if "run_dir" not in have:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                if "run_dir" not in {row[1] for row in self.db.execute("PRAGMA table_info(outcomes)")}:
+                    self.db.execute("ALTER TABLE outcomes ADD COLUMN run_dir TEXT")  # (another process may have)
+                    self.db.execute("UPDATE outcomes SET run_dir = run")
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
 
     def record(self, *, run: str, trial: int, task: str, trigger: str, intervention: str, family: str,
                patch: dict, expected: str, label: str, gain: float | None, level: int | None = None,
-               ref_acc: float | None = None, backend: str | None = None) -> None:
-        """One trial's outcome under its conditions (idempotent per run and trial), creating the
-        skill on first use."""
+               ref_acc: float | None = None, backend: str | None = None, run_dir: str | None = None) -> None:
+        """One trial's outcome under its conditions, keyed by its run's id and its number,
+        creating the skill on first use. The same outcome again (a resumed run learning its
+        trials once more) changes nothing; another one raises DuplicateOutcome."""
         name = f"{trigger} -> {intervention}"
         self.db.execute("BEGIN IMMEDIATE")
         try:
             self.db.execute("INSERT OR IGNORE INTO skills VALUES (?, ?, ?, ?, ?, ?, ?)",
                             (name, trigger, intervention, family, json.dumps(patch, sort_keys=True), expected,
                              time.time()))
-            self.db.execute(f"INSERT OR IGNORE INTO outcomes ({', '.join(OUTCOME_COLUMNS)}) VALUES "
-                            f"({', '.join('?' * len(OUTCOME_COLUMNS))})",
-                            (run, trial, name, task, label, gain, time.time(), level, ref_acc, backend))
+            self._add(dict(run=run, trial=trial, skill=name, task=task, label=label, gain=gain, t=time.time(),
+                           level=level, ref_acc=ref_acc, backend=backend, run_dir=run_dir))
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
+
+    def _add(self, row: Mapping) -> None:
+        """One outcome row (inside the caller's transaction), unless the library holds it already.
+        When it was recorded and where its run was (a resumed run may have moved) may differ; a
+        condition the held row did not record (a library from before conditions) is no conflict."""
+        held = self.db.execute(f"SELECT {', '.join(SAME)} FROM outcomes WHERE run = ? AND trial = ?",
+                               (row["run"], row["trial"])).fetchone()
+        if held is None:
+            self.db.execute(f"INSERT INTO outcomes ({', '.join(OUTCOME_COLUMNS)}) VALUES "
+                            f"({', '.join('?' * len(OUTCOME_COLUMNS))})", tuple(row[c] for c in OUTCOME_COLUMNS))
+            return
+        differ = [f"{c}: {json.dumps(v)} there, {json.dumps(row[c])} now" for c, v in zip(SAME, held)
+                  if v != row[c] and not (c in CONDITIONS and v is None)]
+        if differ:
+            raise DuplicateOutcome(
+                f"the skill library {self.path} holds another outcome for trial {row['trial']} of run {row['run']} "
+                f"({', '.join(differ)}); outcomes are never replaced: record this run in another library")
 
     def skills(self) -> list[Skill]:
         rows = self.db.execute("SELECT name, trigger, intervention, family, patch, expected FROM skills "
@@ -202,15 +245,17 @@ class SkillLibrary:
 
     def absorb(self, other: Path | str) -> None:
         """Add every skill and outcome of another library file (outcomes stay keyed by run and
-        trial, so absorbing one twice, or two that share outcomes, counts each once)."""
-        SkillLibrary(other).close()  # opened once here: a library from before conditions gets their columns
+        trial, so absorbing one twice, or two that share outcomes, counts each once; two that
+        hold different outcomes under one key raise DuplicateOutcome, and nothing is added)."""
+        SkillLibrary(other).close()  # opened once here: a library from before gets its columns
         self.db.execute("ATTACH DATABASE ? AS other", (str(Path(other).expanduser()),))
         try:
             self.db.execute("BEGIN IMMEDIATE")
             try:
                 self.db.execute("INSERT OR IGNORE INTO skills SELECT * FROM other.skills")
-                cols = ", ".join(OUTCOME_COLUMNS)
-                self.db.execute(f"INSERT OR IGNORE INTO outcomes ({cols}) SELECT {cols} FROM other.outcomes")
+                rows = self.db.execute(f"SELECT {', '.join(OUTCOME_COLUMNS)} FROM other.outcomes").fetchall()
+                for row in rows:
+                    self._add(dict(zip(OUTCOME_COLUMNS, row)))
                 self.db.execute("COMMIT")
             except BaseException:
                 self.db.execute("ROLLBACK")

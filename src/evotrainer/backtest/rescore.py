@@ -12,12 +12,12 @@ ended is not a finished answer).
 """
 from __future__ import annotations
 
-import json
 from itertools import groupby
 from pathlib import Path
 
 import torch
 
+from evotrainer import jobfiles
 from evotrainer.envs.base import Trace
 
 from evotrainer.evidence.records import RolloutRecord, read_evidence
@@ -28,8 +28,7 @@ from evotrainer.tasks.base import Problem
 
 def sampling_meta(evidence_dir: Path, records: list[RolloutRecord]) -> dict:
     """Group size and token budget of the evidence: run.json, else read off the records."""
-    meta_file = evidence_dir / "run.json"
-    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    meta = jobfiles.read_json(evidence_dir, "run.json") if jobfiles.exists(evidence_dir, "run.json") else {}
     if "group_size" not in meta:
         sizes = {len(list(g)) for _, g in groupby(records, key=lambda r: (r.step, r.group_id))}
         if len(sizes) != 1:

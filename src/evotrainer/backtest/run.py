@@ -15,12 +15,14 @@ from pathlib import Path
 
 import yaml
 
+from evotrainer import jobfiles
 from evotrainer.backtest.analysis import BacktestConfig, BacktestReport, analyse
 from evotrainer.backtest.rescore import rescore
 from evotrainer.errors import UsageError
 from evotrainer.evidence.records import evidence_of
 from evotrainer.executors import run_in_worker
 from evotrainer.harness.legality import check_harness
+from evotrainer.labels import Label
 
 
 @dataclass
@@ -44,12 +46,12 @@ class BacktestOutcome:
 def backtest(evidence_dir: Path | str, candidate_dir: Path | str, parent_dir: Path | str | None = None,
              cfg: BacktestConfig = BacktestConfig(), timeout_s: float = 600.0) -> BacktestOutcome:
     ev, cand = Path(evidence_dir), Path(candidate_dir)
-    if not (ev / "evidence.jsonl").is_file():
+    if not jobfiles.exists(ev, "evidence.jsonl"):
         raise UsageError(f"no rollout evidence at '{ev}' (expected evidence.jsonl from `evotrainer train`)")
     if not (cand / "knobs.yaml").is_file():
         raise UsageError(f"not a harness directory: '{cand}' has no knobs.yaml")
     cfg.validate()
-    if parent_dir is None and (ev / "harness" / "knobs.yaml").is_file():
+    if parent_dir is None and jobfiles.exists(ev, "harness/knobs.yaml"):
         parent_dir = ev / "harness"  # the harness that sampled the evidence
     legality = check_harness(cand, parent_dir)
     if not legality.legal:
@@ -58,9 +60,31 @@ def backtest(evidence_dir: Path | str, candidate_dir: Path | str, parent_dir: Pa
                         reads=(str(ev / "evidence.jsonl"), str(ev / "run.json"), str(cand)))  # not ev's checkpoints
     if not res.ok:
         return BacktestOutcome(res.label, [res.error or res.label], log_tail=res.log_tail)
-    report = analyse(evidence_of(ev / "evidence.jsonl"), res.value, cfg)
+    records = evidence_of(ev / "evidence.jsonl")
+    try:  # the worker ran the candidate's code: what it returned is checked before anything reads it
+        checked_rescore(res.value, len(records))
+    except ValueError as e:
+        return BacktestOutcome(Label.BAD_OUTPUT, [f"the rescore returned {e}"], log_tail=res.log_tail)
+    report = analyse(records, res.value, cfg)
     return BacktestOutcome("passed" if report.verdict == "pass" else "backtest_rejected", report.reasons, report,
                            signal=signal_fingerprint(res.value))
+
+
+RESCORED = {"reward": (int, float), "advantage": (int, float), "score": (int, float), "kept": bool, "cut": bool}
+
+
+def checked_rescore(value: object, n: int) -> None:
+    """Raise ValueError unless `value` is what `rescore` returns for `n` records: a list of `n`
+    numbers or flags per field, and integer group size and budgets."""
+    if not isinstance(value, dict):
+        raise ValueError("no object")
+    for k, kind in RESCORED.items():
+        col = value.get(k)
+        if not isinstance(col, list) or len(col) != n or not all(isinstance(x, kind) for x in col):
+            raise ValueError(f"no list of {n} values for {k}")
+    for k in ("group_size", "max_new_tokens", "evidence_max_new_tokens"):
+        if not isinstance(value.get(k), int) or isinstance(value.get(k), bool) or value[k] < 1:
+            raise ValueError(f"no positive integer for {k}")
 
 
 # The knobs a rescore reads: with these and the slot code, the fingerprint covers them.
@@ -87,7 +111,7 @@ def same_signal(evidence_dirs, candidate_dir: Path | str, other_dir: Path | str,
     checked is not called alike."""
     def signal(ev, harness) -> str:
         return backtest(ev, harness, parent_dir, timeout_s=timeout_s).signal
-    return all((Path(ev) / "evidence.jsonl").is_file() and (a := signal(ev, candidate_dir)) and
+    return all(jobfiles.exists(ev, "evidence.jsonl") and (a := signal(ev, candidate_dir)) and
                a == signal(ev, other_dir) for ev in evidence_dirs)
 
 

@@ -13,7 +13,8 @@ from evotrainer.diagnostics.evidence_view import Evidence
 from evotrainer.diagnostics.library import failure_counts, stop_counts
 from evotrainer.diagnostics.spec import LAYERS, findings, measure, windows
 from evotrainer.errors import UsageError
-from evotrainer.evidence.records import evidence_of
+from evotrainer import jobfiles
+from evotrainer.evidence.records import evidence_of, read_metrics
 
 HEALTH_JSON, HEALTH_MD = "health.json", "health.md"
 
@@ -21,17 +22,15 @@ HEALTH_JSON, HEALTH_MD = "health.json", "health.md"
 def load_evidence(train_dir: Path | str) -> Evidence:
     """A train directory's rollouts (evidence.jsonl) and step metrics (metrics.jsonl)."""
     d = Path(train_dir)
-    metrics = d / "metrics.jsonl"
-    steps = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
-    return Evidence.of(evidence_of(d / "evidence.jsonl"), steps)
+    return Evidence.of(evidence_of(d / "evidence.jsonl"), read_metrics(d))
 
 
 def evidence_dirs(path: Path | str) -> list[Path]:
     """A train directory itself, or the train directories (versions) directly inside a run directory."""
     path = Path(path)
-    if (path / "evidence.jsonl").is_file():
+    if jobfiles.exists(path, "evidence.jsonl"):
         return [path]
-    found = sorted((p for p in path.iterdir() if (p / "evidence.jsonl").is_file()), key=lambda p: p.name) \
+    found = sorted((p for p in path.iterdir() if jobfiles.exists(p, "evidence.jsonl")), key=lambda p: p.name) \
         if path.is_dir() else []
     if not found:
         raise UsageError(f"no rollout evidence in '{path}': expected evidence.jsonl there or in its "
@@ -116,6 +115,15 @@ def write_reports(reports: list[dict], out_dir: Path) -> tuple[Path, Path]:
     return out_dir / HEALTH_JSON, out_dir / HEALTH_MD
 
 
+def _plain_copy(train_dir: Path) -> bool:
+    """Whether a train directory's copy of its harness is there, holding regular files only (a
+    job wrote it: its files are read only once nothing in it can lead elsewhere)."""
+    try:
+        return jobfiles.exists(train_dir, "harness/knobs.yaml") and bool(list(jobfiles.walk(train_dir / "harness")))
+    except jobfiles.BadOutput:
+        return False
+
+
 def diagnose(path: Path | str, harness_dir: Path | str | None = None, timeout_s: float = 600.0) -> list[dict]:
     """Health reports for a train directory or each version of a run directory.
 
@@ -127,10 +135,10 @@ def diagnose(path: Path | str, harness_dir: Path | str | None = None, timeout_s:
     reports = []
     for d in evidence_dirs(path):
         h = Path(harness_dir) if harness_dir is not None else d / "harness"
-        if not (h / "knobs.yaml").is_file():
-            if harness_dir is not None:
-                raise UsageError(f"not a harness directory: '{h}' has no knobs.yaml")
-            h = None
+        if harness_dir is not None and not (h / "knobs.yaml").is_file():
+            raise UsageError(f"not a harness directory: '{h}' has no knobs.yaml")
+        if harness_dir is None and not _plain_copy(d):
+            h = None  # no copy of the harness that ran, or one with a link in it: the built-ins alone
         reports.append(run_diagnostics(health_of, {"evidence_dir": str(d), "harness_dir": None if h is None else str(h)},
                                        h, timeout_s, evidence_files(d)))
     return reports

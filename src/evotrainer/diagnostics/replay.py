@@ -13,6 +13,7 @@ import ast
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from evotrainer import jobfiles
 from evotrainer.errors import UsageError
 from evotrainer.labels import FELL_SHORT, HELD_UP, REPLAYABLE, in_order
 
@@ -59,14 +60,15 @@ def replay(name: str, labelled: list[tuple[Path, str]], harness_dir: Path | str 
         if label not in REPLAYABLE:
             raise UsageError(f"unknown outcome label '{label}' for {d}; valid choices: "
                              f"{', '.join(in_order(REPLAYABLE))}")
-        if not (Path(d) / "evidence.jsonl").is_file():
+        if not jobfiles.exists(d, "evidence.jsonl"):
             raise UsageError(f"no rollout evidence at '{d}' (expected evidence.jsonl)")
     args = {"harness_dir": None if harness_dir is None else str(harness_dir), "name": name,
             "evidence_dirs": [str(d) for d, _ in labelled]}
     out = run_diagnostics(replay_values, args, harness_dir, timeout_s,
                           tuple(f for d, _ in labelled for f in evidence_files(d)))
-    if "error" in out:
+    if isinstance(out, dict) and isinstance(out.get("error"), str):
         raise UsageError(out["error"])
+    checked_replay(out, len(labelled))
     rows = [{"dir": str(d), "label": lab, "value": v, "severity": s}
             for (d, lab), v, s in zip(labelled, out["values"], out["severity"])]
     failed = [r["value"] for r in rows if r["label"] in FELL_SHORT and r["value"] is not None]
@@ -74,6 +76,15 @@ def replay(name: str, labelled: list[tuple[Path, str]], harness_dir: Path | str 
     auc = separation_auc(failed, held, out["above"])
     return ReplayResult(name, None if auc is None else round(auc, 4), auc is not None and auc >= min_auc,
                         min_auc, rows, [r["dir"] for r in rows if r["value"] is None])
+
+
+def checked_replay(out: object, n: int) -> None:
+    """Raise UsageError (the diagnostic does not run: not kept) unless a replay worker, which ran
+    the harness's diagnostics, returned `n` values and severities and a direction."""
+    ok = isinstance(out, dict) and isinstance(out.get("above"), bool) and all(
+        isinstance(out.get(k), list) and len(out[k]) == n for k in ("values", "severity"))
+    if not ok or not all(v is None or isinstance(v, (int, float)) and not isinstance(v, bool) for v in out["values"]):
+        raise UsageError("the replay's worker returned something other than a value per version")
 
 
 def revised_diagnostics(parent_dir: Path | str, candidate_dir: Path | str) -> list[str]:

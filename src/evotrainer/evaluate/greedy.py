@@ -3,12 +3,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from evotrainer.envs import EnvTask
 from evotrainer.harness.actions import ACTION_PARSERS
 from evotrainer.envs.play import play
 from evotrainer.policy import load_policy
 from evotrainer.policy.config import PolicyConfig
+from evotrainer.policy.model import BadCheckpoint
 from evotrainer.policy.generate import decode, generate
 from evotrainer.policy.prompts import encode_prompts, stop_token_ids
 from evotrainer.tasks import Problem, Task
@@ -54,12 +56,17 @@ def evaluate_checkpoint(path: Path, task: Task, split: str, level: int | None = 
 
 def evaluate_checkpoints(task: str, level: int | None, jobs: dict[str, list[str]],
                          policy: dict | None = None, batch_size: int = 512,
-                         key: str | None = None) -> dict[str, dict[str, float]]:
-    """Evaluator process entry point: {checkpoint: {split: accuracy}} for {checkpoint: [splits]}.
+                         key: str | None = None) -> dict[str, dict]:
+    """Evaluator process entry point: {checkpoint: {split: accuracy}} for {checkpoint: [splits]};
+    {checkpoint: {"error": one line}} for a checkpoint that does not load (`unloadable`), and
+    the others are scored all the same: one job's bad checkpoint costs no other its score.
 
     `task` is the task's spec string, `key` the run's split key (hex; tasks/keys.py), which
     only this process receives. Loads only checkpoints and the task (no harness code), so it
     runs in a process of its own, apart from the controller and from every training worker.
+    `policy` names the run's base: every checkpoint is its weights on the base's config,
+    tokenizer, chat template and stop tokens (load_policy), so what the evaluator asks, how it
+    decodes and where it stops are the run's, whatever files a job left beside its weights.
     """
     from evotrainer.catalog import get_task
     t = get_task(task, level)
@@ -69,7 +76,24 @@ def evaluate_checkpoints(task: str, level: int | None, jobs: dict[str, list[str]
     sets = {s: t.split(s) for s in sorted({s for splits in jobs.values() for s in splits})}
     out = {}
     for ckpt, splits in jobs.items():
-        model, tok = load_policy(ckpt, cfg)
+        try:
+            model, tok = load_policy(ckpt, cfg)
+        except UNLOADABLE as e:
+            out[ckpt] = {"error": unloadable(e)}
+            continue
         with torch.inference_mode():
             out[ckpt] = {s: accuracy(model, tok, t, sets[s], batch_size, cfg) for s in splits}
+        del model  # its memory back before the next checkpoint loads
     return out
+
+
+# what a checkpoint's load raises when the checkpoint is at fault: check_checkpoint's refusals, and
+# what safetensors (SafetensorError: a header that does not tile its file) and transformers raise on
+# files that are not the base's weights
+UNLOADABLE = (BadCheckpoint, SafetensorError, OSError, ValueError, RuntimeError)
+
+
+def unloadable(e: BaseException) -> str:
+    """A load failure in one line: the exception's name and its message's first line."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else 'no message'}"[:500]

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import typing
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
+
+from evotrainer import jobfiles
 
 
 @dataclass
@@ -75,8 +78,9 @@ def evidence_of(path: Path | str) -> tuple[RolloutRecord, ...]:
     The controller reads one train directory several times in a trial (the backtest reads
     the parent's, findings and the evidence store the child's): parsing 38k records costs
     ~0.4 s each time. Keyed by size and mtime, so a file that grew is read again. The records
-    are shared between callers: read them, never change them."""
-    st = os.stat(path)
+    are shared between callers: read them, never change them. A job wrote the file: it is
+    read as jobfiles reads (no link, capped) and every record checked (BadOutput if not)."""
+    st = os.lstat(path)
     return _parsed(str(path), st.st_size, st.st_mtime_ns)
 
 
@@ -91,11 +95,68 @@ FIELDS = tuple(f.name for f in fields(RolloutRecord))
 _ALL = frozenset(FIELDS)
 
 
+def _kinds() -> tuple[tuple[str, tuple[type, ...], bool], ...]:
+    """(field, the JSON types it takes, whether null is allowed), from RolloutRecord's hints."""
+    out = []
+    for name, hint in typing.get_type_hints(RolloutRecord).items():
+        args = typing.get_args(hint) or (hint,)
+        base = next(a for a in args if a is not type(None))
+        kinds = {float: (int, float), int: (int,), bool: (bool,), str: (str,)}[base]
+        out.append((name, kinds, type(None) in args))
+    return tuple(out)
+
+
+_KINDS = _kinds()
+
+
+_SEEN: set[tuple] = set()  # (field order, value types) of rows already checked: records repeat both
+
+
+def checked(row: dict) -> RolloutRecord:
+    """A record from a JSON object that has every field, each of its type (TypeError if not)."""
+    shape = (tuple(row), tuple(map(type, row.values())))
+    if shape not in _SEEN:
+        if row.keys() != _ALL:
+            raise TypeError(f"fields {sorted(row.keys() ^ _ALL)[:4]} missing or unknown")
+        for name, kinds, optional in _KINDS:
+            v = row[name]
+            if not (isinstance(v, kinds) and (bool not in kinds) == (not isinstance(v, bool))
+                    or v is None and optional):
+                raise TypeError(f"{name} is {type(v).__name__}, not {kinds[-1].__name__}")
+        _SEEN.add(shape)
+    return RolloutRecord(**row)
+
+
 def read_evidence(path: Path) -> Iterator[RolloutRecord]:
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    """The records of an evidence.jsonl: ours, or another trainer's export (evidence/external.py
+    fills in what that form leaves out); every record checked, the file read as jobfiles reads."""
+    path = Path(path)
+    rows = jobfiles.read_jsonl(path.parent, path.name, jobfiles.EVIDENCE_CAP, dict)
     if any(row.keys() != _ALL for row in rows):  # another trainer's export: fill in what it left out
         from evotrainer.evidence.external import complete
-        rows = complete(rows, FIELDS, str(path))
-    for row in rows:
-        yield RolloutRecord(**row)
+        rows = complete(rows, FIELDS, jobfiles.shown(path))  # (a UsageError where the export is malformed)
+    for n, row in enumerate(rows, 1):
+        try:
+            yield checked(row)
+        except TypeError as e:
+            raise jobfiles.BadOutput(f"{jobfiles.shown(path)} record {n}: {e}") from None
+
+
+def metrics_row(obj: dict) -> dict:
+    """A metrics.jsonl line: an integer step and plain values (TypeError if not)."""
+    step = obj["step"]
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise TypeError(f"step is {type(step).__name__}, not int")
+    for k, v in obj.items():
+        if not isinstance(v, (int, float, str, bool, type(None))):
+            raise TypeError(f"{jobfiles.shown(k)[:40]} is {type(v).__name__}, not a plain value")
+    return obj
+
+
+def read_metrics(train_dir: Path | str, growing: bool = False) -> list[dict]:
+    """A train directory's step metrics (metrics.jsonl: one object per step), [] where there are
+    none yet; `growing`: a job may still be writing it (jobfiles.read_jsonl)."""
+    try:
+        return jobfiles.read_jsonl(train_dir, "metrics.jsonl", jobfiles.METRICS_CAP, metrics_row, growing)
+    except jobfiles.Missing:
+        return []

@@ -71,7 +71,8 @@ from evotrainer.trainer.backends import check_backend
 from evotrainer.labels import AGENT_FAILED, Label
 from evotrainer.lineage import LineageStore, TrialRecord
 from evotrainer.lineage.events import (Event, FinalFinished, GateDecided, GateWaiting, ParentExhausted, RunFinished,
-                                       RunStarted, SessionStarted, Stopped, TrackerFailed, TrialResumed, TrialStarted)
+                                       RunStarted, SessionStarted, Stopped, TrackerFailed, TrialResumed, TrialStarted,
+                                       new_run_id)
 from evotrainer.policy.model import resolve_model
 from evotrainer.sandbox import describe
 from evotrainer.sandbox import record as sandbox_record
@@ -85,19 +86,34 @@ AGENT_ERRORS_TO_STOP = 3  # agent_error trials in a row (a wrong URL, key or mod
 
 
 def learn(lib: SkillLibrary, run_dir: Path, cfg: RunConfig, level: int, reference_acc: float | None,
-          done: list[tuple[TrialRecord, TrialPlan]]) -> None:
-    """Agent trials' outcomes (each with its plan) into `lib`, under the run's conditions:
-    what a run records as it goes, and what a finished lineage gives a library afterwards
-    (bench/search_suite.py's transfer). Crossovers, agent failures, equivalents and aborts
+          done: list[tuple[TrialRecord, TrialPlan]], run: str | None = None) -> None:
+    """Agent trials' outcomes (each with its plan) into `lib`, under the run's conditions and
+    its key (`run`, else `run_key` read from its lineage): what a run records as it goes, and
+    what a finished lineage gives a library afterwards (bench/search_suite.py's transfer).
+    Learning a trial again changes nothing. Crossovers, agent failures, equivalents and aborts
     say nothing about an intervention and are passed over (so are near-miss merges: two at once)."""
+    run = run or run_key(run_dir)
     for t, p in done:
         if not t.parents or p.agent in (history.CROSSOVER, history.MERGE) \
                 or t.label in AGENT_FAILED | {Label.EQUIVALENT, Label.ABORTED}:
             continue
-        lib.record(run=str(Path(run_dir).resolve()), trial=t.id, task=cfg.task, trigger=p.trigger or "none",
+        lib.record(run=run, trial=t.id, task=cfg.task, trigger=p.trigger or "none",
                    intervention=t.intervention, family=history.family(t.intervention, p.family),
                    patch=p.knobs or {}, expected=t.hypothesis, label=t.label, gain=t.fitness.get("gain"),
-                   level=level, ref_acc=reference_acc, backend=cfg.backend)
+                   level=level, ref_acc=reference_acc, backend=cfg.backend, run_dir=str(Path(run_dir).resolve()))
+
+
+def run_key(run_dir: Path, started: RunStarted | None = None) -> str:
+    """What a run's skill outcomes are keyed by: its id (`started`, else its lineage's
+    run_started), so a run made again in a deleted run's directory is another run; a run from
+    before ids by its directory, as its outcomes always were."""
+    if started is None:
+        store = LineageStore(Path(run_dir) / "lineage.sqlite")
+        try:
+            started = next(iter(store.events(RunStarted)), None)
+        finally:
+            store.close()
+    return started.run_id if started is not None and started.run_id else str(Path(run_dir).resolve())
 
 
 def beside(in_flight: dict[int, TrialPlan], reached: Callable[[TrialPlan], frozenset[str]]) -> str:
@@ -290,7 +306,8 @@ class Controller:
             return done
         result = run_final(self.view, self.training, self.max_depth, self._record, describe(self.isolation))
         for arm in ("reference", "evolved"):
-            for d in sorted((self.run_dir / "final" / arm).glob("seed-*")):
+            seeds = (d for d in (self.run_dir / "final" / arm).glob("seed-*") if d.is_dir())  # not seed-S.log
+            for d in sorted(seeds):
                 self.trackers.steps(f"final/{arm}/{d.name}", seed_metrics(d))
         self.trackers.final(result.to_json(), result.table)
         return result
@@ -306,8 +323,8 @@ class Controller:
         self.repo = setup.open_repo(self.run_dir, self.cfg.harness or REFERENCE)
         started = self.store.events(RunStarted)
         if not started:
-            self._record(setup.first_start(self.cfg, self.task, self.runtime, self.model, self.max_depth,
-                                           self.on_event))
+            first = setup.first_start(self.cfg, self.task, self.runtime, self.model, self.max_depth, self.on_event)
+            self._record(dataclasses.replace(first, run_id=new_run_id()))  # this run's, whatever its directory
             started = self.store.events(RunStarted)
         self.base = started[0].base
         self.runtime = self.runtime.on_base(self.base)  # a LoRA run's adapters sit on its base
@@ -422,13 +439,15 @@ class Controller:
             lib.close()
 
     def _learn(self, done: list[tuple[TrialRecord, TrialPlan]]) -> None:
-        """Finished agent trials' outcomes into the skill library, each with the plan it ran.
-        Idempotent per run and trial, so a resume records what a kill cut off, once."""
+        """Finished agent trials' outcomes into the skill library, each with the plan it ran,
+        under the run's id. Idempotent per run and trial, so a resume records what a kill cut
+        off, once."""
         if not self.cfg.search.skills:
             return
         lib = SkillLibrary(self.cfg.search.skills)
         try:
-            learn(lib, self.run_dir, self.cfg, self.task.target_level, self.view.reference_acc, done)
+            learn(lib, self.run_dir, self.cfg, self.task.target_level, self.view.reference_acc, done,
+                  run=run_key(self.run_dir, self.store.events(RunStarted)[0]))
         finally:
             lib.close()
 

@@ -16,6 +16,7 @@ from evotrainer.diagnostics.health import diagnose
 from evotrainer.diagnostics.replay import replay
 from evotrainer.diagnostics.spec import SEVERITIES
 from evotrainer.errors import HarnessFailed, UsageError
+from evotrainer.jobfiles import shown
 from evotrainer.labels import REPLAYABLE
 from evotrainer.lineage import TrialRecord
 from evotrainer.lineage.events import DiagnosticReplayFailed, Event
@@ -27,16 +28,52 @@ def worst_findings(dirs: Sequence[str], harness_dir: Path) -> list[dict]:
     worst: dict[str, dict] = {}
     for d in dirs:
         try:
-            report = diagnose(d, harness_dir)[0]["findings"]
+            report = report_findings(diagnose(d, harness_dir))
         except HarnessFailed as e:  # its diagnostics.py fails: blocking, so it is never promoted
-            report = [{"diagnostic": "diagnostics_failed", "layer": "custom", "severity": "critical",
-                       "blocking": True, "value": 1.0, "evidence": f"{e.label}: {e.detail}"[:500],
-                       "suggest": "diagnostics: fix or revert diagnostics.py"}]
+            report = [_failed(f"{e.label}: {e.detail}")]
+        except ValueError as e:  # what a harness's diagnostics worker returned is malformed (BadOutput
+            report = [_failed(f"its findings do not read: {shown(e)}")]  # too: the evidence it read)
         for f in report:
             kept = worst.get(f["diagnostic"])
             if kept is None or SEVERITIES.index(f["severity"]) > SEVERITIES.index(kept["severity"]):
                 worst[f["diagnostic"]] = f
     return sorted(worst.values(), key=lambda f: (f["severity"] != "critical", not f["blocking"]))
+
+
+FINDING = {"diagnostic": str, "layer": str, "severity": str, "blocking": bool, "value": (int, float),
+           "evidence": str, "suggest": str}
+
+
+def report_findings(reports: object) -> list[dict]:
+    """The findings of the one health report `diagnose` returned, each checked (ValueError if not)."""
+    try:
+        found = reports[0]["findings"]
+    except (IndexError, KeyError, TypeError):
+        raise ValueError("the health report holds no findings") from None
+    if not isinstance(found, list):
+        raise ValueError("the health report's findings are not a list")
+    return [checked_finding(f) for f in found]
+
+
+def checked_finding(f: object) -> dict:
+    """A finding as the controller reads it: a harness's diagnostics worker returned it, so its
+    fields and severity are checked (ValueError if wrong), never trusted."""
+    if not isinstance(f, dict):
+        raise ValueError("a finding is not an object")
+    for k, kind in FINDING.items():
+        if not isinstance(f.get(k), kind):
+            raise ValueError(f"a finding's {k} is {type(f.get(k)).__name__}")
+    if f["severity"] not in SEVERITIES:
+        raise ValueError(f"severity {shown(f['severity'])[:40]}; valid choices: {', '.join(SEVERITIES)}")
+    return f
+
+
+def _failed(why: str) -> dict:
+    """The finding that stands for diagnostics that failed: critical and blocking, so a version
+    whose diagnostics cannot be read is never promoted."""
+    return {"diagnostic": "diagnostics_failed", "layer": "custom", "severity": "critical", "blocking": True,
+            "value": 1.0, "thresholds": "none", "evidence": why[:500],
+            "suggest": "diagnostics: fix or revert diagnostics.py"}
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,14 @@ writes; a poll that finds no file yet counts zero.
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
+
+from evotrainer import jobfiles
+from evotrainer.evidence import read_metrics
 
 
 @dataclass(frozen=True)
@@ -31,39 +33,26 @@ class Progress:
 
 
 def steps_done(out: Path) -> int:
-    """Lines in the metrics.jsonl files under `out` (its own and its segments')."""
-    n = 0
-    for f in [out / "metrics.jsonl", *sorted(out.glob("segment-*/metrics.jsonl"))]:
-        try:
-            with open(f, "rb") as fh:
-                n += sum(1 for _ in fh)
-        except OSError:
-            continue
-    return n
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """The complete JSON lines of a file a worker may still be writing."""
-    rows = []
+    """Lines in the metrics.jsonl files under `out` (its own and its segments'), read as
+    jobfiles reads a job's files: a FIFO or a link there counts zero, never blocks the poll."""
+    names = ["metrics.jsonl", *(f"{d}/metrics.jsonl" for d in jobfiles.listdir(out) if d.startswith("segment-"))]
     try:
-        text = path.read_text()
-    except OSError:
-        return rows
-    for line in text.splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue  # the line being written
-    return rows
+        return sum(jobfiles.count_lines(out, n, jobfiles.METRICS_CAP) for n in names)
+    except jobfiles.BadOutput:  # a link where a segment's directory was: the job's output is refused later
+        return 0
 
 
 def seed_metrics(seed_dir: Path) -> list[dict]:
-    """A seed's steps in order; a schedule's segments follow each other (steps renumbered)."""
-    files = sorted(seed_dir.glob("segment-*/metrics.jsonl"), key=lambda p: int(p.parent.name.split("-")[1]))
-    own = seed_dir / "metrics.jsonl"
+    """A seed's steps in order; a schedule's segments follow each other (steps renumbered).
+    A file that does not read as metrics counts as none (the report, progress: never a decision)."""
+    segments = sorted((d for d in jobfiles.listdir(seed_dir) if d.startswith("segment-") and d[8:].isdigit()),
+                      key=lambda d: int(d[8:]))
     rows, offset = [], 0
-    for f in ([own] if own.exists() else []) + files:
-        part = [r for r in read_jsonl(f) if "step" in r]
+    for d in ["", *segments]:
+        try:
+            part = read_metrics(Path(seed_dir, d), growing=True)
+        except jobfiles.BadOutput:
+            part = []
         rows += [{**r, "step": offset + r["step"]} for r in part]
         offset += part[-1]["step"] if part else 0
     return rows

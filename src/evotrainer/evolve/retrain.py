@@ -27,7 +27,9 @@ from evotrainer.evolve.segment_cache import (SegmentCache, cached_scores, chain_
 from evotrainer.executors import Call, Executor, LocalPool
 from evotrainer.runtime import Runtime
 from evotrainer.tasks import Task
-from evotrainer.trainer.jobs import handed_draws, saved_checkpoints, segment_seed, train_schedule
+from evotrainer.labels import Label
+from evotrainer.trainer.jobs import handed_draws, segment_seed, train_schedule
+from evotrainer.trainer.outputs import keep_log, refused, scheduled_checkpoints
 
 SPLITS = ("val", "test")
 
@@ -45,7 +47,7 @@ def evaluate(task: Task, jobs: dict[str, list[str]], timeout_s: float,
     (ev,) = (executor or LocalPool(1)).run([Call(evaluate_checkpoints, dict(
         task=task.spec, level=task.target_level, jobs=jobs, policy=policy,
         key=task.key.hex() if task.key else None), reveal=task.data_files(),
-        reads=(*jobs, task.spec, *task.data_files(), *(runtime or Runtime()).policy.reads()))], timeout_s, memory_mb)
+        reads=(*jobs, *task.files(), *task.data_files(), *(runtime or Runtime()).policy.reads()))], timeout_s, memory_mb)
     if not ev.ok:
         raise RetrainFailed(f"the evaluator failed: {ev.label}: {ev.error}")
     return ev.value
@@ -76,7 +78,7 @@ def retrain(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int]
     `evaluation` (the run's) says when checkpoints are saved and how many are averaged.
     `cache`: schedules and scores found there are reused, the rest stored there."""
     executor = executor or LocalPool(workers)
-    runtime = runtime or Runtime()
+    runtime = (runtime or Runtime()).on_base(base)  # every checkpoint loads on the base's config and tokenizer
     jobs = []  # (arm, seed, out, train_schedule's arguments)
     view = task.train_view(Path(out_root) / "train-data")
     for name, arm in arms.items():
@@ -101,7 +103,7 @@ def retrain(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int]
                 name_view(out / f"segment-{d}", view)
             continue
         calls.append(Call(train_schedule, args, writes=(str(out),), clean=True,  # a kill mid-way: starts clean
-                          reads=(base, view, *args["harnesses"], *runtime.policy.reads())))
+                          reads=(base, *task.files(view), *args["harnesses"], *runtime.policy.reads())))
         trained.append((name, seed, out, keys))
     where = [(name, seed, out / f"segment-{len(arms[name].harnesses)}") for name, seed, out, _ in jobs]
     watch = Watcher(f"retraining {', '.join(arms)} on seeds {list(seeds)}", [
@@ -114,13 +116,17 @@ def retrain(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int]
         watch.flush()
     train_s = time.time() - t
     for (name, seed, out, keys), res in zip(trained, results):
+        keep_log(out, res.log_tail)
         if not res.ok:
             raise RetrainFailed(f"the retraining of {name}, seed {seed}, failed: {res.label}: {res.error}")
+        why = refused(out, arms[name].steps, evaluation.every, base, segments=len(arms[name].harnesses))
+        if why:
+            raise RetrainFailed(f"the retraining of {name}, seed {seed}, failed: {Label.BAD_OUTPUT}: {why}")
         for d, k in enumerate(keys, 1):  # each from the last: stored while the last is the entry exactly
             cache.store(k, out / f"segment-{d}")
             if not checkpoint_identity(out / f"segment-{d}" / "checkpoint"):
                 break
-    last = {(name, seed): [str(c) for c in [*saved_checkpoints(d), d / "checkpoint"][-evaluation.last_k:]]
+    last = {(name, seed): [str(c) for c in scheduled_checkpoints(d, arms[name].steps, evaluation.every)[-evaluation.last_k:]]
             for name, seed, d in where}
     to_score = {base: list(SPLITS)} | {c: list(SPLITS) for cs in last.values() for c in cs}
     t = time.time()
@@ -132,6 +138,9 @@ def retrain(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int]
     acc = cached_scores(cache, to_score, identity, inputs,
                         lambda todo: evaluate(task, todo, timeout_s, runtime, memory_mb, executor))
     eval_s = time.time() - t
+    unloadable = [(c, a["error"]) for c, a in acc.items() if "error" in a]
+    if unloadable:
+        raise RetrainFailed(f"the evaluator could not load {unloadable[0][0]}: {unloadable[0][1]}")
     scores: dict[str, dict[int, dict[str, float]]] = {name: {} for name in arms}
     for (name, seed), cs in last.items():
         scores[name][seed] = {split: sum(acc[c][split] for c in cs) / len(cs) for split in SPLITS}

@@ -5,7 +5,10 @@ or benchmark arms point at one directory, across them.
 A segment is identified by what determines its outcome (`SegmentInputs`): the start
 checkpoint, the harness files' bytes, the segment seed and replica, the steps, the task and
 its level, the handed-in draws, the runtime settings that change numbers, the checkpoint
-schedule and this package's version. Its key is a hash of those (`segment_key`: pure).
+schedule, and the code that computes it (`code_identity`: a digest of this package's source and
+the versions of the libraries that do the arithmetic). Its key is a hash of those (`segment_key`:
+pure). Entries and scores stored before the code was part of a key (under the package's version
+number) are never found again: they miss, train once more, and may be deleted.
 
 The start checkpoint's identity is cheap and exact: a train directory that holds exactly a
 cache entry's content carries that entry's key (KEY_FILE, written when the directory was
@@ -28,25 +31,72 @@ on one split, under one split key and policy; evaluation is a large share of a t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
 import uuid
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, Callable, Iterable
 
-from evotrainer import __version__
+from evotrainer import jobfiles
 from evotrainer.tasks.keys import key_digest
+from evotrainer.tasks.registry import user_code_files
+from evotrainer.trainer.outputs import KEY_FILE  # in a train directory: the entry its content is exactly
 
 if TYPE_CHECKING:  # the runtime's module imports torch: a key is computed without it
     from evotrainer.runtime import Runtime
     from evotrainer.tasks.base import Task
 
-KEY_FILE = "segment.key"   # in a train directory: the entry its content is exactly
 MANIFEST = "MANIFEST"      # in an entry: relative path -> size of every file
-NOT_STORED = ("worker.log", KEY_FILE)  # the run's own account of the job, not its outcome
+NOT_STORED = (KEY_FILE,)  # the run's own mark on a directory, not the job's outcome
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the evotrainer package this process runs
+NOT_CODE = ("agents/prompts",)  # package files that change what an agent proposes, never a job's numbers
+LIBRARIES = ("torch", "transformers", "tokenizers", "trl", "peft")  # whose versions change numbers
+
+
+def code_identity() -> dict:
+    """The code an outcome was computed by: this package's source (`source_digest`: an edit
+    trains differently under the same version number) and the versions of the libraries that
+    do the arithmetic (`library_versions`). Both are read once per process and depend on
+    nothing but the installed files, so every process of one install agrees on a key."""
+    return {"package": source_digest(), "libraries": dict(library_versions())}
+
+
+@functools.cache
+def source_digest() -> str:
+    """`package_digest` of the package this process runs, read at its first key (once: every
+    key of a process is made by the same code)."""
+    return package_digest(PACKAGE_DIR)
+
+
+def package_digest(root: Path) -> str:
+    """sha256 over a package's files, relative paths and bytes in sorted order: every module
+    and the data it ships (the reference recipe's knobs.yaml, a task's files), not where it is
+    installed. Bytecode is left out (it is the modules again), and so are the agents' prompts
+    (NOT_CODE): they shape what an agent writes, which a key holds as the harness digest."""
+    def code(rel: PurePath) -> bool:
+        return rel.suffix != ".pyc" and not any(rel.is_relative_to(d) for d in NOT_CODE)
+    return _files_digest(Path(root), (rel for rel in _files(Path(root)) if code(rel)))
+
+
+@functools.cache
+def library_versions() -> tuple[tuple[str, str], ...]:
+    """(library, installed version) for each of LIBRARIES, from the installed metadata: torch
+    itself is never imported to ask (a key is computed without it)."""
+    return tuple((name, library_version(name)) for name in LIBRARIES)
+
+
+def library_version(name: str) -> str:
+    """The installed distribution's version; "absent" where it is not installed (trl and peft
+    are optional extras)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
 
 
 @dataclass(frozen=True)
@@ -57,12 +107,12 @@ class SegmentInputs:
     seed: int             # the segment seed (depth and data offset included)
     replica: int
     steps: int
-    task: str             # the task's identity (task_identity): canonical spec and data files
+    task: str             # the task's identity (task_identity): canonical spec, data files, a user task's code
     level: int | None
     draws: str            # digest of the handed-in training indices
     runtime: dict         # backend, resolved device and dtype, micro batch, threads, vLLM, trackers
     eval_every: int
-    version: str = __version__
+    code: dict = field(default_factory=code_identity)  # this package's source and the libraries' versions
 
 
 @dataclass(frozen=True)
@@ -74,7 +124,7 @@ class ScoreInputs:
     level: int | None
     split_key: str        # digest of the run's split key (which problems val and test hold)
     runtime: dict         # what the evaluator loads the policy with, and its threads (segment_cache.numbers)
-    version: str = __version__
+    code: dict = field(default_factory=code_identity)  # this package's source and the libraries' versions
 
 
 def digest(inputs: SegmentInputs | ScoreInputs) -> str:
@@ -103,17 +153,25 @@ def checkpoint_identity(checkpoint: Path) -> str | None:
     its path inside it (its scores can be cached); None for any other."""
     checkpoint = Path(checkpoint)
     train_dir = checkpoint.parent if checkpoint.name == "checkpoint" else checkpoint.parent.parent
-    marker = train_dir / KEY_FILE
-    if not marker.is_file():
+    key = marked_key(train_dir)
+    return None if key is None else f"segment:{key}/{checkpoint.relative_to(train_dir).as_posix()}"
+
+
+def marked_key(train_dir: Path) -> str | None:
+    """The entry key the controller marked a train directory with (KEY_FILE), else None. A job
+    never leaves one (trainer/outputs.py refuses it), and it is read as jobfiles reads."""
+    if not jobfiles.exists(train_dir, KEY_FILE):
         return None
-    return f"segment:{marker.read_text().strip()}/{checkpoint.relative_to(train_dir).as_posix()}"
+    key = jobfiles.read_text(train_dir, KEY_FILE, 200).strip()
+    return key if key and len(key) <= 128 and key.replace("-", "").replace("_", "").isalnum() else None
 
 
 def cached_scores(cache: "SegmentCache | None", jobs: dict[str, list[str]], identity: Callable[[str], str | None],
                   inputs: Callable[[str, str], ScoreInputs] | None, evaluate: Callable[[dict], dict]) -> dict:
     """Accuracy per checkpoint and split (`jobs`: checkpoint -> splits): from the cache where a
     checkpoint with an identity was scored before on every split asked, from `evaluate` for the
-    rest (then cached). `inputs(identity, split)` is what its score depends on (None with no cache)."""
+    rest (then cached). `inputs(identity, split)` is what its score depends on (None with no cache).
+    A checkpoint the evaluator could not load comes back as {"error": why}, and is not cached."""
     ids = {c: identity(c) for c in jobs} if cache else {}
     known = {}
     for c, ident in ids.items():
@@ -123,7 +181,7 @@ def cached_scores(cache: "SegmentCache | None", jobs: dict[str, list[str]], iden
     todo = {c: splits for c, splits in jobs.items() if c not in known}
     acc = evaluate(todo) if todo else {}
     for c, splits in todo.items():
-        if ids.get(c):
+        if ids.get(c) and "error" not in acc[c]:  # a checkpoint the evaluator could not load: no score
             for split in splits:
                 cache.store_score(inputs(ids[c], split), acc[c][split])
     return known | acc
@@ -143,6 +201,7 @@ def numbers(runtime: Runtime, local: bool, threads: int | None) -> dict:
     machine the device and dtype as they resolve here (`auto` is one thing on a GPU, another
     on a laptop), and the job's intra-op threads (they move the last digits)."""
     rt = runtime.to_dict()
+    rt["policy"].pop("base", None)  # where the base lies is no number's input (its identity is in the key as a digest)
     if local:
         pol = runtime.policy
         rt["policy"] |= {"device": str(pol.resolved_device()), "dtype": str(pol.compute_dtype())}
@@ -153,35 +212,63 @@ def draws_digest(draws: dict[str, list[int]] | None) -> str:
     return hashlib.sha256(json.dumps(draws, sort_keys=True).encode()).hexdigest()
 
 
-def tree_digest(path: Path, skip: tuple[str, ...] = ()) -> str:
+def tree_digest(path: Path, skip: tuple[str, ...] = (), job: bool = False) -> str:
     """sha256 over a directory's files: relative paths and bytes, in sorted order
-    (__pycache__ and the names in `skip` at its top left out)."""
-    path, h = Path(path), hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        rel = f.relative_to(path)
-        if "__pycache__" in rel.parts or rel.parts[0] in skip:
-            continue
-        h.update(f"{rel.as_posix()}\0{f.stat().st_size}\0".encode())
-        with open(f, "rb") as fh:
+    (__pycache__ and the names in `skip` at its top left out). `job`: a directory a job wrote,
+    read as jobfiles reads (a link or a FIFO in it raises BadOutput); otherwise links are
+    followed (a Hugging Face cache snapshot's files are links into its blobs)."""
+    path = Path(path)
+    rels = _job_files(path) if job else _files(path)
+    return _files_digest(path, (rel for rel in rels if rel.parts[0] not in skip), job)
+
+
+def _files(root: Path) -> list[PurePath]:
+    """Every file under `root`, as its path relative to it, sorted; __pycache__ left out."""
+    rels = (p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    return sorted(rel for rel in rels if "__pycache__" not in rel.parts)
+
+
+def _job_files(root: Path) -> list[PurePath]:
+    rels = (PurePath(rel) for rel, is_dir, _ in jobfiles.walk(root) if not is_dir)
+    return sorted(rel for rel in rels if "__pycache__" not in rel.parts)
+
+
+def _files_digest(root: Path, rels: Iterable[PurePath], job: bool = False) -> str:
+    h = hashlib.sha256()
+    for rel in rels:
+        fd = jobfiles.open_file(root, rel)[0] if job else os.open(root / rel, os.O_RDONLY | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            h.update(f"{rel.as_posix()}\0{os.fstat(fd).st_size}\0".encode())
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()
 
 
-def start_identity(checkpoint: Path) -> str:
+def start_identity(checkpoint: Path, job: bool = False) -> str:
     """A start checkpoint's identity: the key of the segment whose entry its directory holds,
-    else the digest of its files (the base, or a directory trained with the cache off)."""
-    marker = Path(checkpoint).parent / KEY_FILE
-    if Path(checkpoint).name == "checkpoint" and marker.is_file():
-        return f"segment:{marker.read_text().strip()}"
-    return f"files:{tree_digest(Path(checkpoint))}"
+    else the digest of its files (the base, or a directory trained with the cache off; `job`:
+    a job wrote it, tree_digest's)."""
+    key = marked_key(Path(checkpoint).parent) if Path(checkpoint).name == "checkpoint" else None
+    return f"segment:{key}" if key else f"files:{tree_digest(Path(checkpoint), job=job)}"
 
 
 def task_identity(spec: str, data_files: tuple[str, ...]) -> str:
-    """The task's canonical spec and its data files' bytes (a JSONL file edited in place is
-    another task; the spec alone names only its path). A task's own code is not hashed:
-    the package version stands for the built-in ones."""
-    return json.dumps([spec, [file_digest(Path(f)) for f in data_files]])
+    """The task's canonical spec, its data files' bytes (a JSONL file edited in place is
+    another task; the spec alone names only its path) and, for a user task, its code's bytes
+    (`user_code_files`: a factory edited in place is another task under the same spec). A
+    built-in task's code is this package's, which every key holds (`code_identity`)."""
+    code = user_code_files(spec)
+    return json.dumps([spec, [file_digest(Path(f)) for f in data_files]] + ([code_digest(code)] if code else []))
+
+
+def code_digest(files: tuple[str, ...]) -> str:
+    """sha256 over source files: each one's path relative to their common directory, and its
+    bytes (where a user's package is installed does not matter, what it holds does)."""
+    root = os.path.commonpath([os.path.dirname(f) for f in files])
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(f"{os.path.relpath(f, root)}\0{file_digest(Path(f))}\0".encode())
+    return h.hexdigest()
 
 
 def file_digest(path: Path) -> str:
@@ -224,7 +311,7 @@ class SegmentCache:
         except (OSError, shutil.Error):
             shutil.rmtree(out, ignore_errors=True)
             return False
-        (out / KEY_FILE).write_text(key + "\n")
+        jobfiles.write_text(out, KEY_FILE, key + "\n")
         return True
 
     def store(self, key: str, out: Path) -> None:
@@ -232,32 +319,34 @@ class SegmentCache:
         place; a whole entry already there is kept), and `out` marked with the key where its
         content is now exactly the entry's."""
         out, entry = Path(out), self.entry(key)
-        # the job wrote `out`, and its harness is untrusted: a key file of its own would claim
-        # another entry's scores, a symlink would be followed by the copy (as the controller)
-        (out / KEY_FILE).unlink(missing_ok=True)
-        if not _plain_tree(out):
-            return
+        # the job wrote `out`, and its harness is untrusted: its outputs were vetted before this
+        # (trainer/outputs.py), and still a key file is never taken from it (it would claim
+        # another entry's scores), and the copy reads through descriptors that follow no link
+        (out / KEY_FILE).unlink(missing_ok=True)  # (unlink never follows a link)
         if self.lookup(key) is None:
             entry.parent.mkdir(parents=True, exist_ok=True)
             tmp = entry.parent / f".tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
             try:
-                shutil.copytree(out, tmp, ignore=shutil.ignore_patterns(*NOT_STORED))
+                jobfiles.copy_tree(out, tmp, skip=NOT_STORED)
                 sizes = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in tmp.rglob("*") if p.is_file()}
                 (tmp / MANIFEST).write_text(json.dumps(sizes, sort_keys=True))
                 _read_only(tmp)
                 if entry.exists():  # a broken entry: replaced
                     _remove(entry)
                 os.rename(tmp, entry)
+            except jobfiles.BadOutput:  # it changed since it was vetted: not kept
+                _remove(tmp)
+                return
             except OSError:  # another run published it first (rename onto a full directory)
                 _remove(tmp)
                 if self.lookup(key) is None:
                     return
-                if tree_digest(entry, skip=(MANIFEST,)) != tree_digest(out, skip=NOT_STORED):
+                if not _same(entry, out):
                     return  # its content differs from ours: `out` is no copy of the entry
-        elif tree_digest(entry, skip=(MANIFEST,)) != tree_digest(out, skip=NOT_STORED):
+        elif not _same(entry, out):
             return
         _share(entry, out)
-        (out / KEY_FILE).write_text(key + "\n")
+        jobfiles.write_text(out, KEY_FILE, key + "\n")
 
     def score(self, inputs: ScoreInputs) -> float | None:
         try:
@@ -280,21 +369,17 @@ class SegmentCache:
 def name_view(out: Path, view: str) -> None:
     """A materialised directory's run.json names this run's train view (a JSONL task's file
     lives in the run that trained the entry; its rows are the same, the task's identity says)."""
-    meta = json.loads((Path(out) / "run.json").read_text())
-    if meta.get("task") != view:
-        tmp = Path(out) / "run.json.tmp"
-        tmp.write_text(json.dumps(meta | {"task": view}, indent=2))
-        os.replace(tmp, Path(out) / "run.json")  # a new file: the entry's, linked here, stays as it was
+    meta = jobfiles.read_json(out, "run.json")
+    if meta.get("task") != view:  # a new file: the entry's, linked here, stays as it was
+        jobfiles.write_text(out, "run.json", json.dumps(meta | {"task": view}, indent=2))
 
 
-def _plain_tree(path: Path) -> bool:
-    """Only directories and regular files under `path`, no symlinks (none is followed)."""
-    for root, dirs, files in os.walk(path):
-        for name in dirs + files:
-            p = os.path.join(root, name)
-            if os.path.islink(p) or not (os.path.isdir(p) or os.path.isfile(p)):
-                return False
-    return True
+def _same(entry: Path, out: Path) -> bool:
+    """Whether train directory `out` (a job's) holds exactly the entry's files."""
+    try:
+        return tree_digest(entry, skip=(MANIFEST,)) == tree_digest(out, skip=NOT_STORED, job=True)
+    except jobfiles.BadOutput:
+        return False
 
 
 def _link_or_copy(src: str, dst: str) -> None:

@@ -13,7 +13,6 @@ the numbers are the same with the cache or without it.
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,11 +29,14 @@ from evotrainer.evolve.segment_cache import (SegmentCache, SegmentInputs, cached
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import average_last
 from evotrainer.executors import Call, Executor, LocalPool
+from evotrainer import jobfiles
+from evotrainer.labels import Label
 from evotrainer.lineage import TrialRecord
 from evotrainer.policy.adapters import checkpoint_size
 from evotrainer.runtime import Runtime
 from evotrainer.tasks.base import Task
-from evotrainer.trainer.jobs import handed_draws, saved_checkpoints, segment_seed, train_segment
+from evotrainer.trainer.jobs import handed_draws, segment_seed, train_segment
+from evotrainer.trainer.outputs import keep_log, read_run_meta, refused, scheduled_checkpoints
 
 
 class Cancelled(RuntimeError):
@@ -101,7 +103,7 @@ class Training:
                 self._reused(out, key, view)
                 continue
             calls.append(Call(train_segment, args, writes=(str(out),), clean=True,  # a resumed segment starts clean
-                              reads=(args["harness"], view, args["base"], *self.runtime.policy.reads())))
+                              reads=(args["harness"], *self.task.files(view), args["base"], *self.runtime.policy.reads())))
             where.append((i, seed, out, key))
         names = list(dict.fromkeys(sg.out_root.name for sg in segments))  # v1, v0-d2 (a control), replica-1
         watch = Watcher(
@@ -115,27 +117,31 @@ class Training:
         clock.trained, clock.reused = clock.trained + len(calls), clock.reused + len(jobs) - len(calls)
         failed: dict[int, SegmentFailed] = {}
         for (i, seed, out, key), res in zip(where, results):
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "worker.log").write_text(res.log_tail)
+            keep_log(out, res.log_tail)
             if not res.ok:  # never cached: a crash or a timeout is no outcome of the segment
                 failed.setdefault(i, SegmentFailed(res.label, f"seed {seed}: {res.error}"))
+            elif why := refused(out, self.segment_steps, self.cfg.evaluation.every, self.base):
+                # nor is what the trusted side refuses to read (trainer/outputs.py)
+                failed.setdefault(i, SegmentFailed(Label.BAD_OUTPUT, f"seed {seed}: {why}"))
             elif key is not None:
                 self.cache.store(key, out)
         dirs: dict[int, dict[int, str]] = {i: {} for i in range(len(segments))}
         for i, seed, out, _ in jobs:  # in the seeds' order, trained or reused
             dirs[i][seed] = str(out)
-            if not clock.checkpoint and i not in failed and (out / "run.json").is_file():
-                clock.checkpoint = {**checkpoint_size(out / "checkpoint"), "trainable_params":
-                                    json.loads((out / "run.json").read_text()).get("trainable_params")}
+            if not clock.checkpoint and i not in failed:
+                clock.checkpoint = {**checkpoint_size(out / "checkpoint"),
+                                    "trainable_params": read_run_meta(out).get("trainable_params")}
         if read is not None:
             for i, sg in enumerate(segments):
                 if i not in failed:
                     read(sg, dirs[i])
         if self.on_stage is not None:
             self.on_stage(f"the evaluator scores {', '.join(names)} on validation and test")
-        scores = self._evaluate([dirs[i] for i in range(len(segments)) if i not in failed], clock)
-        return [failed[i] if i in failed else State(sg.version, sg.depth, dirs[i], *scores.pop(0))
+        scores = self._evaluate({i: dirs[i] for i in range(len(segments)) if i not in failed}, clock)
+        return [failed.get(i) or (scores[i] if isinstance(scores[i], SegmentFailed)
+                                  else State(sg.version, sg.depth, dirs[i], *scores[i]))
                 for i, sg in enumerate(segments)]
+
 
     _view: str | None = field(default=None, init=False, repr=False)  # the workers' task spec (train)
     _base_id: str | None = field(default=None, init=False, repr=False)  # the base's digest, once a run
@@ -150,7 +156,7 @@ class Training:
             self._base_id = self._base_id or start_identity(Path(self.base))
             start = self._base_id
         else:
-            start = start_identity(Path(args["base"]))
+            start = start_identity(Path(args["base"]), job=True)  # a parent's checkpoint: a job wrote it
         return segment_key(SegmentInputs(
             start=start, harness=tree_digest(Path(args["harness"])), seed=args["seed"], replica=args["replica"],
             steps=args["steps"], task=self._task_identity(), level=args["level"], draws=draws_digest(args["draws"]),
@@ -166,8 +172,8 @@ class Training:
         return isinstance(self.jobs, LocalPool)
 
     def _reused(self, out: Path, key: str, view: str) -> None:
-        """A segment materialised from the cache: its worker.log says so; run.json names this run's view."""
-        (out / "worker.log").write_text(f"reused from the segment cache: {self.cache.entry(key)}\n")
+        """A segment materialised from the cache: its log says so; run.json names this run's view."""
+        keep_log(out, f"reused from the segment cache: {self.cache.entry(key)}\n")
         name_view(out, view)
 
     def ingest_later(self, name: str, state: State) -> None:
@@ -200,7 +206,7 @@ class Training:
             store.close()
         for t in trials:
             st = t.fitness.get("state")
-            if st and t.version and all(Path(d, "evidence.jsonl").is_file() for d in st["dirs"].values()) \
+            if st and t.version and all(jobfiles.exists(d, "evidence.jsonl") for d in st["dirs"].values()) \
                     and any(f"{t.version}/seed-{seed}" not in have for seed in st["dirs"]):
                 self.ingest(t.version, State.of(st))
 
@@ -213,27 +219,26 @@ class Training:
         finally:
             store.close()
 
-    def _evaluate(self, dir_sets: list[dict[int, str]], clock: Clock) -> list[tuple[dict, dict]]:
+    def _evaluate(self, dir_sets: dict[int, dict[int, str]], clock: Clock) -> dict[int, tuple[dict, dict] | SegmentFailed]:
         """(val, test) per seed for each set of train directories, from one evaluator process:
-        validation averages the last `last_k` evaluations of a segment (only those are scored:
-        earlier checkpoints would cost evaluator time no decision reads), test is the final
-        checkpoint's."""
-        if not dir_sets:
-            return []
-        jobs = {}
-        for dirs in dir_sets:
-            for d in dirs.values():
-                last = [*saved_checkpoints(Path(d)), Path(d, "checkpoint")][-self.cfg.evaluation.last_k:]
-                jobs |= {str(c): ["val"] for c in last[:-1]}
-                jobs[str(Path(d, "checkpoint"))] = ["val", "test"]
-        acc = self._scores(jobs, clock)
-        out = []
-        for dirs in dir_sets:
-            val, test = {}, {}
-            for seed, d in dirs.items():
-                seq = [acc[k]["val"] for k in jobs if k.startswith(d + "/")]  # saved steps, then the final
-                val[seed], test[seed] = average_last(seq, self.cfg.evaluation.last_k), acc[str(Path(d, "checkpoint"))]["test"]
-            out.append((val, test))
+        validation averages the last `last_k` checkpoints the run's schedule names (only those
+        are scored: earlier ones would cost evaluator time no decision reads), test is the final
+        checkpoint's. A set with a checkpoint the evaluator could not load is a SegmentFailed
+        (bad_output): the job's, never the run's."""
+        k, every = self.cfg.evaluation.last_k, self.cfg.evaluation.every
+        last = {d: [str(c) for c in scheduled_checkpoints(d, self.segment_steps, every)[-k:]]
+                for dirs in dir_sets.values() for d in dirs.values()}
+        jobs = {c: ["val"] for cs in last.values() for c in cs[:-1]} | {cs[-1]: ["val", "test"] for cs in last.values()}
+        acc = self._scores(jobs, clock) if jobs else {}
+        out: dict[int, tuple[dict, dict] | SegmentFailed] = {}
+        for i, dirs in dir_sets.items():
+            bad = [(seed, acc[c]["error"]) for seed, d in dirs.items() for c in last[d] if "error" in acc[c]]
+            if bad:
+                out[i] = SegmentFailed(Label.BAD_OUTPUT, f"seed {bad[0][0]}: the evaluator could not load it: {bad[0][1]}")
+                continue
+            val = {seed: average_last([acc[c]["val"] for c in last[d]], k) for seed, d in dirs.items()}
+            test = {seed: acc[last[d][-1]]["test"] for seed, d in dirs.items()}
+            out[i] = (val, test)
         return out
 
     def _scores(self, jobs: dict[str, list[str]], clock: Clock) -> dict[str, dict[str, float]]:

@@ -3,7 +3,11 @@
 Workers never download: the controller resolves every model to a local directory, so
 Hugging Face offline mode is set here (and by the sandbox's environment), in our own
 process, not in the user's. The result crosses back as JSON: a value that is not plain
-data (numbers, strings, lists, dicts) is a crash, never a pickle its caller would run."""
+data (numbers, strings, lists, dicts) is a crash, never a pickle its caller would run.
+
+The job directory is the controller's (executors.worker): the job reads its JOB file there,
+read-only, and writes its result into OUT, the one directory of it that is its own; the
+sandbox's spec beside them is out of its reach."""
 from __future__ import annotations
 
 import json
@@ -12,12 +16,14 @@ import sys
 import traceback
 from pathlib import Path
 
-from evotrainer.executors.targets import resolve  # (its package is imported already: this runs as -m)
+# (its package, and so the worker module, is imported already: this runs as -m)
+from evotrainer.executors.targets import resolve
+from evotrainer.executors.worker import JOB, OUT, RESULT
 
 
 def main(job_dir: str) -> int:
     job_dir = Path(job_dir)
-    job = json.loads((job_dir / "job.json").read_text())
+    job = json.loads((job_dir / JOB).read_text())
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ.setdefault(var, "1")
     if job.get("isolation"):  # programs this job runs (sandbox.programs) get the run's level, not a new probe
@@ -42,7 +48,7 @@ def main(job_dir: str) -> int:
         blob = json.dumps({"label": "crash", "error": f"result is not plain JSON data: {e}"[:500]})
     sys.stdout.flush()
     sys.stderr.flush()
-    (job_dir / "result.json").write_text(blob)
+    (job_dir / OUT / RESULT).write_text(blob)
     return 0
 
 

@@ -11,13 +11,19 @@ tree as it polls and kills it past `memory_mb`. (An address-space limit would be
 CUDA reserves far more address space than it ever uses and fails to start under one.)
 Arguments go in and results come back as JSON, never pickles: nothing a worker writes is
 executed by its caller, and what it wrote is vetted when it ends (`refused_output`: no
-links, no special files, every checkpoint exactly what save_policy writes). The outcome is
-labelled:
+links, no special files, every checkpoint exactly what save_policy writes). Every file a job
+could write is read as hostile: its result (`_read_result`: never through a link, never
+waiting on a fifo, a regular file of at most RESULT_LIMIT bytes) and its log (only its
+end). The job's spec lies where only the controller writes (child.py has the layout). The
+outcome is labelled:
 
     ok       the function returned; `value` holds its (JSON) result
-    crash    it raised, or the process died, or its output was refused; `log_tail` holds the traceback
+    crash    it raised, or the process died, or its result could not be read; `log_tail` holds the traceback
+    bad_output  it returned, but what it wrote is refused (a link, a FIFO, a checkpoint that is
+             not what save_policy writes: `refused_output`)
     timeout  it ran past the deadline and was killed
-    oom      it passed its memory limit (resident memory, MemoryError, or killed by the kernel)
+    oom      it passed its memory limit (resident memory and what its private /tmp and
+             /dev/shm hold, MemoryError, or killed by the kernel)
 """
 from __future__ import annotations
 
@@ -27,7 +33,6 @@ import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -37,9 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from evotrainer import sandbox
+from evotrainer import jobfiles, sandbox
 from evotrainer.executors.targets import target_of
-from evotrainer.sandbox import Isolation, Jail
+from evotrainer.sandbox import Isolation, Jail, users
 from evotrainer.sandbox.forkserver import Forked, Server
 # the level in force and the tree kill live in the sandbox (programs.py needs them too); named here as before
 from evotrainer.sandbox.processes import isolation, kill_tree, use_isolation  # noqa: F401
@@ -47,6 +52,9 @@ from evotrainer.sandbox.processes import tree as _tree
 
 LABELS = ("ok", "crash", "timeout", "oom")
 TAIL_CHARS = 4000
+RESULT_LIMIT = 16 * 2**20  # bytes of a job's result.json, at most (a larger one is a crash)
+# a job directory (the controller's): the job reads JOB_DIR/JOB and writes JOB_DIR/OUT/RESULT (child.py)
+JOB, OUT, RESULT = "job.json", "out", "result.json"
 
 
 @dataclass
@@ -66,11 +74,11 @@ class WorkerResult:
 class Call:
     """One job for `run_all`: `target(**kwargs)` in a worker of its own, `target` a module-level
     function (targets.target_of; a lambda or a method is refused here). Besides the Python
-    environment it sees `reads`, read-only (files, directories, or strings that name them
-    such as a task spec; None: every existing path its kwargs name), and `writes`, the
-    directories it may write (created for it; one writer at a time, see `_writer_lock`), and
-    nothing else. `clean`: empty them first, once no earlier job writes them (a job cut off
-    by a kill starts over)."""
+    environment it sees `reads`, read-only (files and directories, each a whole path: a task
+    spec is not one, its files are, Task.files; None: every argument that is a whole existing
+    path), and `writes`, the directories it may write (created for it; one writer at a time,
+    see `_writer_lock`), and nothing else. `clean`: empty them first, once no earlier job
+    writes them (a job cut off by a kill starts over)."""
     target: Callable[..., Any]
     kwargs: dict = field(default_factory=dict)
     writes: tuple[str, ...] = ()
@@ -99,8 +107,10 @@ class NamedCall:
     reads: tuple[str, ...] | None = None
 
     def inputs(self, cwd: Path | None = None) -> tuple[str, ...]:
-        """The existing paths it reads: those `reads` names, else those its kwargs name."""
-        return tuple(sorted(sandbox.paths_in(self.kwargs if self.reads is None else self.reads, cwd)))
+        """The existing paths it reads: those `reads` names, else those its kwargs name (whole)."""
+        if self.reads is None:
+            return tuple(sorted(sandbox.named_paths(self.kwargs, cwd)))
+        return tuple(sorted(sandbox.declared_paths(self.reads, cwd)))
 
 
 def run_in_worker(target: Callable[..., Any], kwargs: dict | None = None, timeout_s: float = 600.0,
@@ -162,25 +172,44 @@ def run_named(calls: list[NamedCall], workers: int = 1, timeout_s: float = 600.0
 
 
 class _Job:
-    """One started worker: its sandboxed process tree, its job directory and its log."""
+    """One started worker: its sandboxed process tree, its job directory and its log.
+
+    The job directory is the controller's (mode 0700): the sandbox's spec (sandbox.json),
+    the job's arguments (JOB, which the job reads through a read-only bind of that one file)
+    and the log the job's output goes to. The job writes only OUT there, its result."""
 
     def __init__(self, call: NamedCall, cwd: Path | None, threads: int | None, timeout_s: float):
         self.t0, self.call = time.monotonic(), call
         self._tmp = tempfile.TemporaryDirectory(prefix="evotrainer-worker-")
         self.dir, self.threads = Path(self._tmp.name), threads
+        self.level = isolation()
+        # a uid of its own, where it switches user: its process limit counts its processes only
+        self.user = users.lease() if self.level is Isolation.NAMESPACES and os.geteuid() == 0 else None
+        try:
+            self._start(call, cwd, threads, timeout_s)
+        except BaseException:
+            for f in getattr(self, "locks", ()):
+                f.close()
+            self._release()
+            raise
+
+    def _start(self, call: NamedCall, cwd: Path | None, threads: int | None, timeout_s: float) -> None:
         self.locks = [_writer_lock(Path(w)) for w in call.writes]
         if call.clean:
             for w in call.writes:
                 shutil.rmtree(w, ignore_errors=True)
-        (self.dir / "job.json").write_text(json.dumps({"target": call.target, "kwargs": call.kwargs,
-                                                       "threads": threads, "isolation": isolation().value}))
+        spec = self.dir / JOB
+        spec.write_text(json.dumps({"target": call.target, "kwargs": call.kwargs, "threads": threads,
+                                    "isolation": self.level.value}))
+        spec.chmod(0o644)  # the job reads it, whatever the controller's umask
+        (self.dir / OUT).mkdir()
         extra = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}
         # read by the OpenMP/MKL runtimes when torch loads; the child also calls set_num_threads
-        self.over_memory: int | None = None  # resident MB when it was killed for memory
+        self.over_memory: tuple[int, int] | None = None  # (resident, scratch) MB when it was killed for memory
         self.log = open(self.dir / "log.txt", "w+b")
         argv = [sys.executable, "-m", "evotrainer.executors.child", str(self.dir)]
-        self.level = isolation()
-        jail = Jail(read=call.inputs(cwd), write=tuple(call.writes), env=extra, reveal=tuple(call.reveal))
+        jail = Jail(read=(*call.inputs(cwd), str(spec)), write=(*call.writes, str(self.dir / OUT)), env=extra,
+                    reveal=tuple(call.reveal), user=self.user.uid if self.user else None)
         server = _server(self.level)
         self.proc: subprocess.Popen | Forked | None = None
         if server is not None:  # a fork of a process that has imported torch: no start-up
@@ -201,8 +230,9 @@ class _Job:
         return self.proc.poll() is not None or time.monotonic() - self.t0 > timeout_s
 
     def check_memory(self, memory_mb: int | None) -> None:
-        """Kill the tree once the resident memory of the worker's processes passes memory_mb
-        (Linux /proc; without it, macOS, the kernel's own limits apply)."""
+        """Kill the tree once the resident memory of the worker's processes, with what its
+        private /tmp and /dev/shm hold (memory too, in no process's resident size), passes
+        memory_mb (Linux /proc; without it, macOS, the kernel's own limits apply)."""
         if not memory_mb or self.over_memory is not None or self.proc.poll() is not None:
             return
         if self.proc.pid is None:
@@ -211,47 +241,98 @@ class _Job:
         if isinstance(self.proc, Forked):
             pids = pids[1:]  # its wrapper: a fork of the server, whose pages the job's count already
         rss_mb = sum(map(_rss_pages, pids)) * os.sysconf("SC_PAGE_SIZE") // 2**20
-        if rss_mb > memory_mb:
-            self.over_memory = rss_mb
+        scratch_mb = _scratch_bytes(pids) // 2**20 if self.level is Isolation.NAMESPACES else 0
+        if rss_mb + scratch_mb > memory_mb:
+            self.over_memory = (rss_mb, scratch_mb)
             _stop(self.proc)
 
     def finish(self, timeout_s: float) -> WorkerResult:
         was_running = self.proc.poll() is None
         killed = was_running and time.monotonic() - self.t0 > timeout_s
         _stop(self.proc)  # also reaps grandchildren a finished worker left behind
-        self.log.seek(0)
-        tail = self.log.read().decode("utf-8", "replace")[-TAIL_CHARS:]
+        tail = _tail(self.log)
         self.log.close()
         seconds = time.monotonic() - self.t0
         try:
             res = self._label(killed, was_running, tail, seconds, timeout_s)
         finally:
-            self._tmp.cleanup()
+            self._release()
         why = refused_output(self.call.writes) if res.ok else None
         if why:  # the job's own failure (harness code ran in it), said in one line
-            return WorkerResult("crash", error=f"its output was refused: {why}", log_tail=tail, seconds=seconds)
+            return WorkerResult("bad_output", error=f"its output was refused: {why}", log_tail=tail, seconds=seconds)
         return res
+
+    def _release(self) -> None:
+        """Its directory goes, and its uid back to the pool: its processes are gone by now."""
+        self._tmp.cleanup()
+        if self.user is not None:
+            self.user.release()
+            self.user = None
 
     def _label(self, killed: bool, was_running: bool, tail: str, seconds: float, timeout_s: float) -> WorkerResult:
         if self.over_memory is not None:
-            return WorkerResult("oom", error=f"resident memory {self.over_memory} MB passed the worker's limit",
+            rss, scratch = self.over_memory
+            held = f" and its /tmp and /dev/shm {scratch} MB" if scratch else ""
+            return WorkerResult("oom", error=f"resident memory {rss} MB{held} passed the worker's limit",
                                 log_tail=tail, seconds=seconds)
         if killed:
             return WorkerResult("timeout", error=f"killed after {timeout_s:g} s", log_tail=tail, seconds=seconds)
         if was_running:  # the caller was interrupted (Ctrl-C, an exception) and took its workers down with it
             return WorkerResult("crash", error="stopped: the caller was interrupted", log_tail=tail, seconds=seconds)
-        result_file = self.dir / "result.json"
-        if result_file.exists():
+        try:
+            blob = jobfiles.read_bytes(self.dir / OUT, RESULT, RESULT_LIMIT)
+        except jobfiles.Missing:
+            blob = None
+        except jobfiles.BadOutput as e:
+            why = str(e).replace(str(self.dir / OUT) + "/", "")  # the job's own directory: a temporary name
+            return WorkerResult("crash", error=f"its result was refused: {why}", log_tail=tail, seconds=seconds)
+        if blob is not None:
             try:
-                out = json.loads(result_file.read_text())
+                out = json.loads(blob)
                 return WorkerResult(str(out["label"]) if out["label"] in LABELS else "crash", out.get("value"),
                                     out.get("error"), tail, seconds)
             except (ValueError, KeyError, TypeError) as e:
-                return WorkerResult("crash", error=f"unreadable result: {e}"[:500], log_tail=tail, seconds=seconds)
+                error = " ".join(f"unreadable result: {e}".split())[:500]
+                return WorkerResult("crash", error=error, log_tail=tail, seconds=seconds)
         if self.proc.returncode == -signal.SIGKILL:  # not us: the kernel's OOM killer
             return WorkerResult("oom", error="killed by SIGKILL (out of memory)", log_tail=tail, seconds=seconds)
         return WorkerResult("crash", error=f"worker exited with code {self.proc.returncode}", log_tail=tail,
                             seconds=seconds)
+
+
+def _tail(log) -> str:
+    """The last TAIL_CHARS characters of a job's log, read from its end only: a job may have
+    written gigabytes to its stdout."""
+    size = log.seek(0, os.SEEK_END)
+    log.seek(max(0, size - 4 * TAIL_CHARS))  # UTF-8: at most 4 bytes a character
+    return log.read(4 * TAIL_CHARS).decode("utf-8", "replace")[-TAIL_CHARS:]
+
+
+SCRATCH = ("tmp", "dev/shm")  # a job's private tmpfs mounts (sandbox/inside.py)
+
+
+def _scratch_bytes(pids: list[int]) -> int:
+    """What the private /tmp and /dev/shm of a job's processes hold, each tmpfs once, seen
+    through each process's root: memory that no resident size shows. The job owns its
+    namespace but not the kernel's count of a filesystem's blocks; a mount that is still the
+    controller's own (a job building its root), or one that cannot be read, counts 0. (A job
+    that moved every process into a mount namespace of its own could hide them here; each
+    is still capped at its size, Limits.tmp_mb.)"""
+    seen: dict[int, int] = {}
+    for d in SCRATCH:
+        try:
+            ours = os.stat(f"/{d}").st_dev
+        except OSError:
+            ours = None
+        for pid in pids:
+            try:
+                where = f"/proc/{pid}/root/{d}"
+                dev, st = os.stat(where).st_dev, os.statvfs(where)
+            except OSError:
+                continue  # gone, or no such directory there
+            if dev != ours:
+                seen[dev] = max(st.f_blocks - st.f_bfree, 0) * st.f_frsize
+    return sum(seen.values())
 
 
 def _stop(proc: subprocess.Popen | Forked) -> None:
@@ -298,31 +379,29 @@ def _server(level: Isolation) -> Server | None:
 atexit.register(close_fork_servers)
 
 
-OUTPUT_LIMIT = 100_000  # entries of one job's output directory, at most
+OUTPUT_LIMIT = jobfiles.ENTRIES_CAP  # entries of one job's output directory, at most
 
 
 def refused_output(writes) -> str | None:
     """Why what a finished job wrote is refused, else None. Its output is data for the
     controller and the next jobs: no symbolic link (which would have them read what the job
-    could not: the controller reads as itself), no fifo, socket or device, and every checkpoint
-    (a directory holding config.json, checkpoint/, checkpoints/*) exactly what save_policy
-    writes (policy.model.check_checkpoint, written=True)."""
-    checkpoints, seen = [], 0
+    could not: the controller reads as itself), no fifo, socket or device, no more than
+    OUTPUT_LIMIT entries (jobfiles.walk), and every checkpoint (a directory holding
+    config.json, checkpoint/, checkpoints/*) exactly what save_policy writes
+    (policy.model.check_checkpoint, written=True). A training job's output is vetted further
+    against the run's schedule and records (trainer/outputs.py)."""
+    checkpoints = []
     for out in map(Path, writes):
-        for top, dirs, files in os.walk(out):  # links are looked at, never followed
-            seen += len(dirs) + len(files)
-            if seen > OUTPUT_LIMIT:
-                return f"{out} holds more than {OUTPUT_LIMIT} files"
-            here = Path(top)
-            if "config.json" in files or here.name == "checkpoint" or here.parent.name == "checkpoints":
-                checkpoints.append(here)
-            for name in dirs + files:
-                mode = os.lstat(here / name).st_mode
-                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                    kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
-                    return f"{ascii(str((here / name).relative_to(out)))[1:-1][:120]} in {out} is {kind}"
-            if here.name == "checkpoints":
-                checkpoints += [here / f for f in files]  # a file where a checkpoint should be
+        try:
+            entries = list(jobfiles.walk(out, OUTPUT_LIMIT))
+        except jobfiles.BadOutput as e:
+            return str(e)
+        names = {rel for rel, _, _ in entries}
+        for rel, is_dir, _ in [(".", True, 0), *entries]:
+            path = Path(out, rel)
+            if path.parent.name == "checkpoints" and path != out or is_dir and (
+                    path.name == "checkpoint" or os.path.normpath(f"{rel}/config.json") in names):
+                checkpoints.append(path)  # (a file where a checkpoint should be is refused below)
     if checkpoints:
         from evotrainer.policy.model import BadCheckpoint, check_checkpoint
         for c in checkpoints:

@@ -9,6 +9,7 @@ the default written beside it. A kind no class knows reads back as `Unknown`.
 """
 from __future__ import annotations
 
+import uuid
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Callable, ClassVar, Mapping, TypeVar
 
@@ -110,6 +111,19 @@ class RunStarted(Event):
     split_key_digest: str | None = None
     device: str | None = None            # as resolved (cuda, bfloat16)
     executor: str = "local"              # local pool or Ray (runs before it: local)
+    run_id: str | None = None            # new_run_id() (runs before it: None, known by their directory)
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        if self.run_id is None:  # a run from before run ids: its row, written back, is what it was
+            del out["run_id"]
+        return out
+
+
+def new_run_id() -> str:
+    """A run's id: a run made again in a deleted run's directory is another run (its skill
+    outcomes are its own)."""
+    return uuid.uuid4().hex
 
 
 @stored_as("run_finished")

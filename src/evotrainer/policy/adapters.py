@@ -7,14 +7,16 @@
       target_modules: all-linear   # PEFT's names: all-linear (every linear layer but the output head)
                                    # or a list such as [q_proj, v_proj]
 
-Every checkpoint of a LoRA run is an adapter on one base, the run's model (`base`, filled in
-from `model` by the run, never read from a checkpoint: a job writes its checkpoint's files, so
-its adapter_config.json could name any model; nor is the adapter's shape read from there: the
-run's spec is handed to PEFT as the config). Training loads base + adapter with the adapter
-trainable and the base frozen; the evaluator merges the adapter into the base and scores the
-merged model. A KL penalty's reference is the segment's starting policy without a second
-model: the base with the adapter disabled where the adapter is new (its B is zero, so that IS
-the start), else a frozen copy of the starting adapter (adapter-sized), as TRL does.
+Every checkpoint of a LoRA run is an adapter on one base, the run's model (PolicyConfig.base,
+filled in from `model` by the run, never read from a checkpoint: a job writes its checkpoint's
+files, so its adapter_config.json could name any model; nor is the adapter's shape read from
+there: the run's spec is handed to PEFT as the config, and adapter_config.json is only checked
+to be a LoRA adapter's). Of an adapter checkpoint only adapter_model.safetensors is read.
+Training loads base + adapter with the adapter trainable and the base frozen; the evaluator
+merges the adapter into the base and scores the merged model. A KL penalty's reference is
+the segment's starting policy without a second model: the base with the adapter disabled
+where the adapter is new (its B is zero, so that IS the start), else a frozen copy of the
+starting adapter (adapter-sized), as TRL does.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ class LoraSpec:
     alpha: float = 32.0
     dropout: float = 0.0
     target_modules: str | tuple[str, ...] = "all-linear"
-    base: str = ""  # the run's base model directory: every adapter of the run sits on it
+    base: str = ""  # the run's base as `evotrainer evaluate --run` names it (PolicyConfig.base_dir)
 
     def validate(self) -> "LoraSpec":
         if not isinstance(self.rank, int) or self.rank < 1:

@@ -20,6 +20,12 @@ dict, so the policy trains and is judged on the same device, precision and promp
         when it has one (instruction-tuned models expect it); off, or without a template,
         prompts are plain text and the tokenizer adds whatever special tokens it adds
         (a BOS for Llama-style tokenizers, nothing for Qwen's).
+    base: the run's base model directory, filled in by the run (`Runtime.on_base`), never
+        written in a config. Every checkpoint of the run is loaded with the base's model
+        config, generation config, tokenizer and chat template, and only its weights are the
+        checkpoint's: a job writes its checkpoint's files, and a tokenizer or template from
+        there would decide what the evaluator asks and where it stops (policy/model.py,
+        load_policy). Empty where no run is known (library use): a checkpoint is its own base.
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ class PolicyConfig:
     chat_template: bool = True
     weights: str = "fp32"
     lora: LoraSpec | None = None
+    base: str = ""
 
     def validate(self, here: bool = True) -> "PolicyConfig":
         """`here`: the jobs run on this machine, so the device must exist here (with a Ray
@@ -99,9 +106,14 @@ class PolicyConfig:
     def weights_dtype(self) -> torch.dtype:
         return _TORCH_DTYPES[self.weights]
 
+    def base_dir(self) -> str:
+        """The run's base directory, "" where none is known. A LoRA spec's own `base` is what
+        `evotrainer evaluate --run` and older records name; the policy's, where set, is the run's."""
+        return self.base or (self.lora.base if self.lora is not None else "")
+
     def reads(self) -> tuple[str, ...]:
-        """What a job loading a checkpoint under this config reads besides it: a LoRA run's base."""
-        return (self.lora.base,) if self.lora is not None and self.lora.base else ()
+        """What a job loading a checkpoint under this config reads besides it: the run's base."""
+        return (self.base_dir(),) if self.base_dir() else ()
 
     def to_dict(self) -> dict:
         return {**asdict(self), "lora": None if self.lora is None else self.lora.to_dict()}

@@ -1,10 +1,11 @@
 """Policies: any Hugging Face causal LM, and the built-in tiny one.
 
 `load_policy` loads any checkpoint in Hugging Face format (`AutoModelForCausalLM` and
-`AutoTokenizer`): a user's model, or one of ours. The built-in policy, a ~1M-parameter
-Llama-style model with a character tokenizer, is built locally (nothing is downloaded) and
-saved in the same format, so TRL and every transformers-based tool load it too. It is the
-default when a run names no `model`.
+`AutoTokenizer`): a user's model, or one of ours; of a checkpoint a job wrote, only the
+weights, on the run's base (its config, tokenizer, chat template, stop tokens). The built-in
+policy, a ~1M-parameter Llama-style model with a character tokenizer, is built locally
+(nothing is downloaded) and saved in the same format, so TRL and every transformers-based
+tool load it too. It is the default when a run names no `model`.
 """
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
-                          PreTrainedTokenizerFast)
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig,
+                          LlamaForCausalLM, PreTrainedTokenizerFast)
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from evotrainer.errors import UsageError
 from evotrainer.policy.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, attach, is_adapter
 from evotrainer.policy.config import PolicyConfig
+from evotrainer.policy.weights import check_weights  # noqa: F401 (here too; weights.py imports no torch)
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 # Printable ASCII without the vertical whitespace that string.printable also holds.
@@ -80,7 +82,10 @@ class BadCheckpoint(UsageError):
 
 
 # every file save_policy (model and tokenizer .save_pretrained) and the trainer write into a
-# checkpoint; optimizer.pt is the next training segment's (loaded weights-only, never by the evaluator)
+# checkpoint; optimizer.pt is the next training segment's (loaded weights-only, never by the evaluator).
+# The tokenizer, chat template and generation config files stay accepted, so that a checkpoint is a
+# whole Hugging Face model to any tool (save_policy writes the run's base's there), and no process
+# of a run reads them: load_policy takes those from the run's base (docs/sandbox.md)
 WRITTEN = re.compile(r"(config|adapter_config|generation_config|tokenizer|tokenizer_config|special_tokens_map|added_tokens|vocab)"
                      r"\.json|(adapter_)?model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json|merges\.txt|"
                      r"vocab\.txt|tokenizer\.model|chat_template\.(jinja|json)|optimizer\.pt")
@@ -95,7 +100,10 @@ def check_checkpoint(path: Path | str, written: bool = False) -> None:
     links lead into its repository's blobs/), weights in *.safetensors, a config.json that is
     a JSON object naming a model_type. `written`: a job wrote it (harness code ran there), so
     it must be exactly what save_policy writes: no links at all, no subdirectory, none but the
-    expected files, no pickled weights, a causal LM's config without custom code."""
+    expected files, no pickled weights, a causal LM's config without custom code.
+
+    Whole weights with an adapter_config.json beside them are refused: transformers would load
+    an adapter from there onto them (or, without a config.json, the model the file names)."""
     path = Path(path)
     if path.is_symlink() and written:
         raise BadCheckpoint(f"checkpoint '{path}' is a symbolic link")
@@ -135,6 +143,9 @@ def check_checkpoint(path: Path | str, written: bool = False) -> None:
         if not isinstance(shard, str) or "/" in shard or not (path / shard).is_file():
             raise BadCheckpoint(f"checkpoint '{path}': its index names {_shown(shard)}, not a file of the checkpoint")
     adapter = (path / ADAPTER_WEIGHTS).is_file()
+    if not adapter and os.path.lexists(path / ADAPTER_CONFIG):
+        raise BadCheckpoint(f"checkpoint '{path}' holds whole weights and an {ADAPTER_CONFIG} "
+                            "(transformers would load an adapter from it)")
     config = path / (ADAPTER_CONFIG if adapter else "config.json")
     try:
         if config.stat().st_size > MAX_CONFIG_BYTES:
@@ -199,6 +210,15 @@ def load_policy(path: Path | str, cfg: PolicyConfig | None = None, trainable: bo
     `path` holds, or (`path` is the base) a new one where the model is to be `trainable`;
     for the evaluator (not trainable) the adapter is merged into the base.
 
+    Only the weights are the checkpoint's. The model config, the generation config (the stop
+    tokens), the tokenizer and its chat template are the run's base's (`cfg.base_dir()`), for
+    the evaluator and for training alike: a job writes its checkpoint's files, and a chat
+    template is a program over every prompt it renders, held-out ones included; a generation
+    config decides where completions stop. A checkpoint's config.json is not read (the
+    architecture is the base's; check_checkpoint parses it as plain JSON, no more), nor are
+    its tokenizer, template and generation files. Where no base is known (library use,
+    `evotrainer evaluate --model DIR`) the checkpoint is its own base.
+
     The tokenizer pads on the left (generation appends on the right) and, if it has no
     pad token, pads with its end token (as TRL does); pads are always masked out."""
     path = Path(path)
@@ -208,30 +228,51 @@ def load_policy(path: Path | str, cfg: PolicyConfig | None = None, trainable: bo
         raise BadCheckpoint(f"checkpoint '{path}' is a LoRA adapter: load it under the run's lora config "
                             "(its base is the run's model)")
     if not (path / "config.json").exists() and not is_adapter(path):
-        raise UsageError(f"no checkpoint at '{path}' (expected config.json and model weights; "
-                         "run `evotrainer pretrain` or pass --model PATH to a checkpoint)")
+        raise BadCheckpoint(f"no checkpoint at '{path}' (expected config.json and model weights; "
+                            "run `evotrainer pretrain` or pass --model PATH to a checkpoint)")
     # a checkpoint a worker wrote is data from harness code: weights load only from safetensors,
     # no file it links out to is read, and no code named in its config ever runs (a job's
     # checkpoints were also checked, strictly, when it ended: executors.worker)
     check_checkpoint(path)
-    weights_from = path
-    if lora is not None:
-        base = Path(lora.base)
-        if not lora.base:
-            raise UsageError("lora: the run's base model is not set (lora.base)")
-        if not is_adapter(path) and path.resolve() != base.resolve():
-            # a job of a LoRA run writes adapters; full weights in its place would escape the adapter
-            raise BadCheckpoint(f"checkpoint '{path}' holds whole weights, but this run trains LoRA adapters on {base}")
+    if lora is not None and not cfg.base_dir():
+        raise UsageError("lora: the run's base model is not set (lora.base)")
+    base = Path(cfg.base_dir() or path)
+    own = path.resolve() == base.resolve()
+    if lora is not None and not is_adapter(path) and not own:
+        # a job of a LoRA run writes adapters; full weights in its place would escape the adapter
+        raise BadCheckpoint(f"checkpoint '{path}' holds whole weights, but this run trains LoRA adapters on {base}")
+    if not own:
         check_checkpoint(base)
-        weights_from = base
-    model = AutoModelForCausalLM.from_pretrained(weights_from, dtype=cfg.weights_dtype(), trust_remote_code=False,
-                                                 use_safetensors=True)
+    model = weights_on_base(base if lora is not None else path, base, cfg)
     if lora is not None and (trainable or is_adapter(path)):
         model = attach(model, lora, path, trainable)
     model = model.to(cfg.resolved_device())
-    tok = AutoTokenizer.from_pretrained(path if (path / "tokenizer_config.json").is_file() else weights_from,
-                                        trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(base, trust_remote_code=False)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return model, tok
+
+
+def weights_on_base(weights_from: Path, base: Path, cfg: PolicyConfig):
+    """The base's model with `weights_from`'s weights. transformers is handed the base's config
+    and generation config, so it reads neither from `weights_from` (a config there could name
+    other weight files, `transformers_weights`, or custom code, `auto_map`): it reads the
+    weights, model.safetensors or the shards its index lists, and nothing else there."""
+    kw = dict(dtype=cfg.weights_dtype(), trust_remote_code=False, use_safetensors=True)
+    if weights_from.resolve() == base.resolve():
+        return AutoModelForCausalLM.from_pretrained(base, **kw)
+    config = AutoConfig.from_pretrained(base, trust_remote_code=False)
+    # its name stays `weights_from`: TRL builds its KL reference by loading the model from its name,
+    # and that reference is the segment's start (and its colocated vLLM loads from there too)
+    return AutoModelForCausalLM.from_pretrained(weights_from, config=config,
+                                                generation_config=base_generation_config(base, config), **kw)
+
+
+def base_generation_config(base: Path, config) -> GenerationConfig:
+    """The base's generation config; one made from its model config where it has none (as
+    transformers' own load does)."""
+    try:
+        return GenerationConfig.from_pretrained(base)
+    except OSError:
+        return GenerationConfig.from_model_config(config)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from evotrainer.diagnostics.evidence_view import Evidence
 from evotrainer.diagnostics.health import load_evidence
+from evotrainer.jobfiles import BadOutput
 from evotrainer.diagnostics.load import harness_diagnostics
 from evotrainer.evolve import history
 from evotrainer.evolve.progress import seed_metrics
@@ -125,9 +126,10 @@ def diagnostics_over_time(runs: dict[str, Path], windows: int = WINDOWS) -> list
     diags = {n: d for n, d in harness_diagnostics(None).items() if d.scope == "last" and (d.warn is not None or d.critical is not None)}
     points: dict[str, dict[str, list[tuple[int, float]]]] = {n: {} for n in diags}
     for name, d in runs.items():
-        if not (d / "evidence.jsonl").exists():
+        try:  # a refused trial's (bad_output) evidence is left out, not read
+            ev: Evidence = load_evidence(d)
+        except BadOutput:
             continue
-        ev: Evidence = load_evidence(d)
         steps = ev.step_numbers
         if not steps:
             continue

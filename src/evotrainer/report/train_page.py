@@ -8,9 +8,9 @@ diagnostics only (trusted code): a directory from elsewhere holds no harness to 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from evotrainer import jobfiles
 from evotrainer.diagnostics.evidence_view import Evidence, mean, std
 from evotrainer.diagnostics.health import health_of, load_evidence
 from evotrainer.harness.filters import DEAD_STD
@@ -35,7 +35,7 @@ def step_curve(name: str, ev: Evidence) -> Curve:
 
 
 def glance(d: Path, health: dict) -> str:
-    meta = json.loads((d / "run.json").read_text()) if (d / "run.json").is_file() else {}
+    meta = jobfiles.read_json(d, "run.json") if jobfiles.exists(d, "run.json") else {}
     rows = [("directory", str(d)), ("written by", meta.get("source", "evotrainer train")),
             ("model", meta.get("model") or meta.get("base")), ("reward functions", meta.get("reward_funcs")),
             ("verifier score", meta.get("score")), ("group size", meta.get("group_size")),

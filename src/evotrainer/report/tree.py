@@ -13,7 +13,7 @@ from typing import Sequence
 from evotrainer.report.gather import Version
 
 COLORS = {"in flight": "#1f77b4", "kept": "#2ca02c", "discarded": "#7f7f7f", "invalid": "#d62728", "crash": "#ff7f0e",
-          "timeout": "#ff7f0e", "oom": "#ff7f0e", "backtest_rejected": "#9467bd", "illegal": "#8c564b"}
+          "timeout": "#ff7f0e", "oom": "#ff7f0e", "bad_output": "#ff7f0e", "backtest_rejected": "#9467bd", "illegal": "#8c564b"}
 BOX_W, BOX_H, COL, ROW = 200, 38, 240, 50
 
 

@@ -20,9 +20,10 @@ Each job is still alone in its own sandbox, built exactly as for a cold job (ins
                       takes the job's environment, and runs its `python -m MODULE`
 
 What holds for a cold job holds here: the job sees only its root, no network, no other
-process; it is nobody (or capability-less); it dies with the wrapper (parent-death signal),
-the wrapper with the server, the server when the controller's end of its socket closes
-(the controller died), and every process in the job's namespace with the job.
+process; it is a user of its own (or capability-less); it dies with the wrapper
+(parent-death signal), the wrapper with the server, the server when the controller's end of
+its socket closes (the controller died), and every process in the job's namespace with the
+job. The server reads each job's spec from a directory only the controller writes.
 
 Linux only (fork, namespaces); the controller side (`Server`) falls back to cold jobs where
 the server cannot start.

@@ -114,14 +114,16 @@ def _point(target: str, is_dir: bool) -> None:
 
 # --- idmapped binds: the new mount API -------------------------------------------------------
 
-_userns_fds: dict[tuple[int, int], int] = {}
+_userns_fds: dict[tuple[int, ...], int] = {}
 
 
-def _userns(uid: int, gid: int) -> int:
-    """A user namespace in which uid/gid are nobody: as a bind's idmap, the files that owner owns
-    read as nobody's (their modes unchanged). A child process holds it while we open it."""
-    if (uid, gid) in _userns_fds:
-        return _userns_fds[(uid, gid)]
+def _userns(uid: int, gid: int, to_uid: int, to_gid: int) -> int:
+    """A user namespace in which uid/gid are to_uid/to_gid (the job's user): as a bind's idmap,
+    the files that owner owns read as the job's (their modes unchanged). A child process holds
+    it while we open it."""
+    ids = (uid, gid, to_uid, to_gid)
+    if ids in _userns_fds:
+        return _userns_fds[ids]
     ready_r, ready_w = os.pipe()
     done_r, done_w = os.pipe()
     pid = os.fork()
@@ -136,15 +138,15 @@ def _userns(uid: int, gid: int) -> int:
     try:
         if os.read(ready_r, 1) != b"1":
             raise OSError(errno.EPERM, "cannot create a user namespace for an idmapped bind")
-        for name, inner in (("uid_map", uid), ("gid_map", gid)):
+        for name, inner, outer in (("uid_map", uid, to_uid), ("gid_map", gid, to_gid)):
             with open(f"/proc/{pid}/{name}", "w") as f:
-                f.write(f"{inner} 65534 1\n")
-        _userns_fds[(uid, gid)] = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+                f.write(f"{inner} {outer} 1\n")
+        _userns_fds[ids] = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     finally:
         os.close(done_w)
         os.close(ready_r)
         os.waitpid(pid, 0)
-    return _userns_fds[(uid, gid)]
+    return _userns_fds[ids]
 
 
 def _clone(fd: int) -> int:
@@ -160,7 +162,8 @@ def _clone(fd: int) -> int:
 
 
 def _read_only(tree: int, owner: list[int] | None) -> None:
-    """Make a detached tree read-only, and idmapped where `owner` ([uid, gid]) is given."""
+    """Make a detached tree read-only, and idmapped where `owner` ([uid, gid, job uid, job
+    gid]: the owner's files shown as the job's) is given."""
     attr = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_IDMAP if owner else 0)
     buf = ctypes.create_string_buffer(struct.pack("QQQQ", attr, 0, 0, _userns(*owner) if owner else 0))
     _check(_libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH | AT_RECURSIVE, buf, ctypes.c_size_t(32)),
@@ -175,8 +178,8 @@ def _attach(tree: int, target: str) -> None:
 # --- the job's root -------------------------------------------------------------------------
 
 def _bind(fd: int, target: str, how) -> None:
-    """Bind what `fd` opened at `target`: "ro"/"rw", [uid, gid] (read-only, idmapped), or as it
-    is ("proc", "dev": /proc and device nodes keep their own flags)."""
+    """Bind what `fd` opened at `target`: "ro"/"rw", [uid, gid, job uid, job gid] (read-only,
+    idmapped), or as it is ("proc", "dev": /proc and device nodes keep their own flags)."""
     _point(target, stat.S_ISDIR(os.fstat(fd).st_mode))
     if isinstance(how, list):
         tree = _clone(fd)
@@ -312,8 +315,8 @@ CAP_VERSION_3 = 0x20080522
 
 def drop_privileges(spec: dict, last_cap: int) -> None:
     """What `setpriv` does for a cold job (main above), in this process: with namespaces every
-    capability gone (bounding, ambient, inheritable, permitted, effective), then nobody's user
-    and no groups where the controller is root; no_new_privs; death with the parent, set again
+    capability gone (bounding, ambient, inheritable, permitted, effective), then the job's own
+    user and no groups where the controller is root; no_new_privs; death with the parent, set again
     after the change of user, which clears it."""
     if spec["mounts"]:
         for cap in range(last_cap + 1):
@@ -336,7 +339,7 @@ def can_idmap(path: str) -> None:
     st = os.stat(path)
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        _read_only(_clone(fd), [st.st_uid, st.st_gid])
+        _read_only(_clone(fd), [st.st_uid, st.st_gid, 65534, 65534])
     except OSError as e:
         print(e, file=sys.stderr)
         sys.exit(1)

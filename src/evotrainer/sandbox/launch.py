@@ -11,10 +11,11 @@ Isolation levels, probed once per process (`probe()`):
                 built for it (`view()`): the Python environment, the system's own files,
                 its declared inputs read-only, its declared outputs writable, a private /tmp
                 and nothing else (no home, no working directory, no other run, no other
-                version of this run). An unprivileged user (nobody when we are root, else a
-                user namespace whose capabilities are dropped) with no_new_privs; resource
-                limits; an empty environment. The job is PID 1 of its namespace, so killing it
-                kills everything it started (setsid() included), and it dies with the controller.
+                version of this run). An unprivileged user (a uid of its own when we are
+                root, users.py; else a user namespace whose capabilities are dropped) with
+                no_new_privs; resource limits; an empty environment. The job is PID 1 of its
+                namespace, so killing it kills everything it started (setsid() included), and
+                it dies with the controller.
     limits      where namespaces are unavailable (a container that forbids them, macOS):
                 resource limits, an empty environment, no_new_privs where setpriv exists, its
                 own process group, death with the controller on Linux. No filesystem or network
@@ -30,7 +31,6 @@ import functools
 import glob
 import json
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -71,16 +71,17 @@ CHOICES = ("auto", *(i.value for i in Isolation))
 @dataclass(frozen=True)
 class Limits:
     """Per-job resource limits (setrlimit; a job cannot raise them again). Memory is also
-    watched by resident size over the job's whole process tree (executors.worker), since an
-    address-space limit breaks CUDA, which reserves far more than it uses."""
+    watched by resident size over the job's whole process tree, with what its private /tmp
+    and /dev/shm hold (executors.worker), since an address-space limit breaks CUDA, which
+    reserves far more than it uses."""
     cpu_s: int | None = None          # CPU seconds, all threads together (None: from the deadline)
-    # threads count too, and as nobody the count is the whole uid's on the machine: torch and
-    # OpenMP start about two per core in each worker, and a GPU node runs several workers
+    # threads count too (torch and OpenMP start about two per core), the job's own: each job
+    # is a uid of its own (users.py), or in a user namespace of its own
     processes: int = 4096
     file_mb: int = 65536              # largest file the job may write (a real model's shard is ~5 GB)
     open_files: int = 4096
     address_mb: int | None = None     # virtual memory; set it for CPU-only jobs such as programs
-    tmp_mb: int = 1024                # the private /tmp and /dev/shm (memory-backed)
+    tmp_mb: int = 1024                # the private /tmp and /dev/shm, each (memory: counted as the job's)
 
     def rlimits(self) -> dict[str, int | None]:
         mb = 2 ** 20
@@ -91,14 +92,16 @@ class Limits:
 
 @dataclass(frozen=True)
 class Jail:
-    """What one job may reach: the paths it reads and writes (besides the Python environment
-    and the system's files, which every job reads), its limits and its environment."""
+    """What one job may reach: the paths it reads and writes (each a whole path, never cut at
+    its punctuation; besides the Python environment and the system's files, which every job
+    reads), its limits, its environment, and who it is."""
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     env: dict = field(default_factory=dict)
     reveal: tuple[str, ...] = ()  # concealed paths this job may see after all (the evaluator's data)
     hide: tuple[str, ...] = ()    # paths hidden from this job alone (conceal: from every job)
+    user: int | None = None       # its uid where we are root at `namespaces` (users.lease); None: nobody
 
 
 _concealed: set[str] = set()
@@ -170,23 +173,27 @@ def describe(level: Isolation) -> str:
     return "WARNING: none (sandbox: none): untrusted code runs with the controller's rights"
 
 
-def paths_in(value, cwd: Path | None = None) -> set[str]:
-    """Existing paths named anywhere in `value` (task specs such as
-    'jsonl:/data/x.jsonl?max_new_tokens=8' included): what a job whose Call declares no
-    `reads` reads, and a caller's way to name the files a task spec stands for."""
+def declared_paths(reads, cwd: Path | None = None) -> set[str]:
+    """The existing paths among `reads` (a Call's declared inputs), each taken whole and made
+    absolute: exactly what the job reads. A string that is no existing path names nothing
+    (a task spec is never one: its caller declares the task's files, Task.files)."""
     cwd = Path(cwd or os.getcwd())
-    out: set[str] = set()
+    return {str((cwd / p).absolute()) for p in map(str, reads) if p and (cwd / p).exists()}
+
+
+def named_paths(value, cwd: Path | None = None) -> set[str]:
+    """The existing paths that `value` (a job's arguments: lists, dicts and their keys,
+    strings) holds whole, each with a '/' in it: what a job whose Call declares no `reads`
+    reads. A string is a path as a whole or not at all: never a prefix of it (`/data/exp` of
+    '/data/exp=2/t.jsonl', which would show the job a directory beside its own)."""
+    cwd = Path(cwd or os.getcwd())
     if isinstance(value, dict):  # keys too: the evaluator's jobs are {checkpoint: splits}
-        for k, v in value.items():
-            out |= paths_in(k, cwd) | paths_in(v, cwd)
-    elif isinstance(value, (list, tuple, set, frozenset)):
-        for v in value:
-            out |= paths_in(v, cwd)
-    elif isinstance(value, (str, Path)) and ("/" in str(value) or os.sep in str(value)):
-        for part in {str(value), *re.split(r"[:?=,;&]", str(value))}:
-            if part and (cwd / part).exists():
-                out.add(str((cwd / part).absolute()))
-    return out
+        return set().union(*(named_paths(k, cwd) | named_paths(v, cwd) for k, v in value.items()))
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return set().union(*(named_paths(v, cwd) for v in value))
+    if isinstance(value, (str, Path)) and ("/" in str(value) or os.sep in str(value)):
+        return declared_paths([value], cwd)
+    return set()
 
 
 def _environment_paths(outputs=()) -> set[str]:
@@ -284,29 +291,31 @@ def _idmap_refused(path: str) -> str:
     return _idmappable[dev]
 
 
-def _owner_map(path: str, root: bool) -> list[int] | None:
-    """For an input nobody cannot read while we are root: [uid, gid] of its owner, whom an
-    idmapped bind shows to the job as nobody (the files' modes stay as they are). None when
+def _owner_map(path: str, user: int | None) -> list[int] | None:
+    """For an input the job's `user` (None: we are not root, the job reads as we do) cannot
+    read by its mode: [uid, gid] of its owner, then the job's, for an idmapped bind that shows
+    the owner's files as the job's (read-only; the files' modes stay as they are). None when
     the job reads it as it is."""
-    if not root or not _unreadable_by_others(path):
+    if user is None or not _unreadable_by_others(path):
         return None
     st = os.stat(path)
-    if st.st_uid == NOBODY:
+    if st.st_uid == user:
         return None
     why = _idmap_refused(path)
     if why:
-        raise UsageError(f"sandboxed jobs run as nobody (evotrainer runs as root here) and cannot read '{path}', "
-                         f"and its filesystem refuses an idmapped bind that would let them ({why}): make it "
+        raise UsageError(f"sandboxed jobs run as users of their own (evotrainer runs as root here) and cannot read "
+                         f"'{path}', and its filesystem refuses an idmapped bind that would let them ({why}): make it "
                          "readable by others (chmod -R o+rX), or run as a non-root user")
-    return [st.st_uid, st.st_gid]
+    return [st.st_uid, st.st_gid, user, user]
 
 
-def view(read, write=(), root: bool = False, cwd: Path | None = None) -> dict:
+def view(read, write=(), user: int | None = None, cwd: Path | None = None) -> dict:
     """What a job's root holds besides its tmpfs mounts: binds [[path, how], ...] (how: "rw",
-    "ro", or [uid, gid]: read-only, idmapped so that this owner reads as nobody), the links on
-    the way to them, and the devices: the system's files, the Python environment and the
-    devices every job has, and its own `read` and `write`. Paths are bound at their real location, outer first; a
-    read path inside another read path of the same kind is not bound again."""
+    "ro", or [uid, gid, job uid, job gid]: read-only, idmapped so that this owner reads as the
+    job's `user`), the links on the way to them, and the devices: the system's files, the
+    Python environment and the devices every job has, and its own `read` and `write`, each
+    a whole path. Paths are bound at their real location, outer first; a read path inside
+    another read path of the same kind is not bound again."""
     cwd = Path(cwd or os.getcwd())
     binds: dict[str, object] = {}
     links: dict[str, str] = {}
@@ -327,7 +336,7 @@ def view(read, write=(), root: bool = False, cwd: Path | None = None) -> dict:
         if how == "read" and any(carried(real, q) and binds[q] == "ro" for q in binds):
             return  # the system's files or the environment hold it already
         if os.path.exists(real) and not _holds_scratch(real) and real not in binds:
-            binds[real] = how if how != "read" else (_owner_map(real, root) or "ro")
+            binds[real] = how if how != "read" else (_owner_map(real, user) or "ro")
             if "/snapshots/" in real:  # a Hugging Face cache snapshot links into the repo's blobs/
                 add(real.split("/snapshots/")[0], how)
 
@@ -364,9 +373,8 @@ def _masks(jail: Jail) -> list[str]:
 
 def command(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: Path | None = None,
             timeout_s: float | None = None) -> tuple[list[str], dict[str, str] | None]:
-    """(argv, env) to start `argv` as a sandboxed job at `level`. `job_dir` (the job's own
-    files: its spec, arguments and result) is writable. With Isolation.NONE it is the plain
-    command in the caller's environment."""
+    """(argv, env) to start `argv` as a sandboxed job at `level`, its spec in `job_dir`
+    (prepare). With Isolation.NONE it is the plain command in the caller's environment."""
     if level is Isolation.NONE:  # trusted, but still dies with its caller (a Ray worker cancelled with force)
         setpriv = shutil.which("setpriv") if sys.platform == "linux" else None
         return ([setpriv, "--pdeathsig", "KILL", *argv] if setpriv else argv), None
@@ -381,30 +389,44 @@ def command(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: P
 def prepare(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: Path | None = None,
             timeout_s: float | None = None) -> dict:
     """The spec of a job at `level` (NAMESPACES or LIMITS), written to job_dir/sandbox.json for
-    the sandbox's first process (inside.py) and returned: its root (binds, links, devices,
-    masks), limits, user and environment. Its output directories are made, and, where the
-    job runs as nobody, given to nobody."""
+    the sandbox's first process (inside.py, the fork server's wrapper) and returned: its root
+    (binds, links, devices, masks), limits, user and environment. `job_dir` is the
+    controller's: the job never writes it (nor sees it, but for what `jail.read` names), so
+    no process of any job can rewrite the spec that root reads. Its output directories are
+    made and, where the job has a user of its own, given to it."""
     cwd = Path(cwd or os.getcwd()).resolve()
     env = job_env(jail.env)
     limits = jail.limits.rlimits()
     if limits["RLIMIT_CPU"] is None and timeout_s:
         # the deadline kills on wall time; this stops a job that escaped it, with room for every core
         limits["RLIMIT_CPU"] = int(timeout_s * (os.cpu_count() or 1)) + 60
-    write = sorted({str(Path(p).resolve()) for p in (*jail.write, job_dir)})
+    write = sorted({str(Path(p).resolve()) for p in jail.write})
     for p in write:
         Path(p).mkdir(parents=True, exist_ok=True)
     mounts = level is Isolation.NAMESPACES
-    root = os.geteuid() == 0 and mounts
-    if root:  # the job runs as nobody: its output directories must be its own
+    user = (NOBODY if jail.user is None else jail.user) if os.geteuid() == 0 and mounts else None
+    if user is not None:  # its output directories, and what they hold, must be its own
         for p in write:
-            os.chown(p, NOBODY, NOBODY)
+            _give(p, user)
+        if user != NOBODY:  # no account owns it: what getpass.getuser() and libraries ask first
+            env |= {"USER": "evotrainer-job", "LOGNAME": "evotrainer-job"}
     spec = {"argv": argv, "env": env, "cwd": str(cwd), "tmp_mb": jail.limits.tmp_mb, "limits": limits,
-            "uid": NOBODY if root else None, "gid": NOBODY if root else None, "setpriv": shutil.which("setpriv"),
-            "mounts": mounts, "mask": _masks(jail)}
+            "uid": user, "gid": user, "setpriv": shutil.which("setpriv"), "mounts": mounts, "mask": _masks(jail)}
     if mounts:
-        spec |= view(jail.read, write, root, cwd)
-    (job_dir / "sandbox.json").write_text(json.dumps(spec))
+        spec |= view(jail.read, write, user, cwd)
+    fd = os.open(job_dir / "sandbox.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with open(fd, "w") as f:
+        json.dump(spec, f)
     return spec
+
+
+def _give(path: str, user: int) -> None:
+    """Make `path` and everything under it `user`'s (links themselves, never what they lead
+    to): a job resumed in a directory an earlier job (another uid) wrote."""
+    os.lchown(path, user, user)
+    for top, dirs, files in os.walk(path):  # links are not followed
+        for name in dirs + files:
+            os.lchown(os.path.join(top, name), user, user)
 
 
 def record(level: Isolation) -> dict:

@@ -70,7 +70,7 @@ if TYPE_CHECKING:
 STATUSES = ("passed", "failed", "syntax_error", "runtime_error", "timeout", "memory")
 RESULT_CAP = 8 * 2**20   # bytes of result lines one program may send (past it: killed, runtime_error)
 FILE_MB = 4              # largest file a program may write (in the sandbox, only its private /tmp)
-PROCESSES = 64           # RLIMIT_NPROC of a program (counted over its user: it cannot fork-bomb)
+PROCESSES = 64           # RLIMIT_NPROC of a program (counted over its batch's own user: it cannot fork-bomb)
 OPEN_FILES = 256
 ERROR_CHARS = 300
 DRIVER_SLACK_S = 10.0    # the caller's deadline past the programs' own: sandbox start, reporting
@@ -159,7 +159,8 @@ def _run_batch(programs: list[Program], timeout_s: float, memory_mb: int, level:
                hide: tuple[str, ...]) -> list[Outcome]:
     """One sandboxed driver for `programs`, one at a time inside it."""
     # imported here: this file also runs as the driver, without our package on its path
-    from evotrainer.sandbox.launch import Jail, Limits, command, job_env
+    from evotrainer.sandbox import users
+    from evotrainer.sandbox.launch import Isolation, Jail, Limits, command, job_env
     budget = len(programs) * timeout_s + DRIVER_SLACK_S / 2  # the driver stops starting programs past it
     deadline = len(programs) * timeout_s + DRIVER_SLACK_S
     batch = {"timeout_s": timeout_s, "memory_mb": memory_mb, "budget_s": budget,
@@ -170,14 +171,12 @@ def _run_batch(programs: list[Program], timeout_s: float, memory_mb: int, level:
         json.dumps([p.expected for p in programs])
     except (TypeError, ValueError) as e:
         raise ValueError(f"program cases and expected values must be JSON data: {e}") from None
-    job_dir = Path(tempfile.mkdtemp(prefix="evotrainer-programs-"))
+    job_dir = Path(tempfile.mkdtemp(prefix="evotrainer-programs-"))  # its spec: ours, out of its reach
+    user = users.lease() if level is Isolation.NAMESPACES and os.geteuid() == 0 else None  # a uid of its own
     try:
-        os.chmod(job_dir, 0o755)  # the sandbox's user (nobody, when we are root) reads its spec here
         argv, env = command([sys.executable, "-I", "-S", str(Path(__file__).resolve())],
-                            Jail(limits=Limits(tmp_mb=64), hide=tuple(hide)), level, job_dir, cwd=job_dir,
-                            timeout_s=deadline)
-        if os.geteuid() == 0:
-            os.chown(job_dir, 0, 0)  # command() gave it to the job; the driver writes nothing there
+                            Jail(limits=Limits(tmp_mb=64), hide=tuple(hide), user=None if user is None else user.uid),
+                            level, job_dir, cwd=job_dir, timeout_s=deadline)
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 cwd=job_dir, env=env if env is not None else job_env(), start_new_session=True)
         try:
@@ -192,6 +191,8 @@ def _run_batch(programs: list[Program], timeout_s: float, memory_mb: int, level:
                     for p in programs]
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)
+        if user is not None:
+            user.release()
     try:
         return _parse(out, programs, timeout_s)
     except (ValueError, TypeError, KeyError) as e:

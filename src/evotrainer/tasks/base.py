@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from evotrainer.tasks.spec import spec_files
+
 SPLIT_SEEDS = {"val": 10_000_001, "test": 20_000_002}  # train streams use the run's seed
 SPLITS = ("val", "test")
 HELD_OUT_SHARE = 4  # one problem in four belongs to the held-out pool (256 divides evenly)
@@ -156,6 +158,14 @@ class Task(ABC):
     def data_files(self) -> tuple[str, ...]:
         """Files that hold held-out problems (a JSONL task's rows): hidden from harness code."""
         return ()
+
+    def files(self, spec: str | None = None) -> tuple[str, ...]:
+        """The files a job that rebuilds this task from `spec` reads (this task's own spec, or
+        a train view of it): those the spec names as paths (tasks/spec.py `spec_files`: a
+        JSONL file, a factory's .py file, an environment's rows), what the job's Call
+        declares in `reads`. The spec itself is never handed to the sandbox: a string cut
+        at its punctuation would name a directory beside the file, or no file at all."""
+        return spec_files(self.spec if spec is None else spec)
 
     def _draw_unique(self, rng, level, n, exclude) -> list[Problem]:
         out, seen, tries = [], set(exclude), 0

@@ -37,6 +37,7 @@ from evotrainer.tasks.base import (
     budget_from_answers,
     pool_digest,
 )
+from evotrainer.tasks.spec import canonical
 from evotrainer.tasks.verifiers import VERIFIERS, answer_problem
 
 ROW_SPLITS = ("train",) + SPLITS
@@ -107,7 +108,9 @@ class JsonlTask(Task):
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
         tmp.replace(out)  # whole or not at all: a worker may be reading the last one
-        return f"jsonl:{out}?max_new_tokens={self.max_new_tokens}&rows=train&verifier={self.config.verifier}"
+        # canonical: a directory whose name holds '?' or '%' (a run named `lr=1e-5?b`) is escaped
+        return canonical(f"jsonl:{out}", {"max_new_tokens": self.max_new_tokens, "rows": "train",
+                                          "verifier": self.config.verifier})
 
     def _check_target(self, path: Path) -> None:
         """The target level needs rows to train on and to validate and test with."""

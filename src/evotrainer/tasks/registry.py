@@ -9,12 +9,15 @@ exactly what its caller loaded, never whatever some earlier import happened to r
 """
 from __future__ import annotations
 
+import importlib.metadata
+import os
 from dataclasses import dataclass
 from typing import Callable
 
 from evotrainer.errors import UsageError, unknown
 from evotrainer.registry import Registry
 from evotrainer.tasks.base import Task
+from evotrainer.tasks import user
 from evotrainer.tasks.spec import GENERIC_KEYS, Spec, canonical, parse_spec
 
 
@@ -128,7 +131,6 @@ def _family(s: Spec, level: int | None, builtins: Registry[Builtin], families: R
         query["verifier"] = task.config.verifier  # explicit, and the path absolute
         query["rows"] = None if task.config.rows == "all" else task.config.rows
         return task, f"jsonl:{task.config.path}", query
-    from evotrainer.tasks import user
     s.check_keys(GENERIC_KEYS)
     if ":" in base:
         factory, base = user.file_target(base) if user.is_file_spec(base) else user.module_target(base)
@@ -139,3 +141,26 @@ def _family(s: Spec, level: int | None, builtins: Registry[Builtin], families: R
             forms += [families.get(n).form for n in families.names()] if families is not None else []
             raise unknown("task", base, forms + user.entry_point_names())
     return user.build(factory, level, base), base, query
+
+
+def user_code_files(spec: str) -> tuple[str, ...]:
+    """The files whose bytes make the task a canonical spec names where its code is the user's:
+    a `file.py:Factory`'s file, a `module:Factory`'s or an entry point's module (a package: all
+    its .py files); an environment family's (`trl-env:module:Class`) likewise. Nothing for a
+    built-in task or a data file's (this package's code: a cache key holds its digest). A key
+    that holds these changes when the user edits their task under the same spec."""
+    base = parse_spec(spec).base
+    head, colon, rest = base.partition(":")
+    if colon and head in ("rg", "jsonl"):
+        return ()
+    if colon and head in FAMILIES.names():
+        base = rest  # a family names a factory the way a user task does, or a name of its own
+    if ":" not in base:
+        found = importlib.metadata.entry_points(group=user.ENTRY_POINT_GROUP).select(name=base)
+        return user.module_files(next(iter(found)).module) if found else ()
+    left, _, attr = base.rpartition(":")
+    if not left or not attr:
+        return ()
+    if user.is_file_spec(base):
+        return (left,) if os.path.isfile(left) else ()
+    return user.module_files(left)

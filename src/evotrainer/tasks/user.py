@@ -14,6 +14,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from evotrainer.errors import UsageError
@@ -74,6 +75,23 @@ def file_target(base: str) -> tuple[Callable[..., Any], str]:
             del sys.modules[name]
             raise UsageError(f"cannot import task file {path}: {one_line(e)}") from e
     return _attr(mod, attr, base, path), f"{path}:{attr}"
+
+
+def module_files(module: str) -> tuple[str, ...]:
+    """A module's source file, or every .py file under a package's directory, found without
+    importing it (`find_spec` gives an imported module's own); () where there is none."""
+    if not all(part.isidentifier() for part in module.split(".")):
+        return ()
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a parent package that fails to import, or no spec
+        return ()
+    if found is None:
+        return ()
+    if found.submodule_search_locations:
+        return tuple(sorted(str(f) for d in found.submodule_search_locations for f in Path(d).rglob("*.py")
+                            if "__pycache__" not in f.parts))
+    return (found.origin,) if found.origin and os.path.isfile(found.origin) else ()
 
 
 def entry_point_names() -> list[str]:

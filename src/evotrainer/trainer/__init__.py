@@ -1,7 +1,9 @@
 """What trains: a harness's segment of GRPO on a policy, in a worker process.
 
     jobs.py         the worker entry points (train_segment, train_schedule) and what their
-                    callers hand them (handed_draws, the seeds) and read back (saved_checkpoints)
+                    callers hand them (handed_draws, the seeds)
+    outputs.py      what a job leaves, vetted before the trusted side reads or keeps it
+                    (the run's checkpoint schedule, the records' shapes, the log kept beside it)
     run.py          `evotrainer train`: one segment in a worker, then the evaluator
     pretrain.py     the cached SFT base of the built-in model
     backends.py     who trains a segment: the registry (embedded, trl) and its refusals

@@ -7,7 +7,7 @@ training problems as indices, `handed_draws`, and the task's view without held-o
 `Task.train_view`): it trains, and writes to OUT run.json (task, seed,
 group size and token budget the evidence was sampled under), checkpoint/ (Hugging Face
 format, plus optimizer.pt: AdamW's state, which the next segment continues), checkpoints/step-N
-every `eval_every` steps (`saved_checkpoints`), metrics.jsonl (one line per step),
+every `eval_every` steps (the run's schedule: outputs.scheduled_checkpoints), metrics.jsonl (one line per step),
 evidence.jsonl (one line per rollout) and harness/ (a copy of the harness that ran).
 `train_schedule` runs several segments in a row, as the final comparison retrains a winner.
 
@@ -104,6 +104,8 @@ def _segment(rank: int, task: str, level: int | None, harness: str, base: str, o
     h = load_harness(harness)
     if rank == 0:
         shutil.copytree(h.path, out_dir / "harness", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    # the weights of `base` (the run's base or the parent's checkpoint) on the run's base: its config,
+    # tokenizer, chat template and stop tokens, never the parent job's files (rt.policy.base, Runtime.on_base)
     model, tok = load_policy(base, rt.policy, trainable=True)
     t = get_task(task, level)
     if draws is not None:
@@ -167,8 +169,3 @@ def train_schedule(task: str, level: int | None, harnesses: list[str], base: str
                       None if draws is None else draws[d - 1], eval_every)
         start = str(seg / "checkpoint")
     return {"last": str(Path(out) / f"segment-{len(harnesses)}")}
-
-
-def saved_checkpoints(out: Path) -> list[Path]:
-    """A train directory's checkpoints/step-N, in step order (the final one is checkpoint/)."""
-    return sorted(Path(out, "checkpoints").glob("step-*"), key=lambda p: int(p.name[5:]))

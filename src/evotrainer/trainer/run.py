@@ -12,33 +12,38 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from evotrainer import jobfiles
 from evotrainer.evaluate.greedy import evaluate_checkpoints
 from evotrainer.executors import WorkerResult, run_in_worker
 from evotrainer.harness import REFERENCE, inspect_harness
+from evotrainer.jobfiles import BadOutput
+from evotrainer.labels import Label
 from evotrainer.runtime import Runtime
 from evotrainer.tasks import Task
 from evotrainer.trainer.backends import check_backend
-from evotrainer.trainer.jobs import handed_draws, saved_checkpoints, train_segment
+from evotrainer.trainer.jobs import handed_draws, train_segment
+from evotrainer.evidence import read_metrics
+from evotrainer.trainer.outputs import keep_log, log_path, refused, scheduled_checkpoints
 
 
 class TrainingFailed(RuntimeError):
     def __init__(self, result: WorkerResult, out: Path, stage: str = "training"):
         self.result = result
-        super().__init__(f"{stage} {result.label}: {result.error} (log tail in {out / 'worker.log'})")
+        super().__init__(f"{stage} {result.label}: {result.error} (log tail in {log_path(out)})")
 
 
-def _metrics_follower(path: Path, on_step: Callable[[dict], None]) -> Callable[[], None]:
-    """Call on_step for each new line of a growing metrics.jsonl."""
+def _metrics_follower(out: Path, on_step: Callable[[dict], None]) -> Callable[[], None]:
+    """Call on_step for each new line of the growing metrics.jsonl in train directory `out`."""
     seen = [0]
 
     def poll():
-        if not path.exists():
+        try:
+            rows = read_metrics(out, growing=True)
+        except BadOutput:  # a link or a FIFO there: refused when the job ends
             return
-        lines = path.read_text().splitlines()
-        for line in lines[seen[0]:]:
-            if line.strip():
-                on_step(json.loads(line))
-        seen[0] = len(lines)
+        for row in rows[seen[0]:]:
+            on_step(row)
+        seen[0] = len(rows)
     return poll
 
 
@@ -56,7 +61,7 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     knobs = inspect_harness(harness_dir)
     check_backend(runtime, knobs, str(harness_dir or "the reference harness"), task)
     steps = knobs.steps if steps is None else steps
-    follow = _metrics_follower(out / "metrics.jsonl", on_step) if on_step else None
+    follow = _metrics_follower(out, on_step) if on_step else None
     level = task.target_level  # the spec and this level rebuild the same task in every process
     harness = str(harness_dir or REFERENCE)
     view = task.train_view(out.with_name(out.name + ".train-data"))
@@ -65,27 +70,34 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
         base=str(base), out=str(out), seed=seed, steps=steps, runtime=runtime.to_dict(),
         draws=handed_draws(task, harness, seed, steps), eval_every=eval_every),
         timeout_s=timeout_s, memory_mb=memory_mb, on_poll=follow, writes=(str(out),),
-        reads=(harness, str(base), view, *runtime.policy.reads()))
-    (out / "worker.log").write_text(result.log_tail)
+        reads=(harness, str(base), *task.files(view), *runtime.policy.reads()))
+    keep_log(out, result.log_tail)
     if not result.ok:
         raise TrainingFailed(result, out)
+    why = refused(out, steps, eval_every, str(base))
+    if why:
+        raise TrainingFailed(WorkerResult(Label.BAD_OUTPUT, error=why), out)
     # the evaluator: a process of its own that loads checkpoints and the verifier only
-    saved = saved_checkpoints(out)
-    jobs = {str(base): ["val", "test"], **{str(c): ["val"] for c in saved}, str(out / "checkpoint"): ["val", "test"]}
+    *saved, final = scheduled_checkpoints(out, steps, eval_every)
+    jobs = {str(base): ["val", "test"], **{str(c): ["val"] for c in saved}, str(final): ["val", "test"]}
     ev = run_in_worker(evaluate_checkpoints,
                        dict(task=task.spec, level=level, jobs=jobs, policy=runtime.policy.to_dict(),
                             key=task.key.hex() if task.key else None),
                        timeout_s=timeout_s, memory_mb=memory_mb, reveal=task.data_files(),
-                       reads=(*jobs, task.spec, *task.data_files(), *runtime.policy.reads()))
+                       reads=(*jobs, *task.files(), *task.data_files(), *runtime.policy.reads()))
     if not ev.ok:
-        (out / "worker.log").write_text(ev.log_tail)
+        keep_log(out, ev.log_tail)
         raise TrainingFailed(ev, out, stage="evaluation")
     acc = ev.value
+    unloadable = [(c, a["error"]) for c, a in acc.items() if "error" in a]
+    if unloadable:
+        raise TrainingFailed(WorkerResult(Label.BAD_OUTPUT, error=f"the evaluator could not load "
+                                          f"{unloadable[0][0]}: {unloadable[0][1]}"), out, stage="evaluation")
     base_val, base_test = acc[str(base)]["val"], acc[str(base)]["test"]
     val, test = acc[str(out / "checkpoint")]["val"], acc[str(out / "checkpoint")]["test"]
     evals = [{"step": 0, "val": base_val}, *({"step": int(c.name[5:]), "val": acc[str(c)]["val"]} for c in saved),
              {"step": steps, "val": val}]
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = read_metrics(out)
     summary = {
         "task": task.spec, "level": task.target_level, "seed": seed, "steps": steps, "backend": runtime.backend,
         "harness": str(harness_dir or "reference"), "harness_hash": result.value["harness_hash"],
@@ -94,5 +106,5 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
         "reward_last": metrics[-1]["reward_mean"] if metrics else None,
         "seconds": round(time.time() - t0, 1), "worker_seconds": round(result.seconds, 1),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    jobfiles.write_text(out, "summary.json", json.dumps(summary, indent=2))
     return summary
