@@ -197,3 +197,15 @@ def test_two_harnesses_alike_on_one_policy_s_rollouts_can_differ_on_another_s(tm
     assert same_signal([all_or_nothing, evidence], binary, binary, parent)
     assert same_signal([], partial, binary, parent)  # nothing to ask: the caller's other evidence decides
     assert not same_signal([tmp_path / "pruned"], binary, binary, parent)  # what cannot be checked is not alike
+
+
+def test_what_a_rescore_worker_returns_is_checked_before_it_is_read():
+    """The rescore ran the candidate's code: its result must be a number or flag per rollout."""
+    from evotrainer.backtest.run import checked_rescore
+    good = {"reward": [1.0, 0.0], "advantage": [0.5, -0.5], "score": [1.0, 0.0], "kept": [True, True],
+            "cut": [False, False], "group_size": 2, "max_new_tokens": 8, "evidence_max_new_tokens": 8}
+    checked_rescore(good, 2)
+    for bad in ([], good | {"reward": [1.0]}, good | {"kept": ["yes", "no"]}, good | {"group_size": 0},
+                good | {"advantage": None}, {k: v for k, v in good.items() if k != "cut"}):
+        with pytest.raises(ValueError):
+            checked_rescore(bad, 2)

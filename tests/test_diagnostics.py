@@ -1,6 +1,7 @@
 """Diagnostics: metric values on hand-made evidence, the rule engine, diagnostics a harness
 adds or revises (run in a worker), the health report, and diagnostic replay."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -300,3 +301,20 @@ def test_a_reward_that_pays_for_fewer_turns_is_a_blocking_finding():
 def test_transcript_measures_are_left_to_the_agentic_layer():
     loop = [rec(turns=3, tool_calls=3, tool_failures=0, tool_sequence="list list list", completion="list\na\nlist\na\nlist")]
     assert value("repetition_rate", loop) is None and value("longest_tool_run", loop) == 3
+
+
+def test_findings_a_harness_worker_returns_are_checked_never_trusted(monkeypatch):
+    """A harness's diagnostics run in a worker, which runs its code: what comes back is data to
+    check. An unknown severity or a malformed report is one blocking finding, never an error
+    of the run (it used to raise in the controller and end the run)."""
+    from evotrainer.evolve import diagnosis
+    good = {"diagnostic": "dead_group_ratio", "layer": "signal", "severity": "warning", "blocking": False,
+            "value": 0.4, "evidence": "e", "suggest": "s", "thresholds": "warning > 0.3"}
+    for returned in ([{"findings": [good | {"severity": "apocalyptic"}]}], [{"findings": "none"}], [], [{}],
+                     [{"findings": [good | {"value": "high"}]}]):
+        monkeypatch.setattr(diagnosis, "diagnose", lambda d, h, returned=returned: returned)
+        (f,) = diagnosis.worst_findings(["somewhere"], Path("h"))
+        assert f["diagnostic"] == "diagnostics_failed" and f["blocking"] and f["severity"] == "critical"
+        assert "its findings do not read" in f["evidence"]
+    monkeypatch.setattr(diagnosis, "diagnose", lambda d, h: [{"findings": [good]}])
+    assert diagnosis.worst_findings(["somewhere"], Path("h")) == [good]

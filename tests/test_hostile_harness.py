@@ -77,10 +77,38 @@ pathlib.Path(sys.argv[1]).write_text(json.dumps({{"name": name, "hypothesis": "c
 """
 
 
-def test_hostile_edits_through_the_loop_fail_inside_the_sandbox(tiny_run, tmp_path, monkeypatch):
-    from evotrainer.catalog import get_task
+def through_the_loop(cfg: Path, run: Path, tmp_path: Path, corpus: dict[str, tuple[str, str]], **settings):
+    """Each edit of `corpus` (name -> (slot, body)) checked to pass the static check, then
+    proposed in turn by a command agent in a run of one trial each: (the config, the trials by name)."""
     from evotrainer.config import config_from_dict
     from evotrainer.evolve.controller import Controller
+    for name, (slot, body) in corpus.items():  # every edit passes the static check: the sandbox must hold
+        h = tmp_path / "check" / name
+        h.mkdir(parents=True)
+        (h / SLOTS[slot][0]).write_text(source(slot, body))
+        (h / "knobs.yaml").write_text(f"{slot}: hostile\n")
+        assert check_harness(h).legal, (name, check_harness(h).reasons)
+    (tmp_path / "attacks.json").write_text(json.dumps(
+        {name: (slot, SLOTS[slot][0], source(slot, body)) for name, (slot, body) in corpus.items()}))
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT.format(attacks=str(tmp_path / "attacks.json"), counter=str(tmp_path / "n")))
+    raw = yaml.safe_load(cfg.read_text())
+    raw |= {"agent": "command", "command": {"run": f"{sys.executable} {agent} {{proposal}}", "timeout_s": 60},
+            "final_seeds": [], "sandbox": "namespaces"} | settings
+    raw["budget"] |= {"trials": len(corpus), "trial_timeout_s": 25}  # what the loop costs; room for a slow CI
+    config = config_from_dict(raw).validate()
+    ctl = Controller(config, run)
+    try:
+        ctl.run()
+        trials = {t.intervention: t for t in ctl.store.trials() if t.id > 0}
+    finally:
+        ctl.store.close()
+    assert set(trials) == set(corpus)
+    return config, trials
+
+
+def test_hostile_edits_through_the_loop_fail_inside_the_sandbox(tiny_run, tmp_path, monkeypatch):
+    from evotrainer.catalog import get_task
     from evotrainer.evolve.status import status
     from evotrainer.lineage import LineageStore
     from evotrainer.tasks.keys import key_dir, split_key
@@ -93,28 +121,8 @@ def test_hostile_edits_through_the_loop_fail_inside_the_sandbox(tiny_run, tmp_pa
     outside.parent.mkdir()
     marker = f"9{time.monotonic_ns() % 10**8}"  # `sleep 600 MARKER`: a daemon the test can find
     corpus = attacks(server.getsockname()[1], str(outside), str(run.resolve()), marker, str(key_dir()))
-    for name, (slot, body) in corpus.items():  # every edit passes the static check
-        h = tmp_path / "check" / name
-        h.mkdir(parents=True)
-        (h / SLOTS[slot][0]).write_text(source(slot, body))
-        (h / "knobs.yaml").write_text(f"{slot}: hostile\n")
-        assert check_harness(h).legal, (name, check_harness(h).reasons)
-    (tmp_path / "attacks.json").write_text(json.dumps(
-        {name: (slot, SLOTS[slot][0], source(slot, body)) for name, (slot, body) in corpus.items()}))
-    agent = tmp_path / "agent.py"
-    agent.write_text(AGENT.format(attacks=str(tmp_path / "attacks.json"), counter=str(tmp_path / "n")))
     monkeypatch.setenv("EVOTRAINER_HOSTILE_SECRET", "hunter2")
-    raw = yaml.safe_load(cfg.read_text())
-    raw |= {"agent": "command", "command": {"run": f"{sys.executable} {agent} {{proposal}}", "timeout_s": 60},
-            "final_seeds": [], "worker_memory_mb": 2000, "sandbox": "namespaces"}
-    raw["budget"] |= {"trials": len(corpus), "trial_timeout_s": 25}  # what the loop costs; room for a slow CI
-    ctl = Controller(config_from_dict(raw).validate(), run)
-    try:
-        ctl.run()
-        trials = {t.intervention: t for t in ctl.store.trials() if t.id > 0}
-    finally:
-        ctl.store.close()
-    assert set(trials) == set(corpus)
+    _, trials = through_the_loop(cfg, run, tmp_path, corpus, worker_memory_mb=2000)
     for name, t in trials.items():
         slot = corpus[name][0]
         if name != "setsid_daemon":  # the daemon "works" until its job ends; the others must fail
@@ -175,7 +183,6 @@ def output_attacks(run: str, target: str) -> dict[str, str]:
 
 
 def test_what_a_job_leaves_is_refused_or_ignored_and_the_run_goes_on(tiny_run, tmp_path):
-    from evotrainer.config import config_from_dict
     from evotrainer.evaluate.greedy import evaluate_checkpoints
     from evotrainer.evolve.controller import Controller
     from evotrainer.lineage import LineageStore
@@ -185,29 +192,8 @@ def test_what_a_job_leaves_is_refused_or_ignored_and_the_run_goes_on(tiny_run, t
     target = tmp_path / "outside" / "lineage-of-another-run.sqlite"
     target.parent.mkdir()
     target.write_text("original\n")
-    corpus = output_attacks(str(run.resolve()), str(target))
-    (tmp_path / "attacks.json").write_text(json.dumps(
-        {name: ("curriculum", "curriculum.py", source("curriculum", body)) for name, body in corpus.items()}))
-    for name, body in corpus.items():  # every edit passes the static check: the sandbox and the vetting hold
-        h = tmp_path / "check" / name
-        h.mkdir(parents=True)
-        (h / "curriculum.py").write_text(source("curriculum", body))
-        (h / "knobs.yaml").write_text("curriculum: hostile\n")
-        assert check_harness(h).legal, (name, check_harness(h).reasons)
-    agent = tmp_path / "agent.py"
-    agent.write_text(AGENT.format(attacks=str(tmp_path / "attacks.json"), counter=str(tmp_path / "n")))
-    raw = yaml.safe_load(cfg.read_text())
-    raw |= {"agent": "command", "command": {"run": f"{sys.executable} {agent} {{proposal}}", "timeout_s": 60},
-            "final_seeds": [], "sandbox": "namespaces"}
-    raw["budget"] |= {"trials": len(corpus), "trial_timeout_s": 60}
-    config = config_from_dict(raw).validate()
-    ctl = Controller(config, run)
-    try:
-        ctl.run()
-        trials = {t.intervention: t for t in ctl.store.trials() if t.id > 0}
-    finally:
-        ctl.store.close()
-    assert set(trials) == set(corpus)
+    corpus = {name: ("curriculum", body) for name, body in output_attacks(str(run.resolve()), str(target)).items()}
+    config, trials = through_the_loop(cfg, run, tmp_path, corpus)
     assert target.read_text() == "original\n"  # the log link: nothing written through it
     log_link = trials["log_link"]
     assert log_link.label == "crash" and "the job fails" in log_link.reflection
