@@ -76,7 +76,7 @@ def test_restart_mode_trains_every_version_from_the_base_against_its_parent(tiny
         return {d for key in ctl._findings_of for _, d in key[1:]}  # key: version, (seed, dir), ...
 
     def spy(self, dir_sets, clock):  # what is scored, and whose findings are being read by then
-        scored.append({d for dirs in dir_sets for d in dirs.values() if "/noise/" not in d})
+        scored.append({d for dirs in dir_sets.values() for d in dirs.values() if "/noise/" not in d})
         reading.append(read())
         return evaluate(self, dir_sets, clock)
     monkeypatch.setattr(Training, "_evaluate", spy)
