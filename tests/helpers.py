@@ -173,3 +173,29 @@ def descends_from(pid: int, ancestor: int) -> bool:
         if pid == ancestor:
             return True
     return False
+
+
+# ---------------------------------------------------------------------------- a user's task
+
+# a user's own task module (`file.py:Parity`): a task from outside the package
+PARITY_TASK = '''
+from evotrainer.tasks import Task, Problem
+
+
+class Parity(Task):
+    """Is n even? n has `level` digits (level 3: 900 problems, a pool of about 225)."""
+    name, levels, max_new_tokens = "parity", (1, 2, 3), 5
+
+    def __init__(self, level=None):
+        self.target_level = level or 3
+
+    def problem_space(self, level):
+        return 9 * 10 ** (level - 1)
+
+    def generate(self, rng, level):
+        n = rng.randrange(10 ** (level - 1), 10 ** level)
+        return Problem(id=str(n), prompt=f"{n} even?", answer="yes" if n % 2 == 0 else "no", level=level)
+
+    def score(self, problem, completion):
+        return float(completion.strip() == problem.answer)
+'''

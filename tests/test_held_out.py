@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from helpers import PARITY_TASK
 from evotrainer.catalog import get_task
 from evotrainer.tasks.base import HELD_OUT_SHARE, pool_digest
 from evotrainer.trainer.jobs import handed_draws
@@ -13,27 +14,6 @@ from evotrainer.trainer.jobs import handed_draws
 KEYS = (None, b"\x01" * 32, b"\x02" * 32)  # no key (library use), and two runs' keys
 STEPS = 3  # a short segment: (3 + 2) x 64 + 16 = 336 handed indices per level
 
-USER_TASK = '''
-from evotrainer.tasks import Task, Problem
-
-
-class Parity(Task):
-    """Is n even? n has `level` digits (level 3: 900 problems, a pool of about 225)."""
-    name, levels, max_new_tokens = "parity", (1, 2, 3), 5
-
-    def __init__(self, level=None):
-        self.target_level = level or 3
-
-    def problem_space(self, level):
-        return 9 * 10 ** (level - 1)
-
-    def generate(self, rng, level):
-        n = rng.randrange(10 ** (level - 1), 10 ** level)
-        return Problem(id=str(n), prompt=f"{n} even?", answer="yes" if n % 2 == 0 else "no", level=level)
-
-    def score(self, problem, completion):
-        return float(completion.strip() == problem.answer)
-'''
 
 
 @pytest.fixture
@@ -47,7 +27,7 @@ def spec(request, tmp_path):
         yield f"jsonl:{path}"
     elif kind == "user":
         before = set(sys.modules)  # loading the file registers a module: forget it afterwards
-        (tmp_path / "parity.py").write_text(USER_TASK)
+        (tmp_path / "parity.py").write_text(PARITY_TASK)
         yield f"{tmp_path / 'parity.py'}:Parity"
         for name in set(sys.modules) - before:
             del sys.modules[name]

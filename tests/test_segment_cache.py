@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import tiny_run_config, write_harness
+from helpers import PARITY_TASK, tiny_run_config, write_harness
 from evotrainer.config import config_from_dict
 from evotrainer.errors import UsageError
 from evotrainer.evolve import segment_cache
@@ -132,33 +132,15 @@ def test_the_package_digest_is_its_code_and_shipped_data_wherever_it_is_installe
     assert segment_cache.PACKAGE_DIR / "evolve" / "segment_cache.py" == Path(segment_cache.__file__).resolve()
 
 
-USER_TASK = """
-from evotrainer.tasks import Problem, Task
-
-
-class Parity(Task):
-    def __init__(self, level=None):
-        self.name, self.levels, self.target_level, self.max_new_tokens = "parity", (1, 2), level or 1, 5
-
-    def problem_space(self, level):
-        return 9 * 10 ** (level - 1)
-
-    def generate(self, rng, level):
-        n = rng.randrange(10 ** (level - 1), 10 ** level)
-        return Problem(id=str(n), prompt=f"{n} even?", answer="yes" if n % 2 == 0 else "no", level=level)
-
-    def score(self, problem, completion):
-        return float(completion.strip() == problem.answer)
-"""
 
 
 def test_a_user_tasks_identity_holds_its_files_bytes(tmp_path):
     from evotrainer.catalog import get_task
-    (tmp_path / "parity.py").write_text(USER_TASK)
+    (tmp_path / "parity.py").write_text(PARITY_TASK)
     task = get_task(f"{tmp_path / 'parity.py'}:Parity", 1)
     before = task_identity(task.spec, task.data_files())
     assert task_identity(task.spec, task.data_files()) == before
-    (tmp_path / "parity.py").write_text(USER_TASK.replace('"yes"', '"even"'))  # the same spec, another task
+    (tmp_path / "parity.py").write_text(PARITY_TASK.replace('"yes"', '"even"'))  # the same spec, another task
     after = task_identity(task.spec, task.data_files())
     assert after != before
     assert segment_key(dataclasses.replace(INPUTS, task=after)) != segment_key(dataclasses.replace(INPUTS, task=before))
@@ -166,15 +148,15 @@ def test_a_user_tasks_identity_holds_its_files_bytes(tmp_path):
 
 
 def test_a_user_modules_identity_holds_its_modules_or_packages_bytes(tmp_path, monkeypatch):
-    (tmp_path / "parity_mod_xyz.py").write_text(USER_TASK)
+    (tmp_path / "parity_mod_xyz.py").write_text(PARITY_TASK)
     (tmp_path / "parity_pkg_xyz" / "sub").mkdir(parents=True)
     (tmp_path / "parity_pkg_xyz" / "__init__.py").write_text("from parity_pkg_xyz.sub.impl import Parity\n")
-    (tmp_path / "parity_pkg_xyz" / "sub" / "impl.py").write_text(USER_TASK)
+    (tmp_path / "parity_pkg_xyz" / "sub" / "impl.py").write_text(PARITY_TASK)
     monkeypatch.syspath_prepend(str(tmp_path))
     mod, pkg = task_identity("parity_mod_xyz:Parity", ()), task_identity("parity_pkg_xyz:Parity", ())
     assert mod != task_identity("parity_pkg_xyz.sub.impl:Parity", ())  # where the code is, too
-    (tmp_path / "parity_mod_xyz.py").write_text(USER_TASK + "\n# edited\n")
-    (tmp_path / "parity_pkg_xyz" / "sub" / "impl.py").write_text(USER_TASK + "\n# edited\n")  # a module inside
+    (tmp_path / "parity_mod_xyz.py").write_text(PARITY_TASK + "\n# edited\n")
+    (tmp_path / "parity_pkg_xyz" / "sub" / "impl.py").write_text(PARITY_TASK + "\n# edited\n")  # a module inside
     assert task_identity("parity_mod_xyz:Parity", ()) != mod and task_identity("parity_pkg_xyz:Parity", ()) != pkg
     assert "parity_mod_xyz" not in __import__("sys").modules  # found, not imported
 

@@ -97,3 +97,9 @@ def unloadable(e: BaseException) -> str:
     """A load failure in one line: the exception's name and its message's first line."""
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0] if lines else 'no message'}"[:500]
+
+
+def load_error(acc: dict[str, dict]) -> str | None:
+    """The first checkpoint of evaluate_checkpoints' answer that did not load, with why; None
+    where every one was scored."""
+    return next((f"{c}: {a['error']}" for c, a in acc.items() if "error" in a), None)

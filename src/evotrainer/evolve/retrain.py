@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from evotrainer.config import EvalConfig
-from evotrainer.evaluate.greedy import evaluate_checkpoints
+from evotrainer.evaluate.greedy import evaluate_checkpoints, load_error
 from evotrainer.evolve.progress import Job, Progress, Watcher
 from evotrainer.evolve.segment_cache import (SegmentCache, cached_scores, chain_keys, checkpoint_identity,
                                              draws_digest, name_view, numbers, score_inputs, start_identity,
@@ -138,9 +138,8 @@ def retrain(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int]
     acc = cached_scores(cache, to_score, identity, inputs,
                         lambda todo: evaluate(task, todo, timeout_s, runtime, memory_mb, executor))
     eval_s = time.time() - t
-    unloadable = [(c, a["error"]) for c, a in acc.items() if "error" in a]
-    if unloadable:
-        raise RetrainFailed(f"the evaluator could not load {unloadable[0][0]}: {unloadable[0][1]}")
+    if why := load_error(acc):
+        raise RetrainFailed(f"the evaluator could not load {why}")
     scores: dict[str, dict[int, dict[str, float]]] = {name: {} for name in arms}
     for (name, seed), cs in last.items():
         scores[name][seed] = {split: sum(acc[c][split] for c in cs) / len(cs) for split in SPLITS}

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from evotrainer import jobfiles
 from evotrainer.config import RunConfig
 from evotrainer.evidence import EvidenceStore
 from evotrainer.evolve.progress import Job, Progress, Watcher
@@ -29,7 +30,6 @@ from evotrainer.evolve.segment_cache import (SegmentCache, SegmentInputs, cached
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import average_last
 from evotrainer.executors import Call, Executor, LocalPool
-from evotrainer import jobfiles
 from evotrainer.labels import Label
 from evotrainer.lineage import TrialRecord
 from evotrainer.policy.adapters import checkpoint_size
@@ -141,7 +141,6 @@ class Training:
         return [failed.get(i) or (scores[i] if isinstance(scores[i], SegmentFailed)
                                   else State(sg.version, sg.depth, dirs[i], *scores[i]))
                 for i, sg in enumerate(segments)]
-
 
     _view: str | None = field(default=None, init=False, repr=False)  # the workers' task spec (train)
     _base_id: str | None = field(default=None, init=False, repr=False)  # the base's digest, once a run

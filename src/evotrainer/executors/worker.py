@@ -12,9 +12,9 @@ CUDA reserves far more address space than it ever uses and fails to start under 
 Arguments go in and results come back as JSON, never pickles: nothing a worker writes is
 executed by its caller, and what it wrote is vetted when it ends (`refused_output`: no
 links, no special files, every checkpoint exactly what save_policy writes). Every file a job
-could write is read as hostile: its result (`_read_result`: never through a link, never
-waiting on a fifo, a regular file of at most RESULT_LIMIT bytes) and its log (only its
-end). The job's spec lies where only the controller writes (child.py has the layout). The
+could write is read as hostile, through evotrainer.jobfiles: its result (never through a
+link, never waiting on a fifo, a regular file of at most RESULT_LIMIT bytes) and its log
+(only its end). The job's spec lies where only the controller writes (child.py has the layout). The
 outcome is labelled:
 
     ok       the function returned; `value` holds its (JSON) result
@@ -303,9 +303,9 @@ class _Job:
 def _tail(log) -> str:
     """The last TAIL_CHARS characters of a job's log, read from its end only: a job may have
     written gigabytes to its stdout."""
-    size = log.seek(0, os.SEEK_END)
-    log.seek(max(0, size - 4 * TAIL_CHARS))  # UTF-8: at most 4 bytes a character
-    return log.read(4 * TAIL_CHARS).decode("utf-8", "replace")[-TAIL_CHARS:]
+    log.flush()
+    path = Path(log.name)  # UTF-8: at most 4 bytes a character
+    return jobfiles.read_text(path.parent, path.name, 4 * TAIL_CHARS, tail=True)[-TAIL_CHARS:]
 
 
 SCRATCH = ("tmp", "dev/shm")  # a job's private tmpfs mounts (sandbox/inside.py)

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from evotrainer import jobfiles
-from evotrainer.evaluate.greedy import evaluate_checkpoints
+from evotrainer.evaluate.greedy import evaluate_checkpoints, load_error
+from evotrainer.evidence import read_metrics
 from evotrainer.executors import WorkerResult, run_in_worker
 from evotrainer.harness import REFERENCE, inspect_harness
 from evotrainer.jobfiles import BadOutput
@@ -22,7 +23,6 @@ from evotrainer.runtime import Runtime
 from evotrainer.tasks import Task
 from evotrainer.trainer.backends import check_backend
 from evotrainer.trainer.jobs import handed_draws, train_segment
-from evotrainer.evidence import read_metrics
 from evotrainer.trainer.outputs import keep_log, log_path, refused, scheduled_checkpoints
 
 
@@ -89,10 +89,9 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
         keep_log(out, ev.log_tail)
         raise TrainingFailed(ev, out, stage="evaluation")
     acc = ev.value
-    unloadable = [(c, a["error"]) for c, a in acc.items() if "error" in a]
-    if unloadable:
-        raise TrainingFailed(WorkerResult(Label.BAD_OUTPUT, error=f"the evaluator could not load "
-                                          f"{unloadable[0][0]}: {unloadable[0][1]}"), out, stage="evaluation")
+    if why := load_error(acc):
+        raise TrainingFailed(WorkerResult(Label.BAD_OUTPUT, error=f"the evaluator could not load {why}"), out,
+                             stage="evaluation")
     base_val, base_test = acc[str(base)]["val"], acc[str(base)]["test"]
     val, test = acc[str(out / "checkpoint")]["val"], acc[str(out / "checkpoint")]["test"]
     evals = [{"step": 0, "val": base_val}, *({"step": int(c.name[5:]), "val": acc[str(c)]["val"]} for c in saved),
