@@ -1,4 +1,4 @@
-"""One entry point: `evotrainer pretrain | train | evaluate | diagnose | backtest | replay | run | resume | status | lineage`.
+"""One entry point: `evotrainer pretrain | train | evaluate | diagnose | backtest | replay | screen | run | resume | status | lineage`.
 
 Bad input (unknown task or slot, malformed knobs, missing checkpoint) prints one line
 naming the problem and the valid choices and exits with code 2, without a traceback.
@@ -280,6 +280,25 @@ def cmd_run(args) -> dict:
     return st if args.json else None
 
 
+def cmd_screen(args) -> dict:
+    """Every single change from the root harness, on the user's task and seeds, each trained
+    from the base (evolve/landscape.py): what a careful engineer runs before tuning."""
+    import dataclasses
+
+    from evotrainer.config import load_config
+    from evotrainer.evolve.landscape import screen
+    cfg = load_config(args.config)
+    if len(cfg.seeds) < 2:
+        raise UsageError(f"a screen needs at least 2 seeds for its intervals (the config's seeds: {cfg.seeds})")
+    if args.model:
+        cfg = dataclasses.replace(cfg, model=args.model)
+    rows, table = screen(cfg, args.out, args.moves, lambda r: print(
+        f"  {r.name}: " + (f"val {100 * sum(r.val.values()) / len(r.val):.1f}%" if r.val else r.failed),
+        file=sys.stderr, flush=True))
+    print(table, file=sys.stderr)
+    return {n: {"val": r.val, "test": r.test, "failed": r.failed} for n, r in rows.items()} if args.json else None
+
+
 def cmd_resume(args) -> dict:
     from evotrainer.config import load_config
     from evotrainer.evolve.status import open_run
@@ -470,6 +489,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", type=Path, required=True, help="the run directory (lineage, versions, evidence)")
     sp.add_argument("--json", action="store_true", help="print the run's status as one JSON line on stdout at the end")
     sp.set_defaults(fn=cmd_run)
+    sp = sub.add_parser("screen", help="every single change from the root harness, each trained from the base on "
+                        "the config's seeds: gains over the root with 95% intervals (OUT/screen.md)")
+    sp.add_argument("config", type=Path, help="run config (YAML): its task, model, root harness, steps and seeds")
+    sp.add_argument("--out", type=Path, required=True, help="the screen's directory (run it again to go on)")
+    sp.add_argument("--moves", default="catalog", help="catalog: the named, literature-backed changes; all: the "
+                    "search space's too; or move names, comma-separated (lower_lr,partial_credit)")
+    sp.add_argument("--model", default=None, help="the config's `model`: any Hugging Face causal LM directory")
+    sp.add_argument("--json", action="store_true", help="print every row as one JSON line on stdout at the end")
+    sp.set_defaults(fn=cmd_screen)
     sp = sub.add_parser("resume", help="continue a run that was stopped or killed")
     sp.add_argument("run", type=Path)
     sp.add_argument("--json", action="store_true", help="print the run's status as one JSON line on stdout at the end")

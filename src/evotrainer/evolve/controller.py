@@ -42,13 +42,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable
 
-import yaml
 
 from evotrainer.agents import AgentContext, AgentFailed, Escalation, Proposal, make_agent, set_knob
 from evotrainer.config import RunConfig
 from evotrainer.errors import UsageError
 from evotrainer.evolve import approval, history, plan, search, search_policy, setup, specialists
-from evotrainer.evolve.diagnosis import worst_findings
 from evotrainer.evolve.final_run import run_final, winner_schedule
 from evotrainer.evolve.plan import TrialPlan
 from evotrainer.evolve.population import SelectionConfig
@@ -65,7 +63,7 @@ from evotrainer.evolve.view import RunView
 from evotrainer.executors import use_isolation
 from evotrainer.harness import REFERENCE, inspect_harness
 from evotrainer.harness.candidate import Candidate, propose_files, vet
-from evotrainer.harness.knobs import load_knobs
+from evotrainer.harness.knobs import load_knobs, read_yaml
 from evotrainer.harness.versions import HarnessRepo
 from evotrainer.trainer.backends import check_backend
 from evotrainer.labels import AGENT_FAILED, Label
@@ -129,12 +127,14 @@ def beside(in_flight: dict[int, TrialPlan], reached: Callable[[TrialPlan], froze
 class Controller:
     def __init__(self, cfg: RunConfig, run_dir: Path | str, on_event: Callable[[str, dict], None] | None = None,
                  agent: Callable[[AgentContext], Proposal | AgentFailed | None] | None = None,
-                 run_backtests: bool = True, gate_poll_s: float = 1.0):
+                 run_backtests: bool = True, gate_poll_s: float = 1.0, backend: type[Training] = Training):
         """`agent(context)` proposes (default: the config's agent); `run_backtests=False` lets a
         test show that the gate alone still stops what a backtest would have caught;
-        `gate_poll_s` is how often a run paused at a human gate looks for the decision."""
+        `gate_poll_s` is how often a run paused at a human gate looks for the decision;
+        `backend` trains and reads segments (the search simulator's draws them from a table)."""
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.agent, self.run_backtests = agent or make_agent(cfg), run_backtests
+        self.backend = backend
         self.gate_poll_s = gate_poll_s
         self.initial_policy = ControllerPolicy.initial(cfg.search)  # the search's policy until revised
         self.task = get_task(cfg.task, cfg.level)
@@ -333,7 +333,7 @@ class Controller:
             search_policy.write_files(self.run_dir / "controller", self.initial_policy,
                                       RunView.read(self.store).revisions)
         cache = self.cfg.cache_dir(self.run_dir)
-        self.training = Training(self.cfg, self.task, self.runtime, self.base, self.run_dir, self._harness_dir,
+        self.training = self.backend(self.cfg, self.task, self.runtime, self.base, self.run_dir, self._harness_dir,
                                  self._progress, self.stage, self.jobs, SegmentCache(cache) if cache else None,
                                  self._cancel)
 
@@ -426,7 +426,7 @@ class Controller:
     def _harness_files(self, version: str) -> tuple[dict, dict[str, str]]:
         """A version's knobs and its slot files (a crossover merges them)."""
         d = self._harness_dir(version)
-        return (yaml.safe_load((d / "knobs.yaml").read_text()) or {},
+        return (read_yaml((d / "knobs.yaml").read_text()) or {},
                 {p.name: p.read_text() for p in sorted(d.glob("*.py"))})
 
     def _skills(self) -> list:
@@ -464,7 +464,7 @@ class Controller:
         with self._lock:
             if key not in self._findings_of:  # the state's own harness reads it (a new diagnostic included)
                 self._reader = self._reader or ThreadPoolExecutor(1, thread_name_prefix="findings")
-                self._findings_of[key] = self._reader.submit(worst_findings, list(dirs.values()),
+                self._findings_of[key] = self._reader.submit(self.training.findings, dict(dirs),
                                                              self._harness_dir(version))
 
     def _knobs(self, version: str):

@@ -25,14 +25,22 @@ from evotrainer.lineage.events import DiagnosticReplayFailed, Event
 def worst_findings(dirs: Sequence[str], harness_dir: Path) -> list[dict]:
     """The worst finding per diagnostic over a state's train directories, critical and
     blocking first, as the state's own harness (`harness_dir`) reads them."""
-    worst: dict[str, dict] = {}
+    reports = []
     for d in dirs:
         try:
-            report = report_findings(diagnose(d, harness_dir))
+            reports.append(report_findings(diagnose(d, harness_dir)))
         except HarnessFailed as e:  # its diagnostics.py fails: blocking, so it is never promoted
-            report = [_failed(f"{e.label}: {e.detail}")]
+            reports.append([_failed(f"{e.label}: {e.detail}")])
         except ValueError as e:  # what a harness's diagnostics worker returned is malformed (BadOutput
-            report = [_failed(f"its findings do not read: {shown(e)}")]  # too: the evidence it read)
+            reports.append([_failed(f"its findings do not read: {shown(e)}")])  # too: the evidence it read)
+    return worst_of(reports)
+
+
+def worst_of(reports: Sequence[Sequence[dict]]) -> list[dict]:
+    """One finding per diagnostic over several seeds' reports, the most severe; critical and
+    blocking ones first."""
+    worst: dict[str, dict] = {}
+    for report in reports:
         for f in report:
             kept = worst.get(f["diagnostic"])
             if kept is None or SEVERITIES.index(f["severity"]) > SEVERITIES.index(kept["severity"]):

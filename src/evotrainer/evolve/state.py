@@ -12,7 +12,9 @@ from pathlib import Path
 
 from evotrainer.lineage.state import State
 
-__all__ = ["State", "Segment", "SegmentFailed", "Clock", "ControlFailed"]
+__all__ = ["State", "Segment", "SegmentFailed", "Clock", "ControlFailed", "EXTRA_PAIR_DATA"]
+
+EXTRA_PAIR_DATA = 700  # an extra pair's data offset from its seed's (replicas share the run's data)
 
 
 @dataclass(frozen=True)

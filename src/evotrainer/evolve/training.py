@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from evotrainer import jobfiles
+from evotrainer.backtest import backtest
+from evotrainer.backtest.run import BacktestOutcome
 from evotrainer.config import RunConfig
 from evotrainer.evidence import EvidenceStore
+from evotrainer.evolve.diagnosis import worst_findings
 from evotrainer.evolve.progress import Job, Progress, Watcher
 from evotrainer.evolve.retrain import RetrainFailed, evaluate
 from evotrainer.evolve.segment_cache import (SegmentCache, SegmentInputs, cached_scores, checkpoint_identity,
@@ -174,6 +177,15 @@ class Training:
         """A segment materialised from the cache: its log says so; run.json names this run's view."""
         keep_log(out, f"reused from the segment cache: {self.cache.entry(key)}\n")
         name_view(out, view)
+
+    def findings(self, dirs: dict[int, str], harness_dir: Path) -> list[dict]:
+        """A state's findings over its seeds' evidence, as its own harness reads them."""
+        return worst_findings(list(dirs.values()), harness_dir)
+
+    def backtest(self, parent: State, candidate: Path, parent_dir: Path) -> BacktestOutcome:
+        """The candidate rescores the parent's cached rollouts (its lowest seed's)."""
+        return backtest(parent.dirs[min(parent.dirs)], candidate, parent_dir,
+                        timeout_s=self.cfg.budget.trial_timeout_s)
 
     def ingest_later(self, name: str, state: State) -> None:
         """`ingest` in a thread, beside what the controller does next (the last one joined first)."""

@@ -23,14 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from evotrainer.backtest import backtest
 from evotrainer.backtest.run import rest_key, same_signal
 from evotrainer.diagnostics.replay import revised_diagnostics
 from evotrainer.evolve import approval, history
 from evotrainer.evolve.diagnosis import Replayed, replay_revised
 from evotrainer.evolve.gate import gate
 from evotrainer.evolve.plan import TrialPlan
-from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
+from evotrainer.evolve.state import EXTRA_PAIR_DATA, Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import null_differences
 from evotrainer.evolve.tools import TrialTools
 from evotrainer.harness.versions import PatchError
@@ -38,7 +37,6 @@ from evotrainer.labels import Label
 from evotrainer.lineage import TrialRecord
 from evotrainer.lineage.events import ControlFinished, GateWaiting, PairControlFinished
 
-EXTRA_PAIR_DATA = 700  # an extra pair's data offset from its seed's (replicas share the run's data)
 
 
 @dataclass(frozen=True)
@@ -151,8 +149,7 @@ class Trial:
         if not self.tools.run_backtests:
             return Screened(tuple(replays), "skipped")
         here = self.tools.harness_dir
-        bt = backtest(self.parent.dirs[min(self.parent.dirs)], here(self.version), here(self.parent.version),
-                      timeout_s=self.tools.cfg.budget.trial_timeout_s)
+        bt = self.tools.training.backtest(self.parent, here(self.version), here(self.parent.version))
         if not bt.passed:
             return Outcome(bt.label, "; ".join(bt.reasons), patch, Screened(label=bt.label, reasons=tuple(bt.reasons)))
         screened = Screened(tuple(replays), bt.label, tuple(bt.reasons), bt.signal, rest_key(here(self.version)))
@@ -186,8 +183,7 @@ class Trial:
             if t.id in plans and plans[t.id].parent.key == self.parent.key:
                 signal = t.backtest.get("signal")
             else:
-                signal = backtest(self.parent.dirs[min(self.parent.dirs)], here(t.version), here(self.parent.version),
-                                  timeout_s=timeout).signal
+                signal = self.tools.training.backtest(self.parent, here(t.version), here(self.parent.version)).signal
             # where it trained, also the rollouts its own training sampled on the run's seeds
             # (none recorded: it crashed, timed out or ran out of memory; the parent's evidence decides)
             own = (t.fitness.get("state") or {}).get("dirs", {}).values()

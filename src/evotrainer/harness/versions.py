@@ -47,6 +47,7 @@ class HarnessRepo:
         self.path = Path(path)
         if not (self.path / ".git").is_dir():
             raise GitError(f"{self.path} is not a harness repository (HarnessRepo.init creates one)")
+        self._shas: dict[str, str] = {}  # version -> commit: a version's tag is made once and never moves
 
     # ------------------------------------------------------------------ creating
 
@@ -164,12 +165,15 @@ class HarnessRepo:
     # ------------------------------------------------------------------ helpers
 
     def _commit(self, version: str) -> str:
+        if version in self._shas:
+            return self._shas[version]
         r = None
         if _valid_name(version):
             r = _run(self.path, "rev-parse", "--verify", "--quiet", f"refs/tags/{version}^{{commit}}", check=False)
         if r is None or r.returncode:
             raise VersionError(f"unknown version '{version}'; versions: {', '.join(self.versions())}")
-        return r.stdout.decode().strip()
+        self._shas[version] = r.stdout.decode().strip()
+        return self._shas[version]
 
     def _check_new_version(self, version: str) -> None:
         if not _valid_name(version):

@@ -1,0 +1,204 @@
+"""Search strategies judged on landscape tables (evolve/simulate.py): hundreds of replicates per
+task and strategy, in minutes instead of days.
+
+    .venv/bin/python bench/simulate.py arith3-weak --replicates 200 --trials 8 16
+    .venv/bin/python bench/simulate.py arith3-weak --fill      # train what the table lacks (this
+                                                             # machine must hold the table's base)
+
+Each replicate runs the real controller, agents, population and gate against the table
+bench/results/landscape/TASK/ (bench/landscape.py builds it), on two seeds of the table's pool
+drawn by the replicate's number (the same draws for every strategy: gains pair). A winner is
+scored by its row's test accuracy on the pool seeds the search did not train on, against the
+root's (the default recipe) and the tuned recipe's (the sweep recipe with the best mean
+validation accuracy over the whole pool: what a careful engineer's full sweep would pick).
+
+Intervals: 95% t over the distinct seed draws (a pool of 6 seeds gives 15 pairs; a
+deterministic strategy repeats itself on a repeated draw, so replicates beyond 15 add no
+information about it and are averaged within their draw first).
+
+The sweep at equal cost: `trials` recipes of the hand sweep (bench/search_suite.SWEEP: lr x
+reward x group size), in an order drawn per replicate, each on the run's two seeds; the best
+mean validation accuracy, the root's included, wins.
+
+Records: bench/results/simulate/TASK.json (every replicate) and TASK.md (the table).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from evotrainer.evolve.simulate import Replicate, Table, simulate  # noqa: E402
+from evotrainer.evolve.stats import t_interval  # noqa: E402
+from landscape import OUT as TABLES, trainer  # noqa: E402
+from search_suite import STRATEGIES  # noqa: E402
+
+OUT = ROOT / "bench" / "results" / "simulate"
+RUN = {k: STRATEGIES[k] for k in ("random", "greedy", "population", "evolving")} | {
+    "out-of-the-box": {"agent": "rules", "search": {}},  # `evotrainer run` with no search: keys
+}
+
+
+def sweep(table: Table, replicates: int, trials: int) -> list[Replicate]:
+    """The hand sweep at equal cost (see the module's docstring)."""
+    recipes = sorted(n for n, r in table.rows.items() if r.kind == "sweep" and r.val)
+    moves = {n: r for n, r in table.rows.items() if r.kind == "move" and r.val}
+    # the sweep's recipes that a move makes too are trained as that move: in the sweep by the move's row
+    pool = recipes + [n for n in ("lower_lr", "larger_groups", "partial_credit") if n in moves]
+    out = []
+    for r in range(replicates):
+        seeds = tuple(sorted(random.Random(r).sample(table.seeds, 2)))
+        tried = random.Random(1000 + r).sample(pool, min(trials, len(pool)))
+        best = max(["root", *tried], key=lambda n: statistics.fmean(table.rows[n].val[s] for s in seeds))
+        out.append(_scored(table, "sweep", r, seeds, table.rows[best].name, tuple(table.rows[best].moves), None, ()))
+    return out
+
+
+def _scored(table: Table, strategy: str, r: int, seeds, winner: str, holds, first, labels) -> Replicate:
+    fresh = [s for s in table.seeds if s not in seeds]
+    gain = statistics.fmean(100 * (table.rows[winner].test[s] - table.root.test[s]) for s in fresh)
+    return Replicate(strategy, r, seeds, winner, holds, gain, first, labels)
+
+
+def tuned(table: Table) -> str:
+    """The sweep recipe (or the move a sweep recipe equals) with the best mean validation accuracy."""
+    names = [n for n, r in table.rows.items() if r.val and (r.kind == "sweep" or n in ("lower_lr", "larger_groups",
+                                                                                       "partial_credit", "root"))]
+    return max(names, key=lambda n: statistics.fmean(table.rows[n].val.values()))
+
+
+def by_draw(reps: list[Replicate], value) -> list[float]:
+    """One value per distinct seed draw: the mean over the replicates that drew it."""
+    groups: dict[tuple, list[float]] = {}
+    for r in reps:
+        groups.setdefault(r.seeds, []).append(value(r))
+    return [statistics.fmean(v) for v in groups.values()]
+
+
+def ci(xs: list[float]) -> str:
+    m = statistics.fmean(xs)
+    if len(set(xs)) == 1:
+        return f"{m:+.1f} [{m:+.1f}, {m:+.1f}]"
+    lo, hi = t_interval(xs)
+    return f"{m:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+
+
+def report(task: str, table: Table, results: dict[tuple[str, int], list[Replicate]]) -> str:
+    best_tuned = tuned(table)
+
+    def vs_tuned(r: Replicate) -> float:
+        fresh = [s for s in table.seeds if s not in r.seeds]
+        return r.gain - statistics.fmean(100 * (table.rows[best_tuned].test[s] - table.root.test[s]) for s in fresh)
+    top = max((r for r in table.rows.values() if r.val and r.kind != "replica"),
+              key=lambda r: statistics.fmean(r.test.values()))
+    lines = [f"## {task}: {len(table.rows)} rows, seeds {table.seeds}", "",
+             f"Tuned recipe: `{best_tuned}`; the table's best test entry: `{top.name}` "
+             f"({100 * (statistics.fmean(top.test.values()) - statistics.fmean(table.root.test.values())):+.1f} "
+             "test points over the root on the whole pool).", "",
+             "| strategy | trials | replicates (draws) | test − default | − tuned | winners (most common) | "
+             "first kept (median) |", "|---|---|---|---|---|---|---|"]
+    for (name, trials), reps in results.items():
+        winners: dict[str, int] = {}
+        for r in reps:
+            winners[r.winner] = winners.get(r.winner, 0) + 1
+        common = ", ".join(f"{w} ({n})" for w, n in sorted(winners.items(), key=lambda kv: -kv[1])[:3])
+        firsts = [r.first_kept for r in reps if r.first_kept is not None]
+        first = f"{statistics.median(firsts):g} ({len(firsts)} of {len(reps)})" if firsts else "none"
+        lines.append(f"| {name} | {trials} | {len(reps)} ({len({r.seeds for r in reps})}) | "
+                     f"{ci(by_draw(reps, lambda r: r.gain))} | {ci(by_draw(reps, vs_tuned))} | {common} | {first} |")
+    lines += ["", f"Versions the table lacked: {table.filled} trained and added, {table.predicted} predicted "
+              f"additively, {table.misses} misses."]
+    return "\n".join(lines)
+
+
+def real(task: str, table: Table, name: str, seeds: tuple[int, ...], trials: int) -> dict:
+    """The same search for real: the controller trains (reusing the table's segment cache, so
+    what the table holds is not trained again) and the evaluator scores; its record is kept in
+    OUT/TASK-real/NAME-TRIALS-SEEDS.json and read back, not redone."""
+    from evotrainer.config import config_from_dict
+    from evotrainer.evolve.controller import Controller
+    done = OUT / f"{task}-real" / f"{name}-{trials}-{'-'.join(map(str, seeds))}.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    strategy = RUN[name]
+    raw = {**table.config, "agent": strategy["agent"], "seeds": list(seeds), "final_seeds": [],
+           "cache": str((TABLES / task / "segment-cache").resolve()), "harness": str(table.root_dir)}
+    raw["search"] = {**raw.get("search", {}), **strategy["search"], "skills": None}
+    raw["budget"] = {**raw["budget"], "trials": trials}
+    run_dir = OUT / "runs" / f"{task}-{name}-{trials}-{'-'.join(map(str, seeds))}"  # not kept by git
+    t = time.time()
+    ctl = Controller(config_from_dict(raw).validate(), run_dir)
+    ctl.run()
+    _, versions, _ = ctl.winner_schedule()
+    row = table.row_for(ctl._harness_dir(versions[-1])) or table.root
+    trials_done = [t for t in ctl.store.trials() if t.parents]
+    rec = {"strategy": name, "seeds": list(seeds), "trials": trials, "winner": row.name, "seconds": round(time.time() - t),
+           "labels": [t.label for t in trials_done], "interventions": [t.intervention for t in trials_done],
+           "first_kept": next((t.id for t in trials_done if t.label == "kept"), None)}
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.write_text(json.dumps(rec, indent=2) + "\n")
+    return rec
+
+
+def validate(task: str, table: Table, names: list[str], draws: int, trials: int) -> str:
+    """Real searches beside simulated ones on the same seed draws: trial by trial, and winners."""
+    lines = [f"## {task}: real vs simulated searches ({trials} trials)", "",
+             "| strategy | seeds | winner, real | winner, simulated | first kept (real, sim) | "
+             "trials alike (intervention and label) |", "|---|---|---|---|---|---|"]
+    for name in names:
+        sims = simulate(table, {**RUN[name], "name": name}, draws, trials)
+        for sim in sims:
+            rec = real(task, table, name, sim.seeds, trials)
+            sim_moves = list(sim.interventions)
+            alike = sum(1 for a, b, la, lb in zip(rec["interventions"], sim_moves, rec["labels"], sim.labels)
+                        if a == b and la == lb)
+            lines.append(f"| {name} | {list(sim.seeds)} | {rec['winner']} | {sim.winner} | "
+                         f"{rec['first_kept']}, {sim.first_kept} | {alike} of {len(rec['labels'])} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("task")
+    ap.add_argument("--replicates", type=int, default=200)
+    ap.add_argument("--trials", type=int, nargs="+", default=[8, 16])
+    ap.add_argument("--strategies", nargs="+", default=[*RUN, "sweep"], choices=[*RUN, "sweep"])
+    ap.add_argument("--fill", action="store_true", help="train and add versions the table lacks")
+    ap.add_argument("--validate", type=int, default=0, metavar="DRAWS",
+                    help="run the first DRAWS seed draws of each strategy for real too, and compare (implies --fill)")
+    args = ap.parse_args()
+    fill = trainer(args.task)[1] if args.fill or args.validate else None
+    table = Table.load(TABLES / args.task, fill)
+    if args.validate:
+        text = validate(args.task, table, [s for s in args.strategies if s != "sweep"], args.validate, args.trials[0])
+        (OUT / f"{args.task}-validation.md").write_text(text + "\n")
+        print(text)
+        return
+    results: dict[tuple[str, int], list[Replicate]] = {}
+    for trials in args.trials:
+        for name in args.strategies:
+            t = time.time()
+            reps = sweep(table, args.replicates, trials) if name == "sweep" else \
+                simulate(table, {**RUN[name], "name": name}, args.replicates, trials)
+            results[(name, trials)] = reps
+            print(f"  {name} x {trials} trials: {len(reps)} replicates in {time.time() - t:.0f} s, "
+                  f"mean gain {statistics.fmean(r.gain for r in reps):+.1f}", flush=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{args.task}.json").write_text(json.dumps(
+        {f"{n}@{k}": [asdict(r) for r in reps] for (n, k), reps in results.items()}) + "\n")
+    text = report(args.task, table, results)
+    (OUT / f"{args.task}.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

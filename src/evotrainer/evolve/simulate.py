@@ -1,0 +1,258 @@
+"""The search simulator: the real controller, agents, population, gate and choice of a winner,
+run against a landscape table (evolve/landscape.py) instead of training.
+
+`TableTraining` is the controller's training backend: a segment's validation and test
+accuracy per seed are the table row's of its harness (by content, whichever path reached it),
+its findings are the row's findings on those seeds, and the backtest of a move from the root
+is the verdict recorded for it on the root's rollouts. Nothing trains, so a search of 8
+trials takes about a second and a strategy can be run hundreds of times per task.
+
+How a simulated run maps onto the table's pool of seeds:
+    the run's seeds          two pool seeds, drawn per replicate (paired across strategies)
+    noise replicas           the table's replica rows, on the run's seeds
+    extra seed pairs         (a sequential gate's) the pool seeds the run does not use, in order
+    the winner's test score  its row's test accuracy on the pool seeds the search never trained
+                             on: fresh seeds, paired with the root's and the tuned recipe's
+
+A version the table has no row for (a move from a kept child, say) is, with a `fill` trainer
+(the table's own: same base, split key and segment cache), trained on the whole pool and added
+to the table as a row of kind "reached", so the next replicate that reaches it draws from it.
+Without one it is predicted from its moves' single rows where it is a combination of them
+(each seed's accuracy is the root's plus each move's paired gain there: additive, which the
+table's combinations measure), and otherwise a *miss*: its segment fails (label crash, "not
+in the table"). The table counts both. A backtest the table did not record (any parent but
+the root) passes.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from evotrainer.backtest.run import BacktestOutcome
+from evotrainer.config import config_from_dict
+from evotrainer.evolve.controller import Controller
+from evotrainer.evolve.diagnosis import worst_of
+from evotrainer.evolve.landscape import (BACKTESTS, ROWS, Config, Row, build, changed_knobs, content_key,
+                                        read_backtests, read_rows)
+from evotrainer.evolve.state import EXTRA_PAIR_DATA, Clock, Segment, SegmentFailed, State
+from evotrainer.evolve.training import Training
+from evotrainer.labels import Label
+from evotrainer.lineage import LineageStore
+from evotrainer.lineage.events import RunStarted
+
+TABLE = "table:"               # a simulated train directory: table:ROW/seed-S
+
+
+@dataclass
+class Table:
+    """A landscape table as the simulator reads it."""
+    rows: dict[str, Row]
+    seeds: list[int]
+    config: dict                                   # the task's run config the table was built with
+    root_dir: Path                                 # the root's harness files
+    backtests: dict[str, dict[int, dict]] = field(default_factory=dict)  # move -> pool seed -> outcome
+    out: Path | None = None                        # where it is recorded (rows a fill adds go there)
+    fill: Training | None = None                   # trains a version not in the table (None: predict or miss)
+    misses: int = 0                                # versions neither in the table nor additive
+    predicted: int = 0                             # versions predicted additively
+    filled: int = 0                                # versions trained and added
+
+    @classmethod
+    def load(cls, out: Path, fill: Training | None = None) -> "Table":
+        meta = json.loads((out / "meta.json").read_text())
+        return cls(read_rows(out / ROWS), meta["seeds"], meta["config"], out / "harnesses" / "root",
+                   read_backtests(out / BACKTESTS), out, fill)
+
+    def __post_init__(self) -> None:
+        self.by_key = {r.key: r for r in self.rows.values() if r.key and r.val}
+        self.root = self.rows["root"]
+        self.replicas = {r.replica: r for r in self.rows.values() if r.kind == "replica"}
+        self._changes = {r.name: _change(self.root_dir, self.root_dir.parent / r.name)
+                         for r in self.rows.values() if r.kind == "move" and r.val}
+
+    def row_for(self, harness: Path, replica: int = 0) -> Row | None:
+        """The row a harness trains as (a replica row for the root's noise replicas), or its
+        additive prediction, or None."""
+        key = content_key(harness)
+        if replica:
+            return self.replicas.get(replica) if key == self.root.key else None
+        if key in self.by_key:
+            return self.by_key[key]
+        if self.fill is not None:
+            return self._train(harness, key)
+        parts = self._decompose(_change(self.root_dir, harness))
+        if parts is None:
+            self.misses += 1
+            return None
+        self.predicted += 1
+        return self._additive(key, [self.rows[n] for n in parts])
+
+    def _train(self, harness: Path, key: str) -> Row:
+        """`harness` trained on the whole pool by the fill trainer, recorded as a row of its own."""
+        name = f"reached-{key}"
+        rows = build(self.fill, self.root_dir, [Config(name, "reached", harness=harness)], self.seeds, self.out)
+        row = rows[name]
+        self.rows[name] = row
+        if row.val:
+            self.by_key[key] = row
+        self.filled += 1
+        return row if row.val else None
+
+    def _decompose(self, change: dict) -> list[str] | None:
+        """Single moves whose changes, disjoint, make up `change` exactly (largest first)."""
+        left, parts = dict(change), []
+        for name, c in sorted(self._changes.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            if c and all(left.get(k) == v for k, v in c.items()):
+                parts.append(name)
+                for k in c:
+                    del left[k]
+        return parts if not left and parts else None
+
+    def _additive(self, key: str, parts: list[Row]) -> Row:
+        def add(split: str) -> dict[int, float]:
+            base = getattr(self.root, split)
+            return {s: min(1.0, max(0.0, base[s] + sum(getattr(p, split)[s] - base[s] for p in parts)))
+                    for s in base}
+        findings = parts[-1].findings  # the closest measured: the last move's
+        return Row("+".join(p.name for p in parts), "predicted", key, [m for p in parts for m in p.moves],
+                   [f for p in parts for f in p.families], {}, add("val"), add("test"), findings=findings)
+
+
+def _change(root: Path, harness: Path) -> dict:
+    """A harness's change from the root: knob values, and files whose bytes differ."""
+    out = {("knob", k): json.dumps(v, sort_keys=True) for k, v in changed_knobs(root, harness).items()}
+    for f in sorted(p for p in harness.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        rel = f.relative_to(harness)
+        if rel.name != "knobs.yaml" and (not (root / rel).is_file() or (root / rel).read_bytes() != f.read_bytes()):
+            out[("file", str(rel))] = f.read_text()
+    return out
+
+
+@dataclass
+class TableTraining(Training):
+    """Training drawn from a table: no worker, no evaluator, no evidence read."""
+    table: Table | None = None
+
+    def train(self, segments: list[Segment], clock: Clock, read=None) -> list[State | SegmentFailed]:
+        out = []
+        for sg in segments:
+            row = self.table.row_for(self.harness_dir(sg.version), sg.replica)
+            if row is None:
+                out.append(SegmentFailed(Label.CRASH, "not in the table (a simulator's miss)"))
+                continue
+            seeds = sg.seeds or self.cfg.seeds
+            pool = {s: self._pool_seed(s, sg.data_offset) for s in seeds}
+            dirs = {s: f"{TABLE}{row.name}/seed-{pool[s]}" for s in seeds}
+            clock.reused += len(seeds)
+            state = State(sg.version, sg.depth, dirs, {s: row.val[pool[s]] for s in seeds},
+                          {s: row.test[pool[s]] for s in seeds})
+            self._rows[row.name] = row
+            if read is not None:
+                read(sg, dirs)
+            out.append(state)
+        return out
+
+    def _pool_seed(self, seed: int, data_offset: int) -> int:
+        """The pool seed a run seed trains on: itself, or for the k-th extra pair of a sequential
+        gate the k-th pool seed the run does not use (cycling)."""
+        if not data_offset:
+            return seed
+        unused = [s for s in self.table.seeds if s not in self.cfg.seeds]
+        return unused[(data_offset - EXTRA_PAIR_DATA - 1) % len(unused)]
+
+    def findings(self, dirs: dict[int, str], harness_dir: Path) -> list[dict]:
+        reports = []
+        for d in dirs.values():
+            name, seed = _parse(d)
+            reports.append(self._rows[name].findings.get(seed, []))
+        return worst_of(reports)
+
+    def backtest(self, parent: State, candidate: Path, parent_dir: Path) -> BacktestOutcome:
+        name, seed = _parse(parent.dirs[min(parent.dirs)])
+        row = self.table.by_key.get(content_key(candidate))
+        rec = self.table.backtests.get(row.name, {}).get(seed) if row and name == "root" else None
+        if rec is None:
+            return BacktestOutcome("passed", [])
+        return BacktestOutcome(rec["label"], rec["reasons"], signal=rec.get("signal", ""))
+
+    def ingest(self, name: str, state: State) -> None:  # no evidence: the table has none
+        pass
+
+    def ingest_later(self, name: str, state: State) -> None:
+        pass
+
+    def ingest_missing(self, trials) -> None:
+        pass
+
+    _rows: dict[str, Row] = field(default_factory=dict, init=False, repr=False)
+
+
+def _parse(d: str) -> tuple[str, int]:
+    name, seed = d[len(TABLE):].rsplit("/seed-", 1)
+    return name, int(seed)
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """One simulated search: its seeds, its winner and what the winner scores on fresh seeds."""
+    strategy: str
+    replicate: int
+    seeds: tuple[int, ...]
+    winner: str                   # the winner's row ("root" where nothing was kept)
+    holds: tuple[str, ...]        # its moves
+    gain: float                   # test gain over the root on the fresh seeds (points, 0-100)
+    first_kept: int | None        # the trial that first kept a version
+    labels: tuple[str, ...]       # each trial's label
+    interventions: tuple[str, ...] = ()  # each trial's intervention
+
+
+def simulate(table: Table, strategy: dict, replicates: int, trials: int, seeds_per_run: int = 2,
+             workdir: Path | None = None) -> list[Replicate]:
+    """`replicates` searches of `strategy` (config keys: agent, search) at `trials` trials each.
+    Replicate r draws its run seeds from the pool with random.Random(r): every strategy sees
+    the same draws, so their gains pair by replicate."""
+    out = []
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        for r in range(replicates):
+            seeds = tuple(sorted(random.Random(r).sample(table.seeds, seeds_per_run)))
+            out.append(_one(table, strategy, r, seeds, trials, Path(tmp) / f"r{r}"))
+            shutil.rmtree(Path(tmp) / f"r{r}", ignore_errors=True)
+    return out
+
+
+def _one(table: Table, strategy: dict, r: int, seeds: tuple[int, ...], trials: int, run_dir: Path) -> Replicate:
+    raw = {**table.config, "agent": strategy.get("agent", "rules"), "seeds": list(seeds), "final_seeds": [],
+           "cache": "off"}
+    raw["search"] = {**raw.get("search", {}), **strategy.get("search", {}), "skills": strategy.get("skills")}
+    raw["budget"] = {**raw["budget"], "trials": trials}
+    raw["harness"] = str(table.root_dir)
+    cfg = config_from_dict(raw).validate()
+    run_dir.mkdir(parents=True)
+    store = LineageStore(run_dir / "lineage.sqlite")
+    try:  # a started run: the controller builds no base and keys no split
+        store.append(RunStarted(base=str(run_dir / "no-base"), max_depth=1, run_id=f"sim-{r}"))
+    finally:
+        store.close()
+    ctl = Controller(cfg, run_dir, backend=partial(TableTraining, table=table))
+    try:
+        ctl.run()
+        label, versions, _ = ctl.winner_schedule()
+        trials_done = ctl.store.trials()
+    finally:
+        ctl.store.close()
+    winner = versions[-1]
+    row = table.row_for(ctl._harness_dir(winner)) or table.root
+    fresh = [s for s in table.seeds if s not in seeds]
+    gain = statistics.fmean(100 * (row.test[s] - table.root.test[s]) for s in fresh)
+    kept = next((t.id for t in trials_done if t.parents and t.label == Label.KEPT), None)
+    judged = [t for t in trials_done if t.parents]
+    return Replicate(strategy.get("name", ""), r, seeds, row.name, tuple(row.moves), gain, kept,
+                     tuple(t.label for t in judged), tuple(t.intervention for t in judged))
+
+

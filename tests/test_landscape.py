@@ -1,0 +1,188 @@
+"""Landscape tables and the search simulator: a row is found by what its harness trains as,
+whichever path made it; a build goes on where it stopped; the real controller searching a
+table keeps what the table says gains, scores it on seeds it never trained on, and pairs its
+seed draws across strategies."""
+import json
+import random
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from evotrainer.agents.catalog import Proposal
+from evotrainer.evolve.landscape import (BACKTESTS, ROWS, Config, Row, build, changed_knobs, content_key, read_rows,
+                                         root_moves, write_harness)
+from evotrainer.evolve.simulate import Table, simulate
+from evotrainer.evolve.state import SegmentFailed, State
+from evotrainer.harness import REFERENCE
+
+ROOT = Path(REFERENCE)
+SEEDS = [0, 1, 2, 3, 4, 5]
+GREEDY = {"name": "greedy", "agent": "rules", "search": {"selection": "greedy", "crossover": False, "escalation": False}}
+RANDOM = {"name": "random", "agent": "random", "search": {"selection": "greedy", "crossover": False, "escalation": False}}
+CONFIG = {"task": "arith", "level": 3, "search": {"mode": "restart"}, "seeds": [0, 1], "agent": "rules",
+          "budget": {"trials": 4, "total_steps": 60, "wall_clock_s": 10800, "trial_timeout_s": 600},
+          "evaluation": {"last_k": 2}, "promotion": {"alpha": 0.025, "min_gain": 0.01}}
+DEAD = {"diagnostic": "dead_group_ratio", "layer": "signal", "severity": "critical", "blocking": False, "value": 0.6,
+        "evidence": "dead_group_ratio = 0.6", "suggest": "reward: make the reward more continuous (partial credit)"}
+
+
+def moves() -> dict[str, Proposal]:
+    return {p.intervention: p for p in root_moves(ROOT, 3)}
+
+
+def test_a_row_is_found_by_what_its_harness_trains_as(tmp_path):
+    m = moves()
+    a = write_harness(ROOT, tmp_path / "a", [m["lr_x0.8"], m["clip_high_x1.25"]])
+    b = write_harness(ROOT, tmp_path / "b", [m["clip_high_x1.25"], m["lr_x0.8"]])
+    c = write_harness(ROOT, tmp_path / "c", [m["lr_x1.25"], m["clip_high_x1.25"]])
+    assert content_key(a) == content_key(b) != content_key(c)
+    # comments and order in knobs.yaml do not count; a slot file does
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "knobs.yaml").write_text("# a note\n" + "\n".join(reversed(
+        (a / "knobs.yaml").read_text().splitlines())) + "\n")
+    assert content_key(tmp_path / "d") == content_key(a)
+    (tmp_path / "d" / "reward.py").write_text("x = 1\n")
+    assert content_key(tmp_path / "d") != content_key(a)
+    assert changed_knobs(ROOT, a) == {"clip_high": m["clip_high_x1.25"].knobs["clip_high"],
+                                      "lr": m["lr_x0.8"].knobs["lr"]}
+
+
+def test_every_move_from_the_root_changes_it_once(tmp_path):
+    keys = {content_key(write_harness(ROOT, tmp_path / p.intervention, [p])) for p in moves().values()}
+    assert len(keys) == len(moves()) and content_key(ROOT) not in keys
+    assert {"partial_credit", "lower_lr", "mix_score1_partial0p5", "lr_x0.8"} <= set(moves())
+
+
+class FakeTraining:
+    """Training's interface for `build`: each segment's accuracy from `acc(name, seed)`; counts
+    what it trains; raises on the batch `fail_at`."""
+    def __init__(self, acc, fail_at: int | None = None):
+        self.acc, self.fail_at, self.trained, self.batches = acc, fail_at, [], 0
+        self.harness_dir = None
+
+    def train(self, segments, clock, read=None):
+        self.batches += 1
+        if self.batches == self.fail_at:
+            raise KeyboardInterrupt  # a stop mid-build
+        out = []
+        for sg in segments:
+            assert self.harness_dir(sg.version).is_dir()
+            self.trained.append(sg.version)
+            if sg.version == "broken":
+                out.append(SegmentFailed("crash", "seed 0: boom"))
+                continue
+            seeds = sg.seeds
+            out.append(State(sg.version, 1, {s: str(sg.out_root / f"seed-{s}") for s in seeds},
+                             {s: self.acc(sg.version, s) for s in seeds}, {s: self.acc(sg.version, s) for s in seeds}))
+        return out
+
+    def findings(self, dirs, harness_dir):
+        return [DEAD]
+
+
+def test_a_stopped_build_goes_on_where_it_stopped(tmp_path):
+    m = moves()
+    configs = [Config("root", "root"), Config("replica-1", "replica", replica=1)] + [
+        Config(n, "move", (m[n],)) for n in ("lower_lr", "partial_credit", "drop_dead", "clip_higher")] + [
+        Config("broken", "move", (m["warmup"],))]
+    acc = lambda name, s: 0.1 + 0.01 * s + (0.2 if name == "partial_credit" else 0.0)  # noqa: E731
+    with pytest.raises(KeyboardInterrupt):
+        build(FakeTraining(acc, fail_at=2), ROOT, configs, SEEDS, tmp_path, batch=3)
+    assert list(read_rows(tmp_path / ROWS)) == ["root", "replica-1", "lower_lr"]
+    again = FakeTraining(acc)
+    rows = build(again, ROOT, configs, SEEDS, tmp_path, batch=3)
+    assert again.trained == ["partial_credit", "drop_dead", "clip_higher", "broken"]
+    assert rows["partial_credit"].val[3] == pytest.approx(0.33) and rows["partial_credit"].findings[0] == [DEAD]
+    assert rows["broken"].failed and not rows["broken"].val
+    assert rows["replica-1"].key == "" and rows["lower_lr"].key == content_key(tmp_path / "harnesses" / "lower_lr")
+    done = FakeTraining(acc)
+    build(done, ROOT, configs, SEEDS, tmp_path)
+    assert done.trained == []
+
+
+def synthetic(tmp_path: Path, gains: dict[str, float], backtests: dict[str, str] | None = None,
+              noise: float = 0.01) -> Path:
+    """A table with every root move: `gains` (validation and test points, 0-1) where given,
+    a small loss elsewhere; the root at 0.1 plus a seed effect; per-seed noise."""
+    rng, m = random.Random(0), moves()
+    seed_effect = {s: rng.gauss(0, 0.03) for s in SEEDS}
+    rows = []
+
+    def row(name, kind, mv, shift, replica=0):
+        h = write_harness(ROOT, tmp_path / "harnesses" / name, mv)
+        val = {s: 0.1 + seed_effect[s] + shift + rng.gauss(0, noise) for s in SEEDS}
+        test = {s: v + rng.gauss(0, noise) for s, v in val.items()}
+        rows.append(Row(name, kind, "" if replica else content_key(h), [p.intervention for p in mv],
+                        [p.family for p in mv], changed_knobs(ROOT, h), val, test, replica,
+                        {} if replica else {s: [DEAD] for s in SEEDS}))
+    row("root", "root", [], 0.0)
+    for r in (1, 2):
+        row(f"replica-{r}", "replica", [], 0.0, r)
+    for name, p in m.items():
+        row(name, "move", [p], gains.get(name, -0.02))
+    (tmp_path / ROWS).write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
+    (tmp_path / BACKTESTS).write_text("".join(
+        json.dumps({"name": n, "seed": s, "label": label, "reasons": ["planted"], "signal": ""}) + "\n"
+        for n, label in (backtests or {}).items() for s in SEEDS))
+    (tmp_path / "meta.json").write_text(json.dumps({"seeds": SEEDS, "config": CONFIG}))
+    return tmp_path
+
+
+def test_the_simulated_search_keeps_what_the_table_says_gains(tmp_path):
+    table = Table.load(synthetic(tmp_path, {"partial_credit": 0.25}))
+    reps = simulate(table, GREEDY, 3, 4)
+    for r in reps:
+        assert r.winner == "partial_credit" and r.holds == ("partial_credit",)
+        fresh = [s for s in SEEDS if s not in r.seeds]  # scored on the seeds it never trained on
+        rows = table.rows
+        assert r.gain == pytest.approx(sum(100 * (rows["partial_credit"].test[s] - rows["root"].test[s])
+                                           for s in fresh) / len(fresh))
+        assert r.first_kept is not None and r.labels[r.first_kept - 1] == "kept"
+    # replicate r draws the same seeds whatever the strategy: gains pair
+    assert [r.seeds for r in reps] == [r.seeds for r in simulate(table, RANDOM, 3, 2)]
+    assert len({r.seeds for r in reps}) > 1
+
+
+def test_a_flat_table_keeps_nothing_and_a_recorded_backtest_vetoes(tmp_path):
+    table = Table.load(synthetic(tmp_path, {"partial_credit": 0.25}, {"partial_credit": "backtest_rejected"}))
+    (r,) = simulate(table, GREEDY, 1, 3)
+    assert r.winner == "root" and r.gain == 0 and r.first_kept is None
+    assert r.labels[0] == "backtest_rejected"  # the dead-group finding points at the reward first
+
+
+def test_a_version_off_the_table_is_predicted_from_its_moves_or_missed(tmp_path):
+    table = Table.load(synthetic(tmp_path, {"lower_lr": 0.05, "clip_higher": 0.03}))
+    m = moves()
+    both = table.row_for(write_harness(ROOT, tmp_path / "both", [m["clip_higher"], m["lower_lr"]]))
+    root, a, b = table.root, table.rows["lower_lr"], table.rows["clip_higher"]
+    assert both.kind == "predicted" and set(both.moves) == {"lower_lr", "clip_higher"}
+    for s in SEEDS:
+        assert both.val[s] == pytest.approx(root.val[s] + (a.val[s] - root.val[s]) + (b.val[s] - root.val[s]))
+    assert (table.predicted, table.misses) == (1, 0)
+    odd = Proposal("odd_lr", "optimisation", "", "", "", "", knobs={"lr": 1.234e-4})  # no row sets this value
+    assert table.row_for(write_harness(ROOT, tmp_path / "odd", [odd, m["lower_lr"]])) is not None  # lower_lr's own
+    assert table.row_for(write_harness(ROOT, tmp_path / "off", [m["clip_higher"], odd])) is None
+    assert (table.predicted, table.misses) == (1, 1)
+
+
+def test_screen_trains_each_change_from_the_base_and_goes_on_after_a_stop(tmp_path, ckpt, capsys):
+    from helpers import run_cli, write_harness as small_harness
+    root = small_harness(tmp_path / "root")
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"task: arith\nlevel: 1\nharness: {root}\nseeds: [0, 1]\nmodel: {ckpt}\n"
+                   "budget: {total_steps: 2, steps_per_segment: 2, trial_timeout_s: 120}\nevaluation: {every: 1}\n")
+    out = tmp_path / "screen"
+    code, _, err = run_cli(capsys, "screen", cfg, "--out", out, "--moves", "lower_lr,nonsense")
+    assert code == 2 and err.count("\n") == 1 and "no move nonsense" in err and "partial_credit" in err
+    code, stdout, err = run_cli(capsys, "screen", cfg, "--out", out, "--moves", "lower_lr,partial_credit", "--json")
+    assert code == 0, err
+    rows = json.loads(stdout)
+    assert set(rows) == {"root", "lower_lr", "partial_credit"}
+    assert all(set(r["val"]) == {"0", "1"} and not r["failed"] for r in rows.values())
+    table = (out / "screen.md").read_text()
+    assert "| lower_lr | move |" in table and "| root | root |" in table
+    # the segments are cached and the rows recorded: the same screen again trains nothing
+    assert (out / ROWS).read_text().count("\n") == 3
+    code, stdout2, _ = run_cli(capsys, "screen", cfg, "--out", out, "--moves", "lower_lr,partial_credit", "--json")
+    assert code == 0 and json.loads(stdout2) == rows and (out / ROWS).read_text().count("\n") == 3
