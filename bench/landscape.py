@@ -35,24 +35,28 @@ sys.path.insert(0, str(ROOT / "bench"))
 for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(var, "1")  # nothing here downloads
 
-from evotrainer.agents.catalog import Proposal  # noqa: E402
+from evotrainer.agents.catalog import FAMILY, Proposal  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve import setup  # noqa: E402
-from evotrainer.evolve.landscape import ROWS, Config, Row, backtests, build, read_rows, root_moves, table_md  # noqa: E402
-from evotrainer.evolve.segment_cache import SegmentCache  # noqa: E402
-from evotrainer.evolve.stats import paired_differences  # noqa: E402
+from evotrainer.evolve.landscape import (BACKTESTS, ROWS, Config, Row, backtests, build, read_backtests, read_rows,
+                                        root_moves, table_md)  # noqa: E402
+from evotrainer.evolve.segment_cache import SegmentCache, start_identity  # noqa: E402
+from evotrainer.evolve.retrain import Arm, retrain  # noqa: E402
+from evotrainer.evolve.stats import paired_differences, t_interval  # noqa: E402
 from evotrainer.evolve.training import Training  # noqa: E402
 from evotrainer.executors import LocalPool  # noqa: E402
 from evotrainer.harness import REFERENCE  # noqa: E402
 from evotrainer.harness.knobs import load_knobs  # noqa: E402
-from evotrainer.tasks.keys import key_digest, split_key  # noqa: E402
+from evotrainer.tasks.keys import key_digest, key_path, split_key  # noqa: E402
 from search_suite import code_version, sweep_recipes  # noqa: E402
 
 CONFIGS = ROOT / "bench" / "configs" / "landscape"
 OUT = ROOT / "bench" / "results" / "landscape"
 SEEDS = [0, 1, 2, 3, 4, 5]  # the pool every row trains on
 HEADROOM_SEEDS = SEEDS[:3]  # --headroom's first look
+FRESH = [300, 301, 302, 303, 304]  # --fresh: seeds no row trained on
+KEY = "split.key"           # the table's split key (which held-out problems are validation and test)
 REPLICAS = 2                # the root again on the same problems, other sampling seeds
 BEST = 4                    # combinations among the best single moves
 
@@ -62,12 +66,14 @@ def singles(root: Path, target: int) -> list[Config]:
     already make)."""
     out = [Config("root", "root")] + [Config(f"replica-{r}", "replica", replica=r) for r in range(1, REPLICAS + 1)]
     moves = root_moves(root, target)
-    out += [Config(p.intervention, "move", (p,)) for p in moves]
+    catalog = [p for p in moves if p.intervention in FAMILY]  # first: what the rules agent tries first
+    out += [Config(p.intervention, "move", (p,)) for p in catalog]
     knobs = yaml.safe_load((root / "knobs.yaml").read_text())
     made = [knobs | p.knobs for p in moves if not p.files]
     for name, change in sweep_recipes(load_knobs(root / "knobs.yaml")).items():
         if knobs | change != knobs and knobs | change not in made:  # the root, or a move: trained once
             out.append(Config(f"sweep:{name}", "sweep", (Proposal(name, "sweep", "", "", "", "", knobs=change),)))
+    out += [Config(p.intervention, "move", (p,)) for p in moves if p not in catalog]
     return out
 
 
@@ -92,26 +98,121 @@ def combos(rows: dict[str, Row], by_name: dict[str, Proposal]) -> list[Config]:
     return [Config("+".join(s), "combo", tuple(by_name[n] for n in s)) for s in sets]
 
 
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(v):
+            j = i
+            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else float("nan")
+
+
+def agreement(rows: dict[str, Row], bts: dict[str, dict[int, dict]]) -> str:
+    """The backtest against training: each move's verdict on each seed's root rollouts beside
+    its trained gain over the root (validation points, mean over the pool). A move "gains" where
+    its mean gain is above zero; the backtest "passes" it where it passes on most seeds. Its
+    only graded output, the dead-group ratio it predicts, is ranked against the gains."""
+    root, lines, cells = rows["root"], [], []
+    for name, by_seed in sorted(bts.items()):
+        r = rows.get(name)
+        if r is None or not r.val:
+            continue
+        g = 100 * statistics.fmean(paired_differences(r.val, root.val))
+        passed = sum(b["label"] == "passed" for b in by_seed.values()) > len(by_seed) / 2
+        drop = [b["dead_group_ratio_before"] - b["dead_group_ratio_after"] for b in by_seed.values()
+                if "dead_group_ratio_after" in b]
+        cells.append((name, passed, g, statistics.fmean(drop) if drop else 0.0))
+    if not cells:
+        return "no backtests recorded"
+    gains = [c for c in cells if c[2] > 0]
+    passed = [c for c in cells if c[1]]
+    agree = sum(c[1] == (c[2] > 0) for c in cells)
+    prec = sum(c[2] > 0 for c in passed) / len(passed) if passed else float("nan")
+    rho = spearman([c[3] for c in cells], [c[2] for c in cells])
+    lines += [f"Backtest vs training over {len(cells)} moves: agreement {agree} of {len(cells)} "
+              f"({100 * agree / len(cells):.0f}%); passed {len(passed)}, of which {prec:.0%} gain "
+              f"(base rate: {len(gains)} of {len(cells)} moves gain); rank correlation of the dead groups it "
+              f"removes with the trained gain {rho:+.2f}.", "",
+              "| move | backtest | dead groups removed | trained gain, val points |", "|---|---|---|---|"]
+    lines += [f"| {n} | {'passed' if p else 'rejected'} | {d:+.2f} | {g:+.1f} |"
+              for n, p, g, d in sorted(cells, key=lambda c: -c[2])]
+    return "\n".join(lines)
+
+
+def best_by_val(rows: dict[str, Row], kinds: tuple[str, ...]) -> str:
+    cands = [r for r in rows.values() if r.val and (r.kind in kinds or r.name == "root")]
+    return max(cands, key=lambda r: statistics.fmean(r.val.values())).name
+
+
+def headroom(name: str, training: Training, rows: dict[str, Row]) -> str:
+    """The task's headroom on fresh seeds: the default recipe (the root), the tuned one (the
+    sweep's recipe, or the move a sweep recipe equals, with the best mean validation accuracy
+    on the pool) and the table's best entry by validation, each retrained from the base on
+    FRESH seeds no row saw; test gains paired by seed, with 95% t intervals."""
+    out = OUT / name
+    sweep_like = [n for n in ("lower_lr", "larger_groups", "partial_credit") if n in rows]
+    tuned = best_by_val({n: r for n, r in rows.items() if r.kind == "sweep" or n in sweep_like},
+                        ("sweep", "move"))
+    best = best_by_val(rows, ("move", "sweep", "combo", "reached"))
+    arms = {n: Arm((str(out / "harnesses" / n),), training.cfg.budget.total_steps) for n in {"root", tuned, best}}
+    rep = retrain(training.task, training.base, arms, FRESH, out / "fresh", training.cfg.evaluation,
+                  training.cfg.budget.trial_timeout_s, 2, training.runtime, cache=training.cache)
+    test = {n: {s: 100 * v["test"] for s, v in by_seed.items()} for n, by_seed in rep.scores.items()}
+    lines = [f"Headroom on fresh seeds {FRESH} (test %, paired by seed; 95% t):", "",
+             "| recipe | chosen as | test % | − default |", "|---|---|---|---|",
+             f"| root | default | {statistics.fmean(test['root'].values()):.1f} | – |"]
+    for n, why in ((tuned, "tuned: the sweep's best by validation"), (best, "the table's best by validation")):
+        d = paired_differences(test[n], test["root"])
+        lo, hi = t_interval(d)
+        lines.append(f"| {n} | {why} | {statistics.fmean(test[n].values()):.1f} | "
+                     f"{statistics.fmean(d):+.1f} [{lo:+.1f}, {hi:+.1f}] |")
+    (out / "fresh.json").write_text(json.dumps({"seeds": FRESH, "tuned": tuned, "best": best, "test": test}) + "\n")
+    return "\n".join(lines)
+
+
 def trainer(name: str, workers: int = 2) -> tuple[dict, Training, Path]:
     """The task's config (with the pool as its seeds), a Training on its table's directory (the
-    base built or read from the base cache, the split key this machine's), and the root harness.
-    Refuses a table recorded on another base or under another split key."""
+    base built or read from the base cache, under the table's split key), and the root harness.
+
+    A table keeps its split key beside its rows (KEY: a benchmark's key, never a user run's), and
+    a machine without a key for that base takes it, so a table outlives its machine wherever the
+    base builds to the same weights. Refuses a table recorded on other weights or another key."""
     out = OUT / name
     raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
     raw["seeds"] = SEEDS
     cfg = config_from_dict(raw).validate()
     task = get_task(cfg.task, cfg.level)
     base = setup.base_checkpoint(cfg, task, None, lambda kind, d: None)
+    here = key_path(Path(base).name)
+    if (out / KEY).exists() and not here.exists():  # the table's problems, on a machine that has none yet
+        here.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(here.parent, 0o700)
+        with os.fdopen(os.open(here, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
+            fh.write((out / KEY).read_text().strip())
     task.use_key(split_key(Path(base).name))
     meta_path = out / "meta.json"
-    key = key_digest(task.key)
+    key, weights = key_digest(task.key), start_identity(Path(base))
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
-        if (meta["base"], meta["split_key_digest"]) != (Path(base).name, key):
-            raise SystemExit(f"error: {out} was built on base {meta['base']} under split key "
-                             f"{meta['split_key_digest']}; this machine has {Path(base).name} / {key}: "
+        if (meta.get("base_digest", weights), meta["split_key_digest"]) != (weights, key):
+            raise SystemExit(f"error: {out} was built on base {meta.get('base_digest')} under split key "
+                             f"{meta['split_key_digest']}; this machine has {weights} / {key}: "
                              f"build under another name")
     out.mkdir(parents=True, exist_ok=True)
+    if not (out / KEY).exists():
+        (out / KEY).write_text(task.key.hex() + "\n")
     root = Path(cfg.harness or REFERENCE)
     runtime = cfg.runtime().validate(here=True).on_base(base)
     training = Training(cfg, task, runtime, base, out, lambda v: root, executor=LocalPool(workers),
@@ -126,17 +227,23 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=4, help="configurations per pool and evaluator")
     ap.add_argument("--only", choices=("singles", "all"), default="all")
+    ap.add_argument("--fresh", action="store_true", help="the default, the tuned recipe and the table's best "
+                    f"retrained on fresh seeds {FRESH} (the task's headroom), after the table")
+    ap.add_argument("--headroom", action="store_true", help="first look, before a whole table: the root, the "
+                    f"catalog's moves and the sweep on seeds {HEADROOM_SEEDS}, in TASK/headroom/ (the table reuses them)")
     args = ap.parse_args()
     out = OUT / args.task
     if args.show:
-        print(table_md(read_rows(out / ROWS)))
+        rows = read_rows(out / ROWS)
+        print(table_md(rows) + "\n\n" + agreement(rows, read_backtests(out / BACKTESTS)))
         return
     t0 = time.time()
     raw, training, root = trainer(args.task, args.workers)
     meta_path = out / "meta.json"
     spent = json.loads(meta_path.read_text())["seconds"] if meta_path.exists() else 0
     meta = {"task": args.task, "config": raw, "seeds": SEEDS, "steps": training.cfg.budget.total_steps,
-            "base": Path(training.base).name, "split_key_digest": key_digest(training.task.key),
+            "base": Path(training.base).name, "base_digest": start_identity(Path(training.base)),
+            "split_key_digest": key_digest(training.task.key),
             "code": code_version(), "seconds": spent}
 
     def note(what: str) -> None:
@@ -148,13 +255,36 @@ def main() -> None:
         note(f"{r.name}: val {100 * statistics.fmean(r.val.values()):.1f}%" if r.val else f"{r.name}: {r.failed}")
 
     first = singles(root, training.task.target_level)
+    if args.fresh:
+        text = headroom(args.task, training, read_rows(out / ROWS))
+        (out / "fresh.md").write_text(text + "\n")
+        print(text)
+        return
+    if args.headroom:
+        look = [c for c in first if c.kind in ("root", "sweep") or (c.kind == "move" and c.name in FAMILY)]
+        rows = build(training, root, look, HEADROOM_SEEDS, out / "headroom", args.batch, on_row)
+        (out / "headroom" / "table.md").write_text(table_md(rows) + "\n")
+        print(table_md(rows))
+        return
     by_name = {c.name: c.moves[0] for c in first if c.kind == "move"}
-    rows = build(training, root, first, SEEDS, out, args.batch, on_row)
-    configs = first + (combos(rows, by_name) if args.only == "all" else [])
-    rows = build(training, root, configs, SEEDS, out, args.batch, on_row)
-    backtests(out, configs, SEEDS, training.cfg.budget.trial_timeout_s, lambda name: note(f"backtested {name}"))
-    (out / "table.md").write_text(table_md(rows) + "\n")
-    print(table_md(rows))
+    # the catalog and the sweep, combinations of the best single moves so far, then the space's
+    # moves (which only the random agent and long searches reach); combinations again once the
+    # singles are all in (a better single makes new ones)
+    lead = [c for c in first if c.kind != "move" or c.name in FAMILY]
+    rows = build(training, root, lead[:1], SEEDS, out, args.batch, on_row)
+    configs = []
+    for part in (lead, first):
+        if args.only == "all":
+            configs += [c for c in combos(rows, by_name) if c not in configs]
+        configs += [c for c in part if c not in configs]
+        rows = build(training, root, configs, SEEDS, out, args.batch, on_row)
+    if args.only == "all":
+        configs += [c for c in combos(rows, by_name) if c not in configs]
+        rows = build(training, root, configs, SEEDS, out, args.batch, on_row)
+    bts = backtests(out, configs, SEEDS, training.cfg.budget.trial_timeout_s, lambda name: note(f"backtested {name}"))
+    text = table_md(rows) + "\n\n" + agreement(rows, bts)
+    (out / "table.md").write_text(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Search strategies judged on landscape tables (evolve/simulate.py): hundreds of replicates per
 task and strategy, in minutes instead of days.
 
-    .venv/bin/python bench/simulate.py arith3-weak --replicates 200 --trials 8 16
+    .venv/bin/python bench/simulate.py arith3-weak --trials 8 16
     .venv/bin/python bench/simulate.py arith3-weak --fill      # train what the table lacks (this
                                                              # machine must hold the table's base)
 
@@ -12,9 +12,9 @@ scored by its row's test accuracy on the pool seeds the search did not train on,
 root's (the default recipe) and the tuned recipe's (the sweep recipe with the best mean
 validation accuracy over the whole pool: what a careful engineer's full sweep would pick).
 
-Intervals: 95% t over the distinct seed draws (a pool of 6 seeds gives 15 pairs; a
-deterministic strategy repeats itself on a repeated draw, so replicates beyond 15 add no
-information about it and are averaged within their draw first).
+Intervals: 95% t over the distinct seed draws (a pool of 6 seeds gives 30 ordered pairs; the
+agents draw by the run's first seed, so a strategy repeats itself on a repeated draw, and
+replicates beyond 30 add no information: they are averaged within their draw first).
 
 The sweep at equal cost: `trials` recipes of the hand sweep (bench/search_suite.SWEEP: lr x
 reward x group size), in an order drawn per replicate, each on the run's two seeds; the best
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from evotrainer.evolve.simulate import Replicate, Table, simulate  # noqa: E402
+from evotrainer.evolve.simulate import Replicate, Table, draw, simulate  # noqa: E402
 from evotrainer.evolve.stats import t_interval  # noqa: E402
 from landscape import OUT as TABLES, trainer  # noqa: E402
 from search_suite import STRATEGIES  # noqa: E402
@@ -56,7 +56,7 @@ def sweep(table: Table, replicates: int, trials: int) -> list[Replicate]:
     pool = recipes + [n for n in ("lower_lr", "larger_groups", "partial_credit") if n in moves]
     out = []
     for r in range(replicates):
-        seeds = tuple(sorted(random.Random(r).sample(table.seeds, 2)))
+        seeds = draw(table.seeds, r)
         tried = random.Random(1000 + r).sample(pool, min(trials, len(pool)))
         best = max(["root", *tried], key=lambda n: statistics.fmean(table.rows[n].val[s] for s in seeds))
         out.append(_scored(table, "sweep", r, seeds, table.rows[best].name, tuple(table.rows[best].moves), None, ()))
@@ -64,9 +64,9 @@ def sweep(table: Table, replicates: int, trials: int) -> list[Replicate]:
 
 
 def _scored(table: Table, strategy: str, r: int, seeds, winner: str, holds, first, labels) -> Replicate:
-    fresh = [s for s in table.seeds if s not in seeds]
+    fresh = tuple(s for s in table.seeds if s not in seeds)
     gain = statistics.fmean(100 * (table.rows[winner].test[s] - table.root.test[s]) for s in fresh)
-    return Replicate(strategy, r, seeds, winner, holds, gain, first, labels)
+    return Replicate(strategy, r, seeds, winner, holds, gain, first, labels, fresh=fresh)
 
 
 def tuned(table: Table) -> str:
@@ -96,8 +96,7 @@ def report(task: str, table: Table, results: dict[tuple[str, int], list[Replicat
     best_tuned = tuned(table)
 
     def vs_tuned(r: Replicate) -> float:
-        fresh = [s for s in table.seeds if s not in r.seeds]
-        return r.gain - statistics.fmean(100 * (table.rows[best_tuned].test[s] - table.root.test[s]) for s in fresh)
+        return r.gain - statistics.fmean(100 * (table.rows[best_tuned].test[s] - table.root.test[s]) for s in r.fresh)
     top = max((r for r in table.rows.values() if r.val and r.kind != "replica"),
               key=lambda r: statistics.fmean(r.test.values()))
     lines = [f"## {task}: {len(table.rows)} rows, seeds {table.seeds}", "",
@@ -169,7 +168,7 @@ def validate(task: str, table: Table, names: list[str], draws: int, trials: int)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("task")
-    ap.add_argument("--replicates", type=int, default=200)
+    ap.add_argument("--replicates", type=int, default=30, help="30: every ordered seed draw of a pool of 6 once")
     ap.add_argument("--trials", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--strategies", nargs="+", default=[*RUN, "sweep"], choices=[*RUN, "sweep"])
     ap.add_argument("--fill", action="store_true", help="train and add versions the table lacks")

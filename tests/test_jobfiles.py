@@ -217,6 +217,7 @@ NOT_JOB_FILES = {
     "evolve/landscape.py:content_key": "harness directories the builder or the controller wrote",
     "evolve/landscape.py:read_backtests": "the table's records, written by the builder",
     "evolve/landscape.py:read_rows": "the table's records, written by the builder",
+    "evolve/landscape.py:screen": "writes screen.md in the screen's directory",
     "evolve/landscape.py:write_harness": "copies a harness checkout into the table's harnesses/",
     "evolve/simulate.py:Table.load": "the table's meta.json, written by the builder",
     "evolve/simulate.py:_change": "harness directories the builder or the controller wrote",

@@ -134,10 +134,10 @@ def test_the_simulated_search_keeps_what_the_table_says_gains(tmp_path):
     reps = simulate(table, GREEDY, 3, 4)
     for r in reps:
         assert r.winner == "partial_credit" and r.holds == ("partial_credit",)
-        fresh = [s for s in SEEDS if s not in r.seeds]  # scored on the seeds it never trained on
+        assert r.fresh and not set(r.fresh) & set(r.seeds)  # scored on seeds no decision read
         rows = table.rows
         assert r.gain == pytest.approx(sum(100 * (rows["partial_credit"].test[s] - rows["root"].test[s])
-                                           for s in fresh) / len(fresh))
+                                           for s in r.fresh) / len(r.fresh))
         assert r.first_kept is not None and r.labels[r.first_kept - 1] == "kept"
     # replicate r draws the same seeds whatever the strategy: gains pair
     assert [r.seeds for r in reps] == [r.seeds for r in simulate(table, RANDOM, 3, 2)]
@@ -160,10 +160,16 @@ def test_a_version_off_the_table_is_predicted_from_its_moves_or_missed(tmp_path)
     for s in SEEDS:
         assert both.val[s] == pytest.approx(root.val[s] + (a.val[s] - root.val[s]) + (b.val[s] - root.val[s]))
     assert (table.predicted, table.misses) == (1, 0)
-    odd = Proposal("odd_lr", "optimisation", "", "", "", "", knobs={"lr": 1.234e-4})  # no row sets this value
-    assert table.row_for(write_harness(ROOT, tmp_path / "odd", [odd, m["lower_lr"]])) is not None  # lower_lr's own
-    assert table.row_for(write_harness(ROOT, tmp_path / "off", [m["clip_higher"], odd])) is None
-    assert (table.predicted, table.misses) == (1, 1)
+    # a learning rate no row sets: a resample drawn by another run's seed, which stands for the table's draw
+    odd = Proposal("lr_resample", "optimisation", "", "", "", "", knobs={"lr": 1.234e-4})
+    assert table.row_for(write_harness(ROOT, tmp_path / "odd", [odd, m["lower_lr"]])) is a  # lower_lr's own
+    drawn = table.row_for(write_harness(ROOT, tmp_path / "drawn", [m["clip_higher"], odd]))
+    assert set(drawn.moves) == {"clip_higher", "lr_resample"}
+    # a slot file no row writes: a miss
+    own = Proposal("own_reward", "reward", "", "", "", "", knobs={"reward": "mine"},
+                   files={"reward.py": "def mine(r):\n    return r.scores\n"})
+    assert table.row_for(write_harness(ROOT, tmp_path / "own", [own])) is None
+    assert (table.predicted, table.misses) == (2, 1)
 
 
 def test_screen_trains_each_change_from_the_base_and_goes_on_after_a_stop(tmp_path, ckpt, capsys):
@@ -186,3 +192,35 @@ def test_screen_trains_each_change_from_the_base_and_goes_on_after_a_stop(tmp_pa
     assert (out / ROWS).read_text().count("\n") == 3
     code, stdout2, _ = run_cli(capsys, "screen", cfg, "--out", out, "--moves", "lower_lr,partial_credit", "--json")
     assert code == 0 and json.loads(stdout2) == rows and (out / ROWS).read_text().count("\n") == 3
+
+
+def test_an_extra_seed_pair_draws_a_pool_seed_the_run_does_not_use(tmp_path):
+    from evotrainer.catalog import get_task
+    from evotrainer.config import config_from_dict
+    from evotrainer.evolve.simulate import TableTraining
+    from evotrainer.evolve.state import EXTRA_PAIR_DATA, Clock, Segment
+    from evotrainer.runtime import Runtime
+    table = Table.load(synthetic(tmp_path, {}))
+    cfg = config_from_dict({**CONFIG, "seeds": [1, 3]}).validate()
+    tr = TableTraining(cfg, get_task("arith", 3), Runtime(), "", tmp_path, lambda v: tmp_path / "harnesses" / "root",
+                       table=table)
+    start = State("v0", 0, {}, {}, {})
+    (first,) = tr.train([Segment("v0", start, 1, tmp_path / "p1", data_offset=EXTRA_PAIR_DATA + 1, seeds=(1,))], Clock())
+    (second,) = tr.train([Segment("v0", start, 1, tmp_path / "p2", data_offset=EXTRA_PAIR_DATA + 2, seeds=(3,))], Clock())
+    assert first.val == {1: table.root.val[0]} and second.val == {3: table.root.val[2]}
+    assert tr.used == {0, 2}  # what the winner's fresh seeds then leave out
+
+
+def test_a_version_off_the_table_is_trained_once_and_added_with_a_fill_trainer(tmp_path):
+    out = synthetic(tmp_path / "table", {})
+    fill = FakeTraining(lambda name, s: 0.5)
+    table = Table.load(out, fill)
+    own = Proposal("own_reward", "reward", "", "", "", "", knobs={"reward": "mine"},
+                   files={"reward.py": "def mine(r):\n    return r.scores\n"})
+    reached = write_harness(ROOT, tmp_path / "reached", [own])
+    row = table.row_for(reached)
+    assert row.kind == "reached" and row.val == {s: 0.5 for s in SEEDS} and row.knobs == {"reward": "mine"}
+    assert table.row_for(reached) is row and len(fill.trained) == 1 and table.filled == 1
+    # recorded with the table: the next load finds it, and a simulated search reads it like any row
+    assert Table.load(out).row_for(reached).val == row.val
+    assert (out / "harnesses" / row.name / "reward.py").is_file()

@@ -11,8 +11,9 @@ How a simulated run maps onto the table's pool of seeds:
     the run's seeds          two pool seeds, drawn per replicate (paired across strategies)
     noise replicas           the table's replica rows, on the run's seeds
     extra seed pairs         (a sequential gate's) the pool seeds the run does not use, in order
-    the winner's test score  its row's test accuracy on the pool seeds the search never trained
-                             on: fresh seeds, paired with the root's and the tuned recipe's
+    the winner's test score  its row's test accuracy on the pool seeds no decision of the search
+                             read (neither its seeds nor its extra pairs'): fresh seeds, paired
+                             with the root's and the tuned recipe's
 
 A version the table has no row for (a move from a kept child, say) is, with a `fill` trainer
 (the table's own: same base, split key and segment cache), trained on the whole pool and added
@@ -25,6 +26,7 @@ the root) passes.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import shutil
@@ -105,10 +107,17 @@ class Table:
         return row if row.val else None
 
     def _decompose(self, change: dict) -> list[str] | None:
-        """Single moves whose changes, disjoint, make up `change` exactly (largest first)."""
+        """Single moves whose changes, disjoint, make up `change` exactly (largest first). A
+        resample (`lr_resample`) is one draw per run, seeded by the run's seeds, and the table
+        holds the draw from seed 0: a knob left at another value stands for its resample row."""
         left, parts = dict(change), []
         for name, c in sorted(self._changes.items(), key=lambda kv: (-len(kv[1]), kv[0])):
             if c and all(left.get(k) == v for k, v in c.items()):
+                parts.append(name)
+                for k in c:
+                    del left[k]
+        for name, c in sorted(self._changes.items()):
+            if name.endswith("_resample") and c.keys() <= left.keys():
                 parts.append(name)
                 for k in c:
                     del left[k]
@@ -148,6 +157,7 @@ class TableTraining(Training):
                 continue
             seeds = sg.seeds or self.cfg.seeds
             pool = {s: self._pool_seed(s, sg.data_offset) for s in seeds}
+            self.used.update(pool.values())
             dirs = {s: f"{TABLE}{row.name}/seed-{pool[s]}" for s in seeds}
             clock.reused += len(seeds)
             state = State(sg.version, sg.depth, dirs, {s: row.val[pool[s]] for s in seeds},
@@ -191,6 +201,7 @@ class TableTraining(Training):
         pass
 
     _rows: dict[str, Row] = field(default_factory=dict, init=False, repr=False)
+    used: set[int] = field(default_factory=set, init=False)  # pool seeds a decision of the run read
 
 
 def _parse(d: str) -> tuple[str, int]:
@@ -210,17 +221,28 @@ class Replicate:
     first_kept: int | None        # the trial that first kept a version
     labels: tuple[str, ...]       # each trial's label
     interventions: tuple[str, ...] = ()  # each trial's intervention
+    fresh: tuple[int, ...] = ()   # the pool seeds the gain is measured on
+
+
+def draw(pool: list[int], r: int, k: int = 2) -> tuple[int, ...]:
+    """Replicate r's run seeds: the r-th of every ordered k-draw from the pool (the agents draw
+    by the first seed, so order matters), in a fixed shuffled order, cycling."""
+    draws = list(itertools.permutations(pool, k))
+    random.Random(0).shuffle(draws)
+    return draws[r % len(draws)]
 
 
 def simulate(table: Table, strategy: dict, replicates: int, trials: int, seeds_per_run: int = 2,
              workdir: Path | None = None) -> list[Replicate]:
     """`replicates` searches of `strategy` (config keys: agent, search) at `trials` trials each.
-    Replicate r draws its run seeds from the pool with random.Random(r): every strategy sees
-    the same draws, so their gains pair by replicate."""
+    Replicate r's run seeds are `draw(pool, r)`: every strategy sees the same draws, so their
+    gains pair by replicate. The agents' own draws follow the run's first seed, so a pool of 6
+    has 30 distinct ordered draws, each taken once by the first 30 replicates; the strategies
+    are deterministic given their seeds and repeat themselves beyond them."""
     out = []
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         for r in range(replicates):
-            seeds = tuple(sorted(random.Random(r).sample(table.seeds, seeds_per_run)))
+            seeds = draw(table.seeds, r, seeds_per_run)
             out.append(_one(table, strategy, r, seeds, trials, Path(tmp) / f"r{r}"))
             shutil.rmtree(Path(tmp) / f"r{r}", ignore_errors=True)
     return out
@@ -248,11 +270,11 @@ def _one(table: Table, strategy: dict, r: int, seeds: tuple[int, ...], trials: i
         ctl.store.close()
     winner = versions[-1]
     row = table.row_for(ctl._harness_dir(winner)) or table.root
-    fresh = [s for s in table.seeds if s not in seeds]
+    fresh = [s for s in table.seeds if s not in ctl.training.used]  # no decision of the run read them
     gain = statistics.fmean(100 * (row.test[s] - table.root.test[s]) for s in fresh)
     kept = next((t.id for t in trials_done if t.parents and t.label == Label.KEPT), None)
     judged = [t for t in trials_done if t.parents]
     return Replicate(strategy.get("name", ""), r, seeds, row.name, tuple(row.moves), gain, kept,
-                     tuple(t.label for t in judged), tuple(t.intervention for t in judged))
+                     tuple(t.label for t in judged), tuple(t.intervention for t in judged), tuple(fresh))
 
 
