@@ -38,6 +38,7 @@ for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
 from evotrainer.agents.catalog import FAMILY, Proposal  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.config import config_from_dict  # noqa: E402
+from evotrainer.diagnostics.evidence_view import spearman  # noqa: E402
 from evotrainer.evolve import setup  # noqa: E402
 from evotrainer.evolve.landscape import (BACKTESTS, ROWS, Config, Row, backtests, build, read_backtests, read_rows,
                                         root_moves, table_md)  # noqa: E402
@@ -98,27 +99,6 @@ def combos(rows: dict[str, Row], by_name: dict[str, Proposal]) -> list[Config]:
     return [Config("+".join(s), "combo", tuple(by_name[n] for n in s)) for s in sets]
 
 
-def spearman(xs: list[float], ys: list[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-    def ranks(v):
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(v):
-            j = i
-            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
-    return cov / var if var else float("nan")
-
-
 def agreement(rows: dict[str, Row], bts: dict[str, dict[int, dict]]) -> str:
     """The backtest against training: each move's verdict on each seed's root rollouts beside
     its trained gain over the root (validation points, mean over the pool). A move "gains" where
@@ -144,7 +124,7 @@ def agreement(rows: dict[str, Row], bts: dict[str, dict[int, dict]]) -> str:
     lines += [f"Backtest vs training over {len(cells)} moves: agreement {agree} of {len(cells)} "
               f"({100 * agree / len(cells):.0f}%); passed {len(passed)}, of which {prec:.0%} gain "
               f"(base rate: {len(gains)} of {len(cells)} moves gain); rank correlation of the dead groups it "
-              f"removes with the trained gain {rho:+.2f}.", "",
+              f"removes with the trained gain {rho if rho is not None else float('nan'):+.2f}.", "",
               "| move | backtest | dead groups removed | trained gain, val points |", "|---|---|---|---|"]
     lines += [f"| {n} | {'passed' if p else 'rejected'} | {d:+.2f} | {g:+.1f} |"
               for n, p, g, d in sorted(cells, key=lambda c: -c[2])]
