@@ -19,6 +19,7 @@ and stacked three and four deep, each applied in the order of their gains.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import os
@@ -42,7 +43,7 @@ from evotrainer.diagnostics.evidence_view import spearman  # noqa: E402
 from evotrainer.evolve import setup  # noqa: E402
 from evotrainer.evolve.landscape import (BACKTESTS, ROWS, Config, Row, backtests, build, read_backtests, read_rows,
                                         root_moves, table_md)  # noqa: E402
-from evotrainer.evolve.segment_cache import SegmentCache, start_identity  # noqa: E402
+from evotrainer.evolve.segment_cache import SegmentCache, file_digest, start_identity  # noqa: E402
 from evotrainer.evolve.retrain import Arm, retrain  # noqa: E402
 from evotrainer.evolve.stats import paired_differences, t_interval  # noqa: E402
 from evotrainer.evolve.training import Training  # noqa: E402
@@ -50,6 +51,7 @@ from evotrainer.executors import LocalPool  # noqa: E402
 from evotrainer.harness import REFERENCE  # noqa: E402
 from evotrainer.harness.knobs import load_knobs  # noqa: E402
 from evotrainer.tasks.keys import key_digest, key_path, split_key  # noqa: E402
+from evotrainer.trainer.pretrain import base_path, resolved  # noqa: E402
 from search_suite import code_version, sweep_recipes  # noqa: E402
 
 CONFIGS = ROOT / "bench" / "configs" / "landscape"
@@ -58,6 +60,7 @@ SEEDS = [0, 1, 2, 3, 4, 5]  # the pool every row trains on
 HEADROOM_SEEDS = SEEDS[:3]  # --headroom's first look
 FRESH = [300, 301, 302, 303, 304]  # --fresh: seeds no row trained on
 KEY = "split.key"           # the table's split key (which held-out problems are validation and test)
+WEIGHTS = ("config.json", "model.safetensors")  # what identifies a base across machines
 REPLICAS = 2                # the root again on the same problems, other sampling seeds
 BEST = 4                    # combinations among the best single moves
 
@@ -102,32 +105,39 @@ def combos(rows: dict[str, Row], by_name: dict[str, Proposal]) -> list[Config]:
 def agreement(rows: dict[str, Row], bts: dict[str, dict[int, dict]]) -> str:
     """The backtest against training: each move's verdict on each seed's root rollouts beside
     its trained gain over the root (validation points, mean over the pool). A move "gains" where
-    its mean gain is above zero; the backtest "passes" it where it passes on most seeds. Its
-    only graded output, the dead-group ratio it predicts, is ranked against the gains."""
-    root, lines, cells = rows["root"], [], []
+    its mean gain is above zero; the backtest "passes" it where it passes on most seeds. A move
+    whose rewards, advantages and groups equal the root's on its rollouts (an optimiser or
+    sampling knob) is one the backtest cannot see: it passes unjudged, so agreement and
+    precision are counted over the moves it judged, and over all for comparison. Its one graded
+    output, the dead-group ratio it predicts, is ranked against the gains of the judged."""
+    root, cells = rows["root"], []
     for name, by_seed in sorted(bts.items()):
         r = rows.get(name)
         if r is None or not r.val:
             continue
         g = 100 * statistics.fmean(paired_differences(r.val, root.val))
         passed = sum(b["label"] == "passed" for b in by_seed.values()) > len(by_seed) / 2
+        judged = sum(not b.get("unchanged", False) for b in by_seed.values()) > len(by_seed) / 2
         drop = [b["dead_group_ratio_before"] - b["dead_group_ratio_after"] for b in by_seed.values()
                 if "dead_group_ratio_after" in b]
-        cells.append((name, passed, g, statistics.fmean(drop) if drop else 0.0))
+        cells.append((name, passed, g, statistics.fmean(drop) if drop else 0.0, judged))
     if not cells:
         return "no backtests recorded"
-    gains = [c for c in cells if c[2] > 0]
-    passed = [c for c in cells if c[1]]
-    agree = sum(c[1] == (c[2] > 0) for c in cells)
-    prec = sum(c[2] > 0 for c in passed) / len(passed) if passed else float("nan")
-    rho = spearman([c[3] for c in cells], [c[2] for c in cells])
-    lines += [f"Backtest vs training over {len(cells)} moves: agreement {agree} of {len(cells)} "
-              f"({100 * agree / len(cells):.0f}%); passed {len(passed)}, of which {prec:.0%} gain "
-              f"(base rate: {len(gains)} of {len(cells)} moves gain); rank correlation of the dead groups it "
-              f"removes with the trained gain {rho if rho is not None else float('nan'):+.2f}.", "",
-              "| move | backtest | dead groups removed | trained gain, val points |", "|---|---|---|---|"]
-    lines += [f"| {n} | {'passed' if p else 'rejected'} | {d:+.2f} | {g:+.1f} |"
-              for n, p, g, d in sorted(cells, key=lambda c: -c[2])]
+
+    def summary(cs: list[tuple], what: str) -> str:
+        passed, gains = [c for c in cs if c[1]], [c for c in cs if c[2] > 0]
+        agree = sum(c[1] == (c[2] > 0) for c in cs)
+        prec = sum(c[2] > 0 for c in passed) / len(passed) if passed else float("nan")
+        return (f"{what}: {len(cs)} moves, agreement {agree} of {len(cs)} ({100 * agree / max(len(cs), 1):.0f}%); "
+                f"passed {len(passed)}, of which {prec:.0%} gain (base rate: {len(gains)} of {len(cs)} gain)")
+    judged = [c for c in cells if c[4]]
+    rho = spearman([c[3] for c in judged], [c[2] for c in judged]) if len(judged) > 2 else None
+    lines = ["Backtest vs training. " + summary(judged, "Judged (the move changes what it rescores)") + "; "
+             + summary(cells, "all, unjudged passes included") + f". Rank correlation over the judged of the dead "
+             f"groups it removes with the trained gain: {rho if rho is not None else float('nan'):+.2f}.", "",
+             "| move | backtest | dead groups removed | trained gain, val points |", "|---|---|---|---|"]
+    lines += [f"| {n} | {('passed' if p else 'rejected') if j else 'unjudged'} | {d:+.2f} | {g:+.1f} |"
+              for n, p, g, d, j in sorted(cells, key=lambda c: -c[2])]
     return "\n".join(lines)
 
 
@@ -162,32 +172,39 @@ def headroom(name: str, training: Training, rows: dict[str, Row]) -> str:
     return "\n".join(lines)
 
 
+def weights_digest(base: Path) -> str:
+    """The base's weights and architecture, as one digest (its metadata left out)."""
+    return hashlib.sha256("".join(file_digest(base / f) for f in WEIGHTS).encode()).hexdigest()[:16]
+
+
 def trainer(name: str, workers: int = 2) -> tuple[dict, Training, Path]:
     """The task's config (with the pool as its seeds), a Training on its table's directory (the
     base built or read from the base cache, under the table's split key), and the root harness.
 
     A table keeps its split key beside its rows (KEY: a benchmark's key, never a user run's), and
-    a machine without a key for that base takes it, so a table outlives its machine wherever the
-    base builds to the same weights. Refuses a table recorded on other weights or another key."""
+    a machine without a key for that base takes it before the base is built, so a table outlives
+    its machine wherever the base builds to the same weights (WEIGHTS: the files that hold them;
+    the base's metadata records its build time). Refuses a table recorded on other weights or
+    another key."""
     out = OUT / name
     raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
     raw["seeds"] = SEEDS
     cfg = config_from_dict(raw).validate()
     task = get_task(cfg.task, cfg.level)
-    base = setup.base_checkpoint(cfg, task, None, lambda kind, d: None)
-    here = key_path(Path(base).name)
+    here = key_path(base_path(task, resolved(task, cfg.base.pretrain_config())).name)
     if (out / KEY).exists() and not here.exists():  # the table's problems, on a machine that has none yet
         here.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(here.parent, 0o700)
         with os.fdopen(os.open(here, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
             fh.write((out / KEY).read_text().strip())
+    base = setup.base_checkpoint(cfg, task, None, lambda kind, d: None)
     task.use_key(split_key(Path(base).name))
     meta_path = out / "meta.json"
-    key, weights = key_digest(task.key), start_identity(Path(base))
+    key, weights = key_digest(task.key), weights_digest(Path(base))
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
-        if (meta.get("base_digest", weights), meta["split_key_digest"]) != (weights, key):
-            raise SystemExit(f"error: {out} was built on base {meta.get('base_digest')} under split key "
+        if (meta.get("weights_digest", weights), meta["split_key_digest"]) != (weights, key):
+            raise SystemExit(f"error: {out} was built on base weights {meta.get('weights_digest')} under split key "
                              f"{meta['split_key_digest']}; this machine has {weights} / {key}: "
                              f"build under another name")
     out.mkdir(parents=True, exist_ok=True)
@@ -223,6 +240,7 @@ def main() -> None:
     spent = json.loads(meta_path.read_text())["seconds"] if meta_path.exists() else 0
     meta = {"task": args.task, "config": raw, "seeds": SEEDS, "steps": training.cfg.budget.total_steps,
             "base": Path(training.base).name, "base_digest": start_identity(Path(training.base)),
+            "weights_digest": weights_digest(Path(training.base)),
             "split_key_digest": key_digest(training.task.key),
             "code": code_version(), "seconds": spent}
 

@@ -12,9 +12,10 @@ scored by its row's test accuracy on the pool seeds the search did not train on,
 root's (the default recipe) and the tuned recipe's (the sweep recipe with the best mean
 validation accuracy over the whole pool: what a careful engineer's full sweep would pick).
 
-Intervals: 95% t over the distinct seed draws (a pool of 6 seeds gives 30 ordered pairs; the
-agents draw by the run's first seed, so a strategy repeats itself on a repeated draw, and
-replicates beyond 30 add no information: they are averaged within their draw first).
+Intervals: 95% t over the distinct seed draws (a pool of 6 seeds gives 30 ordered pairs), the
+replicates of one draw averaged first: beyond the first 30 a replicate gives the search its own
+seed (`search.seed`), so strategies that draw (random, population) explore anew on a repeated
+draw, while the rules agent's greedy search repeats itself.
 
 The sweep at equal cost: `trials` recipes of the hand sweep (bench/search_suite.SWEEP: lr x
 reward x group size), in an order drawn per replicate, each on the run's two seeds; the best
@@ -30,7 +31,10 @@ import random
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +67,18 @@ def sweep(table: Table, replicates: int, trials: int) -> list[Replicate]:
     return out
 
 
+def strategy_cell(task: str, replicates: int, cell: tuple[str, int], table: Table | None = None
+                  ) -> tuple[list[Replicate], float, tuple[int, int]]:
+    """One strategy at one budget, all its replicates, their seconds, and the versions the
+    table lacked (predicted, missed). In a process of its own (--jobs > 1) it loads the table."""
+    name, trials = cell
+    table = table or Table.load(TABLES / task)
+    t, before = time.time(), (table.predicted, table.misses)
+    reps = sweep(table, replicates, trials) if name == "sweep" else \
+        simulate(table, {**RUN[name], "name": name}, replicates, trials)
+    return reps, time.time() - t, (table.predicted - before[0], table.misses - before[1])
+
+
 def _scored(table: Table, strategy: str, r: int, seeds, winner: str, holds, first, labels) -> Replicate:
     fresh = tuple(s for s in table.seeds if s not in seeds)
     gain = statistics.fmean(100 * (table.rows[winner].test[s] - table.root.test[s]) for s in fresh)
@@ -92,7 +108,7 @@ def ci(xs: list[float]) -> str:
     return f"{m:+.1f} [{lo:+.1f}, {hi:+.1f}]"
 
 
-def report(task: str, table: Table, results: dict[tuple[str, int], list[Replicate]]) -> str:
+def report(task: str, table: Table, results: dict[tuple[str, int], list[Replicate]], lacked: list[int]) -> str:
     best_tuned = tuned(table)
 
     def vs_tuned(r: Replicate) -> float:
@@ -114,8 +130,8 @@ def report(task: str, table: Table, results: dict[tuple[str, int], list[Replicat
         first = f"{statistics.median(firsts):g} ({len(firsts)} of {len(reps)})" if firsts else "none"
         lines.append(f"| {name} | {trials} | {len(reps)} ({len({r.seeds for r in reps})}) | "
                      f"{ci(by_draw(reps, lambda r: r.gain))} | {ci(by_draw(reps, vs_tuned))} | {common} | {first} |")
-    lines += ["", f"Versions the table lacked: {table.filled} trained and added, {table.predicted} predicted "
-              f"additively, {table.misses} misses."]
+    lines += ["", f"Versions the table lacked: {table.filled} trained and added, {lacked[0]} predicted "
+              f"additively, {lacked[1]} misses."]
     return "\n".join(lines)
 
 
@@ -172,6 +188,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--strategies", nargs="+", default=[*RUN, "sweep"], choices=[*RUN, "sweep"])
     ap.add_argument("--fill", action="store_true", help="train and add versions the table lacks")
+    ap.add_argument("--jobs", type=int, default=1, help="strategies simulated at once, each in a process")
     ap.add_argument("--validate", type=int, default=0, metavar="DRAWS",
                     help="run the first DRAWS seed draws of each strategy for real too, and compare (implies --fill)")
     args = ap.parse_args()
@@ -182,19 +199,23 @@ def main() -> None:
         (OUT / f"{args.task}-validation.md").write_text(text + "\n")
         print(text)
         return
+    cells = [(name, trials) for trials in args.trials for name in args.strategies]
     results: dict[tuple[str, int], list[Replicate]] = {}
-    for trials in args.trials:
-        for name in args.strategies:
-            t = time.time()
-            reps = sweep(table, args.replicates, trials) if name == "sweep" else \
-                simulate(table, {**RUN[name], "name": name}, args.replicates, trials)
+    jobs = 1 if fill else args.jobs  # a fill trains and appends to the table: one process
+    with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
+        run = partial(strategy_cell, args.task, args.replicates)
+        lacked = [0, 0]
+        for (name, trials), (reps, secs, (predicted, missed)) in zip(
+                cells, pool.map(run, cells) if pool else (strategy_cell(args.task, args.replicates, c, table)
+                                                          for c in cells)):
             results[(name, trials)] = reps
-            print(f"  {name} x {trials} trials: {len(reps)} replicates in {time.time() - t:.0f} s, "
+            lacked = [lacked[0] + predicted, lacked[1] + missed]
+            print(f"  {name} x {trials} trials: {len(reps)} replicates in {secs:.0f} s, "
                   f"mean gain {statistics.fmean(r.gain for r in reps):+.1f}", flush=True)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{args.task}.json").write_text(json.dumps(
         {f"{n}@{k}": [asdict(r) for r in reps] for (n, k), reps in results.items()}) + "\n")
-    text = report(args.task, table, results)
+    text = report(args.task, table, results, lacked)
     (OUT / f"{args.task}.md").write_text(text + "\n")
     print(text)
 

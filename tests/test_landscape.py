@@ -144,6 +144,25 @@ def test_the_simulated_search_keeps_what_the_table_says_gains(tmp_path):
     assert len({r.seeds for r in reps}) > 1
 
 
+def test_a_repeated_seed_draw_searches_with_a_seed_of_its_own(tmp_path):
+    """Beyond the pool's 30 ordered draws a replicate gives the search its own seed: the random
+    agent proposes anew on the same training seeds, the rules agent's greedy search repeats."""
+    table = Table.load(synthetic(tmp_path, {"partial_credit": 0.25, "lower_lr": 0.1}))
+    (first,), (again,) = simulate(table, RANDOM, 1, 3), simulate(table, RANDOM, 1, 3, first=30)
+    assert first.seeds == again.seeds and first.interventions != again.interventions
+    (g0,), (g30,) = simulate(table, GREEDY, 1, 2), simulate(table, GREEDY, 1, 2, first=30)
+    assert g0.seeds == g30.seeds and g0.interventions == g30.interventions
+
+
+def test_search_seed_is_an_integer_or_null():
+    from evotrainer.config import config_from_dict
+    from evotrainer.errors import UsageError
+    assert config_from_dict({**CONFIG, "search": {"seed": 7}}).validate().search.seed == 7
+    assert config_from_dict(CONFIG).validate().search.seed is None
+    with pytest.raises(UsageError, match="search.seed"):
+        config_from_dict({**CONFIG, "search": {"seed": "x"}}).validate()
+
+
 def test_a_flat_table_keeps_nothing_and_a_recorded_backtest_vetoes(tmp_path):
     table = Table.load(synthetic(tmp_path, {"partial_credit": 0.25}, {"partial_credit": "backtest_rejected"}))
     (r,) = simulate(table, GREEDY, 1, 3)
@@ -188,6 +207,13 @@ def test_screen_trains_each_change_from_the_base_and_goes_on_after_a_stop(tmp_pa
     assert all(set(r["val"]) == {"0", "1"} and not r["failed"] for r in rows.values())
     table = (out / "screen.md").read_text()
     assert "| lower_lr | move |" in table and "| root | root |" in table
+    # its report: the gains chart and a row per change, and `evotrainer report` rewrites it
+    page = (out / "report.html").read_text()
+    assert 'id="screen-val"' in page and "<code>partial_credit</code>" in page and "<code>lower_lr</code>" in page
+    (out / "report.html").unlink()
+    code, _, err = run_cli(capsys, "report", out, "--engine", "svg")
+    assert code == 0, err
+    assert 'id="screen-test"' in (out / "report.html").read_text()
     # the segments are cached and the rows recorded: the same screen again trains nothing
     assert (out / ROWS).read_text().count("\n") == 3
     code, stdout2, _ = run_cli(capsys, "screen", cfg, "--out", out, "--moves", "lower_lr,partial_credit", "--json")

@@ -295,7 +295,9 @@ def cmd_screen(args) -> dict:
     rows, table = screen(cfg, args.out, args.moves, lambda r: print(
         f"  {r.name}: " + (f"val {100 * sum(r.val.values()) / len(r.val):.1f}%" if r.val else r.failed),
         file=sys.stderr, flush=True))
-    print(table, file=sys.stderr)
+    from evotrainer.report import write_report
+    page = write_report(args.out)["report"]
+    print(f"{table}\n\nreport: {page}", file=sys.stderr)
     return {n: {"val": r.val, "test": r.test, "failed": r.failed} for n, r in rows.items()} if args.json else None
 
 
@@ -344,8 +346,9 @@ def cmd_lineage(args) -> dict:
 def cmd_report(args) -> dict:
     from evotrainer.evolve.status import open_run
     from evotrainer.report import write_report
-    if not (args.run / "evidence.jsonl").is_file():  # a train directory has its own report
-        open_run(args.run).close()  # neither: one line, exit 2
+    from evotrainer.report.write import is_screen
+    if not (args.run / "evidence.jsonl").is_file() and not is_screen(args.run):  # each has its own report
+        open_run(args.run).close()  # none of the three: one line, exit 2
     return write_report(args.run, args.out, args.engine)
 
 
@@ -518,9 +521,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("lineage", help="the version tree of a run, with labels and fitness")
     sp.add_argument("run", type=Path)
     sp.set_defaults(fn=cmd_lineage)
-    sp = sub.add_parser("report", help="one self-contained HTML file of a run (finished or in progress) or of a "
-                        "train directory (yours, or another trainer's rollouts); opens offline")
-    sp.add_argument("run", type=Path, help="a run directory, or a directory holding evidence.jsonl")
+    sp = sub.add_parser("report", help="one self-contained HTML file of a run (finished or in progress), of a "
+                        "train directory (yours, or another trainer's rollouts) or of a screen; opens offline")
+    sp.add_argument("run", type=Path, help="a run directory, a directory holding evidence.jsonl, or a screen's")
     sp.add_argument("--out", type=Path, default=None, help="the HTML file (default: RUN/report.html)")
     sp.add_argument("--engine", default="auto", help="charts: plotly (interactive; the `report` extra), svg (static, "
                     "no script) or auto (plotly where installed)")

@@ -74,6 +74,9 @@
       controller: fixed          # fixed: the search's policy as above, all run long; evolving: revised
                                  # every revise_every trials from the lineage (evolve/search_policy.py)
       revise_every: 3
+      seed: null                 # the search's own draws (a random agent's choices, the population's
+                                 # parent draws): null follows the run's first seed; another value
+                                 # explores differently on the same training seeds
       concurrency: 1             # trials in flight at once, each from a specialist for one surface
                                  # (reward, data, optimisation, exploration, diagnostics); two in flight
                                  # never change one surface of one parent (evolve/specialists.py)
@@ -235,6 +238,7 @@ class SearchConfig:
     controller: str = "fixed"    # the search's own policy: fixed, or evolving (evolve/search_policy.py)
     revise_every: int = 3        # an evolving controller's trials between revisions
     concurrency: int = 1         # trials in flight at once (evolve/specialists.py)
+    seed: int | None = None      # the search's own draws; None: the run's first seed
 
     @property
     def restarts(self) -> bool:
@@ -346,6 +350,8 @@ class RunConfig:
         need(self.search.controller in CONTROLLERS, "search.controller",
              f"must be one of {', '.join(CONTROLLERS)}, got '{self.search.controller}'")
         need(self.search.revise_every >= 1, "search.revise_every", f"must be >= 1, got {self.search.revise_every}")
+        need(self.search.seed is None or (isinstance(self.search.seed, int) and not isinstance(self.search.seed, bool)),
+             "search.seed", f"must be an integer or null, got {self.search.seed!r}")
         need(self.search.concurrency >= 1, "search.concurrency",
              f"must be >= 1 (trials in flight at once), got {self.search.concurrency}")
         need(self.search.concurrency == 1 or not (self.approval.at or self.approval.after_failures), "approval",

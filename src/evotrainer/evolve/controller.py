@@ -372,7 +372,7 @@ class Controller:
     def _select_parent(self, n: int) -> State | None:
         view = self.view
         return search.choose_parent(view, n, view.open_states(self.max_depth, self.restart), self.cfg.search,
-                                    self.selection, self._escalation, self.policy, f"parent {self.cfg.seeds[0]} {n}")
+                                    self.selection, self._escalation, self.policy, f"parent {self._search_seed} {n}")
 
     def _crossover(self, n: int, parent: State) -> TrialPlan | None:
         return search.crossover(self.view, n, parent, self.cfg.search, self.selection, self._harness_files,
@@ -408,7 +408,7 @@ class Controller:
             shown += history.latest(trials)
         ctx = AgentContext(findings=findings, knobs=knobs, root_knobs=self._knobs("v0"),
                            target_level=self.task.target_level, task=self.cfg.task, tried=frozenset(tried),
-                           skills=self._skills(), escalation=self._escalation(), seed=1000 * self.cfg.seeds[0] + n,
+                           skills=self._skills(), escalation=self._escalation(), seed=1000 * self._search_seed + n,
                            parent=parent.version, harness_dir=self._harness_dir(parent.version),
                            lineage=shown, feedback=feedback, trial=n, workdir=self.run_dir / "agents",
                            closed=closed, reference_acc=self.view.reference_acc,
@@ -428,6 +428,12 @@ class Controller:
         d = self._harness_dir(version)
         return (read_yaml((d / "knobs.yaml").read_text()) or {},
                 {p.name: p.read_text() for p in sorted(d.glob("*.py"))})
+
+    @property
+    def _search_seed(self) -> int:
+        """What seeds the search's own draws (agents' choices, parent draws): search.seed, or the
+        run's first training seed."""
+        return self.cfg.seeds[0] if self.cfg.search.seed is None else self.cfg.search.seed
 
     def _skills(self) -> list:
         if not self.cfg.search.skills:

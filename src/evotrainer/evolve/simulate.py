@@ -233,25 +233,32 @@ def draw(pool: list[int], r: int, k: int = 2) -> tuple[int, ...]:
 
 
 def simulate(table: Table, strategy: dict, replicates: int, trials: int, seeds_per_run: int = 2,
-             workdir: Path | None = None) -> list[Replicate]:
-    """`replicates` searches of `strategy` (config keys: agent, search) at `trials` trials each.
+             workdir: Path | None = None, first: int = 0) -> list[Replicate]:
+    """`replicates` searches of `strategy` (config keys: agent, search) at `trials` trials each,
+    numbered from `first`.
     Replicate r's run seeds are `draw(pool, r)`: every strategy sees the same draws, so their
-    gains pair by replicate. The agents' own draws follow the run's first seed, so a pool of 6
-    has 30 distinct ordered draws, each taken once by the first 30 replicates; the strategies
-    are deterministic given their seeds and repeat themselves beyond them."""
+    gains pair by replicate. A pool of 6 has 30 ordered draws, each taken once by the first 30
+    replicates with the search's own draws seeded as a real run's (by its first seed); each
+    later cycle through the draws gives the search another seed (`search.seed`), so a
+    strategy that draws (random, population) explores anew where a deterministic one (greedy
+    on the rules agent) repeats its first cycle."""
     out = []
+    n = len(list(itertools.permutations(table.seeds, seeds_per_run)))
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        for r in range(replicates):
+        for r in range(first, first + replicates):
             seeds = draw(table.seeds, r, seeds_per_run)
-            out.append(_one(table, strategy, r, seeds, trials, Path(tmp) / f"r{r}"))
+            search_seed = None if r < n else r
+            out.append(_one(table, strategy, r, seeds, trials, Path(tmp) / f"r{r}", search_seed))
             shutil.rmtree(Path(tmp) / f"r{r}", ignore_errors=True)
     return out
 
 
-def _one(table: Table, strategy: dict, r: int, seeds: tuple[int, ...], trials: int, run_dir: Path) -> Replicate:
+def _one(table: Table, strategy: dict, r: int, seeds: tuple[int, ...], trials: int, run_dir: Path,
+         search_seed: int | None = None) -> Replicate:
     raw = {**table.config, "agent": strategy.get("agent", "rules"), "seeds": list(seeds), "final_seeds": [],
            "cache": "off"}
-    raw["search"] = {**raw.get("search", {}), **strategy.get("search", {}), "skills": strategy.get("skills")}
+    raw["search"] = {**raw.get("search", {}), **strategy.get("search", {}), "skills": strategy.get("skills"),
+                     "seed": search_seed}
     raw["budget"] = {**raw["budget"], "trials": trials}
     raw["harness"] = str(table.root_dir)
     cfg = config_from_dict(raw).validate()
