@@ -67,12 +67,15 @@ def sweep(table: Table, replicates: int, trials: int) -> list[Replicate]:
     return out
 
 
-def strategy_cell(task: str, replicates: int, cell: tuple[str, int], table: Table | None = None
-                  ) -> tuple[list[Replicate], float, tuple[int, int]]:
+def strategy_cell(task: str, replicates: int, cell: tuple[str, int], table: Table | None = None,
+                  alpha: float | None = None) -> tuple[list[Replicate], float, tuple[int, int]]:
     """One strategy at one budget, all its replicates, their seconds, and the versions the
     table lacked (predicted, missed). In a process of its own (--jobs > 1) it loads the table."""
     name, trials = cell
-    table = table or Table.load(TABLES / task)
+    if table is None:
+        table = Table.load(TABLES / task)
+        if alpha is not None:
+            table.config = {**table.config, "promotion": {**table.config.get("promotion", {}), "alpha": alpha}}
     t, before = time.time(), (table.predicted, table.misses)
     reps = sweep(table, replicates, trials) if name == "sweep" else \
         simulate(table, {**RUN[name], "name": name}, replicates, trials)
@@ -189,6 +192,8 @@ def main() -> None:
     ap.add_argument("--strategies", nargs="+", default=[*RUN, "sweep"], choices=[*RUN, "sweep"])
     ap.add_argument("--fill", action="store_true", help="train and add versions the table lacks")
     ap.add_argument("--jobs", type=int, default=1, help="strategies simulated at once, each in a process")
+    ap.add_argument("--alpha", type=float, default=None, help="every search's gate at this promotion.alpha instead "
+                    "of the table's config (records: TASK-alphaA.json/md)")
     ap.add_argument("--validate", type=int, default=0, metavar="DRAWS",
                     help="run the first DRAWS seed draws of each strategy for real too, and compare (implies --fill)")
     args = ap.parse_args()
@@ -199,11 +204,14 @@ def main() -> None:
         (OUT / f"{args.task}-validation.md").write_text(text + "\n")
         print(text)
         return
+    if args.alpha is not None:
+        table.config = {**table.config, "promotion": {**table.config.get("promotion", {}), "alpha": args.alpha}}
+    stem = args.task + (f"-alpha{args.alpha:g}" if args.alpha is not None else "")
     cells = [(name, trials) for trials in args.trials for name in args.strategies]
     results: dict[tuple[str, int], list[Replicate]] = {}
     jobs = 1 if fill else args.jobs  # a fill trains and appends to the table: one process
     with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
-        run = partial(strategy_cell, args.task, args.replicates)
+        run = partial(strategy_cell, args.task, args.replicates, alpha=args.alpha)
         lacked = [0, 0]
         for (name, trials), (reps, secs, (predicted, missed)) in zip(
                 cells, pool.map(run, cells) if pool else (strategy_cell(args.task, args.replicates, c, table)
@@ -213,10 +221,10 @@ def main() -> None:
             print(f"  {name} x {trials} trials: {len(reps)} replicates in {secs:.0f} s, "
                   f"mean gain {statistics.fmean(r.gain for r in reps):+.1f}", flush=True)
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{args.task}.json").write_text(json.dumps(
+    (OUT / f"{stem}.json").write_text(json.dumps(
         {f"{n}@{k}": [asdict(r) for r in reps] for (n, k), reps in results.items()}) + "\n")
     text = report(args.task, table, results, lacked)
-    (OUT / f"{args.task}.md").write_text(text + "\n")
+    (OUT / f"{stem}.md").write_text(text + "\n")
     print(text)
 
 

@@ -118,8 +118,9 @@ def test_filter_that_drops_live_groups_is_rejected(tmp_path, evidence):
 
 def test_a_knob_a_backtest_cannot_see_passes_with_a_note(tmp_path, evidence):
     out = backtest(evidence, write_harness(tmp_path / "lr", small=False, lr=1e-4))
-    assert out.label == "passed" and out.report.unchanged
+    assert out.label == "passed" and out.report.unchanged and not out.judged
     assert any("cannot see" in n for n in out.report.notes)
+    assert backtest(evidence, write_harness(tmp_path / "pc", small=False, reward="partial_credit")).judged
 
 
 @pytest.mark.parametrize("src, label, expect", [

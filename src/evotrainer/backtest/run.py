@@ -37,6 +37,13 @@ class BacktestOutcome:
     def passed(self) -> bool:
         return self.label == "passed"
 
+    @property
+    def judged(self) -> bool:
+        """False where the candidate gives the evidence's own rewards, advantages and groups (an
+        optimiser or sampling knob): it passes, but the backtest could not see the change. On
+        the landscape tables its passes of such moves predict nothing (docs/benchmarks.md)."""
+        return not (self.report is not None and self.report.unchanged)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["report"] = self.report.to_dict() if self.report else None

@@ -234,7 +234,7 @@ def draw(pool: list[int], r: int, k: int = 2) -> tuple[int, ...]:
 
 def simulate(table: Table, strategy: dict, replicates: int, trials: int, seeds_per_run: int = 2,
              workdir: Path | None = None, first: int = 0) -> list[Replicate]:
-    """`replicates` searches of `strategy` (config keys: agent, search) at `trials` trials each,
+    """`replicates` searches of `strategy` (config keys: agent, search, promotion) at `trials` trials each,
     numbered from `first`.
     Replicate r's run seeds are `draw(pool, r)`: every strategy sees the same draws, so their
     gains pair by replicate. A pool of 6 has 30 ordered draws, each taken once by the first 30
@@ -260,6 +260,7 @@ def _one(table: Table, strategy: dict, r: int, seeds: tuple[int, ...], trials: i
     raw["search"] = {**raw.get("search", {}), **strategy.get("search", {}), "skills": strategy.get("skills"),
                      "seed": search_seed}
     raw["budget"] = {**raw["budget"], "trials": trials}
+    raw["promotion"] = {**raw.get("promotion", {}), **strategy.get("promotion", {})}
     raw["harness"] = str(table.root_dir)
     cfg = config_from_dict(raw).validate()
     run_dir.mkdir(parents=True)

@@ -47,9 +47,12 @@ class Screened:
     reasons: tuple[str, ...] = ()
     signal: str | None = None                # fingerprint of the training signal on the parent's rollouts
     rest: str | None = None                  # key of every other setting (with `signal`: how it would train)
+    judged: bool = True                      # False: it passed a change it cannot see (BacktestOutcome.judged)
 
     def to_json(self) -> dict:
         out = {} if self.label is None else {"label": self.label, "reasons": list(self.reasons)}
+        if not self.judged:
+            out["judged"] = False
         if self.diagnostics:
             out["diagnostics"] = [r.to_json() for r in self.diagnostics]
         return out if self.rest is None else out | {"signal": self.signal, "rest": self.rest}
@@ -152,7 +155,8 @@ class Trial:
         bt = self.tools.training.backtest(self.parent, here(self.version), here(self.parent.version))
         if not bt.passed:
             return Outcome(bt.label, "; ".join(bt.reasons), patch, Screened(label=bt.label, reasons=tuple(bt.reasons)))
-        screened = Screened(tuple(replays), bt.label, tuple(bt.reasons), bt.signal, rest_key(here(self.version)))
+        screened = Screened(tuple(replays), bt.label, tuple(bt.reasons), bt.signal, rest_key(here(self.version)),
+                            bt.judged)
         twin = self.twin(screened)
         if twin is not None:
             where = "the parent's rollouts and the twin's own recorded training" if twin.fitness.get("state") \

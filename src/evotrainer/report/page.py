@@ -156,7 +156,10 @@ def backtest_table(versions: list[Version]) -> str:
         if not v.backtest:
             continue
         said = v.backtest.get("label", "")
-        if v.label == "backtest_rejected":
+        if v.backtest.get("judged") is False:  # a pass of a change it cannot see: nothing to agree with
+            said = "unjudged (it cannot see this change: the rollouts' rewards, filter and advantages are the parent's)"
+            showed, agree = f"{v.label}" + ("" if v.gain is None else f": gain {100 * v.gain:+.2f}"), ""
+        elif v.label == "backtest_rejected":
             showed, agree = "not trained (rejected before training)", ""
         elif v.gain is None:
             showed, agree = f"{v.label}", ""
