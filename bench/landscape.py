@@ -172,6 +172,18 @@ def headroom(name: str, training: Training, rows: dict[str, Row]) -> str:
     return "\n".join(lines)
 
 
+def machine() -> str:
+    """What a base's weights depend on besides the code: the CPU's model and the kernels torch
+    picks for it (a base rebuilds to the same weights on one machine, not across machines)."""
+    import platform
+
+    import torch
+    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else \
+        platform.processor()
+    return f"{model}; torch {torch.__version__} {torch.backends.cpu.get_cpu_capability()}; {os.cpu_count()} cores"
+
+
 def weights_digest(base: Path) -> str:
     """The base's weights and architecture, as one digest (its metadata left out)."""
     return hashlib.sha256("".join(file_digest(base / f) for f in WEIGHTS).encode()).hexdigest()[:16]
@@ -203,10 +215,11 @@ def trainer(name: str, workers: int = 2) -> tuple[dict, Training, Path]:
     key, weights = key_digest(task.key), weights_digest(Path(base))
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
-        if (meta.get("weights_digest", weights), meta["split_key_digest"]) != (weights, key):
-            raise SystemExit(f"error: {out} was built on base weights {meta.get('weights_digest')} under split key "
-                             f"{meta['split_key_digest']}; this machine has {weights} / {key}: "
-                             f"build under another name")
+        here_base = weights if "weights_digest" in meta else start_identity(Path(base))  # older tables: every file
+        there = meta.get("weights_digest", meta.get("base_digest"))
+        if (there, meta["split_key_digest"]) != (here_base, key):
+            raise SystemExit(f"error: {out} was built on base {there} under split key {meta['split_key_digest']}; "
+                             f"this machine has {here_base} / {key}: build under another name")
     out.mkdir(parents=True, exist_ok=True)
     if not (out / KEY).exists():
         (out / KEY).write_text(task.key.hex() + "\n")
@@ -242,7 +255,7 @@ def main() -> None:
             "base": Path(training.base).name, "base_digest": start_identity(Path(training.base)),
             "weights_digest": weights_digest(Path(training.base)),
             "split_key_digest": key_digest(training.task.key),
-            "code": code_version(), "seconds": spent}
+            "code": code_version(), "seconds": spent, "machine": machine()}
 
     def note(what: str) -> None:
         meta["seconds"] = spent + round(time.time() - t0)

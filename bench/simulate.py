@@ -21,7 +21,8 @@ The sweep at equal cost: `trials` recipes of the hand sweep (bench/search_suite.
 reward x group size), in an order drawn per replicate, each on the run's two seeds; the best
 mean validation accuracy, the root's included, wins.
 
-Records: bench/results/simulate/TASK.json (every replicate) and TASK.md (the table).
+Records: bench/results/simulate/TASK.json (every replicate, by strategy and budget, written as
+each finishes: a stopped simulation goes on from them) and TASK.md (the table).
 """
 from __future__ import annotations
 
@@ -208,25 +209,30 @@ def main() -> None:
         table.config = {**table.config, "promotion": {**table.config.get("promotion", {}), "alpha": args.alpha}}
     stem = args.task + (f"-alpha{args.alpha:g}" if args.alpha is not None else "")
     cells = [(name, trials) for trials in args.trials for name in args.strategies]
-    results: dict[tuple[str, int], list[Replicate]] = {}
+    record = OUT / f"{stem}.json"
+    done = {k: v for k, v in (json.loads(record.read_text()).get("cells", {}) if record.exists() else {}).items()
+            if len(v["replicates"]) == args.replicates}  # a stopped simulation goes on from its finished cells
+    todo = [c for c in cells if f"{c[0]}@{c[1]}" not in done]
     jobs = 1 if fill else args.jobs  # a fill trains and appends to the table: one process
+    OUT.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
         run = partial(strategy_cell, args.task, args.replicates, alpha=args.alpha)
-        lacked = [0, 0]
         for (name, trials), (reps, secs, (predicted, missed)) in zip(
-                cells, pool.map(run, cells) if pool else (strategy_cell(args.task, args.replicates, c, table)
-                                                          for c in cells)):
-            results[(name, trials)] = reps
-            lacked = [lacked[0] + predicted, lacked[1] + missed]
+                todo, pool.map(run, todo) if pool else (strategy_cell(args.task, args.replicates, c, table)
+                                                        for c in todo)):
+            done[f"{name}@{trials}"] = {"replicates": [asdict(r) for r in reps], "predicted": predicted,
+                                        "missed": missed, "seconds": round(secs)}
+            record.write_text(json.dumps({"cells": done}) + "\n")
             print(f"  {name} x {trials} trials: {len(reps)} replicates in {secs:.0f} s, "
                   f"mean gain {statistics.fmean(r.gain for r in reps):+.1f}", flush=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{stem}.json").write_text(json.dumps(
-        {f"{n}@{k}": [asdict(r) for r in reps] for (n, k), reps in results.items()}) + "\n")
+    results = {(n, t): [Replicate(**{**r, "seeds": tuple(r["seeds"]), "holds": tuple(r["holds"]),
+                                     "labels": tuple(r["labels"]), "interventions": tuple(r["interventions"]),
+                                     "fresh": tuple(r["fresh"])}) for r in done[f"{n}@{t}"]["replicates"]]
+               for n, t in cells}
+    lacked = [sum(done[f"{n}@{t}"][k] for n, t in cells) for k in ("predicted", "missed")]
     text = report(args.task, table, results, lacked)
     (OUT / f"{stem}.md").write_text(text + "\n")
     print(text)
-
 
 if __name__ == "__main__":
     main()
