@@ -68,15 +68,20 @@ def sweep(table: Table, replicates: int, trials: int) -> list[Replicate]:
     return out
 
 
+def with_alpha(table: Table, alpha: float | None) -> Table:
+    """The table with every search's gate at `alpha` (None: its config's own)."""
+    if alpha is not None:
+        table.config = {**table.config, "promotion": {**table.config.get("promotion", {}), "alpha": alpha}}
+    return table
+
+
 def strategy_cell(task: str, replicates: int, cell: tuple[str, int], table: Table | None = None,
                   alpha: float | None = None) -> tuple[list[Replicate], float, tuple[int, int]]:
     """One strategy at one budget, all its replicates, their seconds, and the versions the
     table lacked (predicted, missed). In a process of its own (--jobs > 1) it loads the table."""
     name, trials = cell
     if table is None:
-        table = Table.load(TABLES / task)
-        if alpha is not None:
-            table.config = {**table.config, "promotion": {**table.config.get("promotion", {}), "alpha": alpha}}
+        table = with_alpha(Table.load(TABLES / task), alpha)
     t, before = time.time(), (table.predicted, table.misses)
     reps = sweep(table, replicates, trials) if name == "sweep" else \
         simulate(table, {**RUN[name], "name": name}, replicates, trials)
@@ -205,8 +210,7 @@ def main() -> None:
         (OUT / f"{args.task}-validation.md").write_text(text + "\n")
         print(text)
         return
-    if args.alpha is not None:
-        table.config = {**table.config, "promotion": {**table.config.get("promotion", {}), "alpha": args.alpha}}
+    table = with_alpha(table, args.alpha)
     stem = args.task + (f"-alpha{args.alpha:g}" if args.alpha is not None else "")
     cells = [(name, trials) for trials in args.trials for name in args.strategies]
     record = OUT / f"{stem}.json"

@@ -27,6 +27,7 @@ the root) passes.
 from __future__ import annotations
 
 import itertools
+import math
 import json
 import random
 import shutil
@@ -243,7 +244,7 @@ def simulate(table: Table, strategy: dict, replicates: int, trials: int, seeds_p
     strategy that draws (random, population) explores anew where a deterministic one (greedy
     on the rules agent) repeats its first cycle."""
     out = []
-    n = len(list(itertools.permutations(table.seeds, seeds_per_run)))
+    n = math.perm(len(table.seeds), seeds_per_run)  # the distinct ordered draws
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         for r in range(first, first + replicates):
             seeds = draw(table.seeds, r, seeds_per_run)
