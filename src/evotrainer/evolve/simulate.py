@@ -27,8 +27,8 @@ the root) passes.
 from __future__ import annotations
 
 import itertools
-import math
 import json
+import math
 import random
 import shutil
 import statistics
