@@ -64,10 +64,14 @@ def test_two_processes_over_gloo_take_the_step_one_process_takes(tmp_path, agg):
     for r in ranks:
         g2 = torch.cat([g.flatten() for g in r["grads"]])
         assert (g1 - g2).norm() / g1.norm() < 1e-5
-        # Adam's first step is lr x g / (|g| + eps): a weight whose gradient is ~eps (1e-8) moves
-        # by a fraction of lr that float noise in the sum changes (measured: 1 weight in 1.06M,
-        # gradient 5e-9, off by 2.3e-5 at lr 1e-3), so the weights agree to a twentieth of lr
-        assert all(torch.allclose(a, b, rtol=0, atol=5e-5) for a, b in zip(single["weights"], r["weights"]))
+        # Adam's first step is lr x g / (|g| + eps): where |g| is near eps (1e-8) the step is any
+        # fraction of lr that float noise in the sum picks (CI saw such weights off by over a
+        # twentieth of lr), so the step must agree where the gradient is well above eps, and
+        # nowhere may it differ by more than the lr that bounds every first step
+        for g, a, b in zip(single["grads"], single["weights"], r["weights"]):
+            firm = g.abs() > 1e-6
+            assert torch.allclose(a[firm], b[firm], rtol=0, atol=1e-6)
+            assert (a - b).abs().max() <= 2e-3 + 1e-6
     assert all(torch.equal(a, b) for a, b in zip(ranks[0]["weights"], ranks[1]["weights"]))  # one model, twice
 
 
