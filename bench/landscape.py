@@ -184,6 +184,12 @@ def machine() -> str:
     return f"{model}; torch {torch.__version__} {torch.backends.cpu.get_cpu_capability()}; {os.cpu_count()} cores"
 
 
+def config_name(table: str) -> str:
+    """A table's config: TASK.yaml for the table TASK and for TASK@WHERE, the same task's table
+    built on another machine (a table belongs to the machine its base was built on)."""
+    return table.split("@", 1)[0]
+
+
 def weights_digest(base: Path) -> str:
     """The base's weights and architecture, as one digest (its metadata left out)."""
     return hashlib.sha256("".join(file_digest(base / f) for f in WEIGHTS).encode()).hexdigest()[:16]
@@ -192,6 +198,7 @@ def weights_digest(base: Path) -> str:
 def trainer(name: str, workers: int = 2) -> tuple[dict, Training, Path]:
     """The task's config (with the pool as its seeds), a Training on its table's directory (the
     base built or read from the base cache, under the table's split key), and the root harness.
+    `name` is the table's; its config is the one its meta.json names, or the config of that name.
 
     A table keeps its split key beside its rows (KEY: a benchmark's key, never a user run's), and
     a machine without a key for that base takes it before the base is built, so a table outlives
@@ -199,7 +206,9 @@ def trainer(name: str, workers: int = 2) -> tuple[dict, Training, Path]:
     the base's metadata records its build time). Refuses a table recorded on other weights or
     another key."""
     out = OUT / name
-    raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+    stem = json.loads((out / "meta.json").read_text()).get("config_name", name) if (out / "meta.json").exists() else \
+        config_name(name)
+    raw = yaml.safe_load((CONFIGS / f"{stem}.yaml").read_text())
     raw["seeds"] = SEEDS
     cfg = config_from_dict(raw).validate()
     task = get_task(cfg.task, cfg.level)
@@ -219,7 +228,7 @@ def trainer(name: str, workers: int = 2) -> tuple[dict, Training, Path]:
         there = meta.get("weights_digest", meta.get("base_digest"))
         if (there, meta["split_key_digest"]) != (here_base, key):
             raise SystemExit(f"error: {out} was built on base {there} under split key {meta['split_key_digest']}; "
-                             f"this machine has {here_base} / {key}: build under another name")
+                             f"this machine has {here_base} / {key}: build it here as {config_name(name)}@WHERE")
     out.mkdir(parents=True, exist_ok=True)
     if not (out / KEY).exists():
         (out / KEY).write_text(task.key.hex() + "\n")
@@ -232,7 +241,8 @@ def trainer(name: str, workers: int = 2) -> tuple[dict, Training, Path]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("task", help="a config under bench/configs/landscape (its stem)")
+    ap.add_argument("task", help="a config under bench/configs/landscape (its stem), or STEM@WHERE: that "
+                    "config's table under another name (another machine's)")
     ap.add_argument("--show", action="store_true", help="print the recorded table and stop")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=4, help="configurations per pool and evaluator")
@@ -241,8 +251,15 @@ def main() -> None:
                     f"retrained on fresh seeds {FRESH} (the task's headroom), after the table")
     ap.add_argument("--headroom", action="store_true", help="first look, before a whole table: the root, the "
                     f"catalog's moves and the sweep on seeds {HEADROOM_SEEDS}, in TASK/headroom/ (the table reuses them)")
+    ap.add_argument("--backtests", action="store_true", help="backtest every recorded row on the root's rollouts "
+                    "(a stopped build's rows), without training")
     args = ap.parse_args()
     out = OUT / args.task
+    if args.backtests:
+        recorded = [Config(r.name, r.kind) for r in read_rows(out / ROWS).values() if r.val]
+        timeout = config_from_dict(json.loads((out / "meta.json").read_text())["config"]).budget.trial_timeout_s
+        backtests(out, recorded, SEEDS, timeout, lambda name: print(f"  backtested {name}", flush=True))
+        args.show = True
     if args.show:
         rows = read_rows(out / ROWS)
         print(table_md(rows) + "\n\n" + agreement(rows, read_backtests(out / BACKTESTS)))
@@ -251,7 +268,7 @@ def main() -> None:
     raw, training, root = trainer(args.task, args.workers)
     meta_path = out / "meta.json"
     spent = json.loads(meta_path.read_text())["seconds"] if meta_path.exists() else 0
-    meta = {"task": args.task, "config": raw, "seeds": SEEDS, "steps": training.cfg.budget.total_steps,
+    meta = {"task": args.task, "config_name": config_name(args.task), "config": raw, "seeds": SEEDS, "steps": training.cfg.budget.total_steps,
             "base": Path(training.base).name, "base_digest": start_identity(Path(training.base)),
             "weights_digest": weights_digest(Path(training.base)),
             "split_key_digest": key_digest(training.task.key),

@@ -140,7 +140,7 @@ def report(task: str, table: Table, results: dict[tuple[str, int], list[Replicat
         lines.append(f"| {name} | {trials} | {len(reps)} ({len({r.seeds for r in reps})}) | "
                      f"{ci(by_draw(reps, lambda r: r.gain))} | {ci(by_draw(reps, vs_tuned))} | {common} | {first} |")
     lines += ["", f"Versions the table lacked: {table.filled} trained and added, {lacked[0]} predicted "
-              f"additively, {lacked[1]} misses."]
+              f"as their best move, {lacked[1]} misses."]
     return "\n".join(lines)
 
 

@@ -65,8 +65,11 @@ def test_verdict_tolerates_some_regrading_of_wrong_answers_but_no_wrong_answer_a
                                    ordering_violations=rep.ordering_violations + 10, graded_violations=10)
     reasons, notes = verdict(regraded, cfg)
     assert reasons == [] and any("10 of 100 pairs of wrong answers" in n for n in notes)
+    # a shaped reward grades wrong answers its own way: re-ordering them rejects only under a set tolerance
     inverted = dataclasses.replace(regraded, ordering_violations=rep.ordering_violations + 60, graded_violations=60)
-    assert "60 of 100 pairs of wrong answers" in verdict(inverted, cfg)[0][0]
+    assert verdict(inverted, cfg)[0] == [] and any("60 of 100 pairs of wrong answers" in n for n in verdict(inverted, cfg)[1])
+    strict = dataclasses.replace(cfg, max_graded_violation_rate=0.25)
+    assert "60 of 100 pairs of wrong answers" in verdict(inverted, strict)[0][0] and verdict(regraded, strict)[0] == []
     assert verdict(regraded, dataclasses.replace(cfg, max_graded_violation_rate=0.05))[0]
     against_correct = dataclasses.replace(rep, ordering_violations=1)
     assert "1 ordering violations" in verdict(against_correct, cfg)[0][0]

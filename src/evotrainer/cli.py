@@ -471,8 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="parent harness for the legality check (default: the evidence's own harness)")
     sp.add_argument("--max-violation-rate", type=float, default=0.0,
                     help="share of same-group pairs with a correct rollout in which the candidate pays the wrong one more")
-    sp.add_argument("--max-graded-violation-rate", type=float, default=0.25,
-                    help="share of pairs of differently graded wrong answers the candidate may order the other way")
+    sp.add_argument("--max-graded-violation-rate", type=float, default=1.0,
+                    help="share of pairs of differently graded wrong answers the candidate may order the other way "
+                         "(1, the default: reported, never rejected)")
     sp.add_argument("--out", type=Path, default=None, help="write backtest.json and backtest.md here")
     sp.add_argument("--timeout", type=float, default=600.0, help="seconds before the candidate's code is killed")
     sp.set_defaults(fn=cmd_backtest)

@@ -7,10 +7,13 @@ What it asks of a candidate reward, filter or truncation rule, before any traini
   higher-score one? (EvoTrainer: penalty weights 0.01/0.02/0.03 gave 1/7/26 violations)
   A wrong answer out-earning a correct one is what accuracy pays for, so those pairs have
   their own (zero) tolerance; pairs of two wrong answers that a graded verifier tells apart
-  have a looser one. reasoning-gym's fallback grades a wrong answer by whether it contains
-  the oracle as a substring ("-1 -15" gets 1/3 for "-1", "-4" gets 0), which per-digit
-  partial credit rightly orders the other way: on chain_sum every one of the 8 and 630
-  violations that rejected partial credit was such a pair.
+  are counted and reported, and reject nothing unless a tolerance is set: a shaped reward
+  exists to grade wrong answers its own way. reasoning-gym's fallback grades a wrong answer
+  by whether it contains the oracle as a substring ("-1 -15" gets 1/3 for "-1", "-4" gets
+  0), which per-digit partial credit rightly orders the other way (on chain_sum every one
+  of the 8 and 630 violations that rejected partial credit was such a pair); on codegen,
+  partial credit re-ordered a third of the pairs that the share of tests passed grades, and
+  trained 7.5 validation points above the default recipe.
 - cuts: would the truncation rule cut correct rollouts, or the filter drop groups whose
   scores disagree (the only groups binary correctness can learn from)?
 - signal: how much advantage falls in groups whose verifier scores are all equal, and what
@@ -43,11 +46,11 @@ class BacktestConfig:
     max_violation_rate: share of same-group pairs with a correct (full-credit) rollout in
         which the candidate pays the other one more (0: none).
     max_graded_violation_rate: share of same-group pairs of two wrong answers, graded
-        differently by the verifier, that the candidate may order the other way. Looser:
-        a shaped reward exists to grade wrong answers its own way, and accuracy does not
-        see their order. A quarter: per-digit partial credit re-grades 0.2% and 7% of
-        chain_sum's such pairs (two evidence sets), a reward that inverts the verifier all
-        of them; past a quarter a candidate grades against the verifier, not finer than it.
+        differently by the verifier, that the candidate may order the other way (1: any,
+        the rule reports and never rejects). Off by default because on the landscape
+        tables it vetoed only winners: partial credit on codegen (30-35% of such pairs
+        re-ordered, +7.5 validation points when trained) and with dr_grpo (+7.0), and on
+        chain_sum before; accuracy does not see the order of two wrong answers.
     max_correct_cut: share of correct rollouts a truncation rule or filter may cut
         (EvoTrainer picked a truncation threshold that still cut a few).
     max_off_score_signal: share of advantage mass in equal-score groups below which it is
@@ -58,7 +61,7 @@ class BacktestConfig:
     min_tracking: |correlation| from which a feature counts as what the signal tracks.
     """
     max_violation_rate: float = 0.0
-    max_graded_violation_rate: float = 0.25
+    max_graded_violation_rate: float = 1.0
     max_correct_cut: float = 0.01
     max_off_score_signal: float = 0.02
     min_tracking: float = 0.3
@@ -239,7 +242,8 @@ def verdict(rep: BacktestReport, cfg: BacktestConfig) -> tuple[list[str], list[s
     (reasons if _rate(bad, pairs) > cfg.max_violation_rate else notes).append(msg)
     if rep.graded_pairs:
         msg = (f"{rep.graded_violations} of {rep.graded_pairs} pairs of wrong answers that the verifier grades "
-               f"differently are ordered the other way (tolerance {cfg.max_graded_violation_rate:.0%})")
+               f"differently are ordered the other way" + (f" (tolerance {cfg.max_graded_violation_rate:.0%})"
+                                                          if cfg.max_graded_violation_rate < 1 else ""))
         (reasons if _rate(rep.graded_violations, rep.graded_pairs) > cfg.max_graded_violation_rate
          else notes).append(msg)
 
