@@ -162,18 +162,18 @@ def finals_report(values: list[float]) -> None:
                   f"{subset_rate(values, n, said_beat)}, misses 0 {subset_rate(values, n, missed)}", flush=True)
 
 
-def simulated() -> None:
-    cfg = PromotionConfig()
+def simulated(alpha: float | None = None) -> None:
+    cfg = PromotionConfig() if alpha is None else PromotionConfig(alpha=alpha)
     print(f"simulated: the real gate on normal noise (sd 2.2 points), alpha {cfg.alpha}, "
           f"{cfg.replicas} replicas, {cfg.extra_pairs} extra pairs at most; 20,000 null trials a row")
     print(f"{'seeds':>5} {'replicas':>8}  {'new gate keeps':>34}  {'old gate keeps':>34}  {'pairs':>5}")
     for seeds, reps in ((2, 1), (2, 2), (3, 2)):
-        r = simulate_gate(0.0, seeds=seeds, replicas=reps)
+        r = simulate_gate(0.0, seeds=seeds, replicas=reps, cfg=cfg)
         print(f"{seeds:>5} {reps:>8}  {str(r['new']):>34}  {str(r['old']):>34}  {r['mean_pairs']:5.2f}")
     print("\npower (2 seeds, 2 replicas): how often a real gain is kept; 4,000 trials a row")
     for effect, name in ((0.022, "+2.2 points (1 sd)"), (0.044, "+4.4 (2 sd)"), (0.066, "+6.6 (3 sd)"),
                          ([0.547, 0.16], "+54.7 and +16.0 (issue 32's run)")):
-        r = simulate_gate(effect, trials=4000)
+        r = simulate_gate(effect, trials=4000, cfg=cfg)
         print(f"  {name:34} new {str(r['new']):34} old {str(r['old']):34} pairs {r['mean_pairs']:.2f}")
     print("\nnull final comparisons: how often a 95% interval misses 0 (nominal 5%) and says 'beat' (2.5%)")
     for n in (2, 3, 5):
@@ -206,9 +206,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50, help="training steps per segment")
     p.add_argument("--out", type=Path, default=ROOT / "bench-runs" / "null-calibration")
     p.add_argument("--only", choices=("trials", "finals"), help="one half of the real mode")
+    p.add_argument("--alpha", type=float, default=None, help="the simulated gate at this promotion.alpha "
+                   "instead of the default")
     args = p.parse_args()
     if args.simulate:
-        return simulated()
+        return simulated(args.alpha)
     import transformers
     transformers.logging.disable_progress_bar()
     t0 = time.time()
