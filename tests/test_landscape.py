@@ -144,6 +144,17 @@ def test_the_simulated_search_keeps_what_the_table_says_gains(tmp_path):
     assert len({r.seeds for r in reps}) > 1
 
 
+def test_a_move_back_to_a_trained_harness_is_passed_over_off_the_budget(tmp_path):
+    """Restart mode: after three failures from the kept child, escalation undoes its change
+    first; that harness has the root's files, which trained from the base on these seeds
+    already. Equivalent, not trained, not counted."""
+    table = Table.load(synthetic(tmp_path, {"partial_credit": 0.25}))
+    (r,) = simulate(table, {"name": "out-of-the-box", "agent": "rules", "search": {}}, 1, 7)
+    labels = dict(zip(r.interventions, r.labels))
+    assert r.labels[0] == "kept" and labels["revert_reward"] == labels["binary_reward"] == "equivalent"
+    assert len([x for x in r.labels if x != "equivalent"]) == 7  # the budget's 7 trials, all spent elsewhere
+
+
 def test_a_repeated_seed_draw_searches_with_a_seed_of_its_own(tmp_path):
     """Beyond the pool's 30 ordered draws a replicate gives the search its own seed: the random
     agent proposes anew on the same training seeds, the rules agent's greedy search repeats."""

@@ -93,6 +93,9 @@ class Trial:
         patch = self.candidate()
         if isinstance(patch, Outcome):
             return patch
+        again = self.repeat(patch)
+        if again is not None:
+            return again
         if self.ask("design", patch=patch) == "abort":
             return Outcome(Label.ABORTED, "aborted by a person at the design gate", patch)
         replays = self.replay_diagnostics()
@@ -127,6 +130,20 @@ class Trial:
             return Outcome(Label.DISCARDED, str(e), committed=False)
         patch = self.tools.repo.diff(self.parent.version, self.version) if cand.version else ""
         return patch if cand.legal else Outcome(Label.ILLEGAL, "; ".join(cand.reasons), patch)
+
+    def repeat(self, patch: str) -> Outcome | None:
+        """Restart mode: a candidate with the files of a version that already trained here (a
+        move back to the root's reward from a child that changed it, say) would train from the
+        base on the same seeds exactly as that version did. Passed over, off the budget."""
+        if not self.tools.restart:
+            return None
+        repo, mine = self.tools.repo, self.tools.repo.tree(self.version)
+        for t in self.tools.view.trials:
+            trained = not t.parents or (t.fitness.get("state") and t.label != Label.EQUIVALENT)
+            if t.version and t.version != self.version and trained and repo.tree(t.version) == mine:
+                return Outcome(Label.EQUIVALENT, f"the same harness as {t.version} ({t.intervention or 'the root'}), "
+                               "which trained from the base on these seeds; not trained again", patch)
+        return None
 
     def replay_diagnostics(self) -> list[Replayed]:
         """Each diagnostic the candidate adds or revises, replayed over this run's judged versions."""

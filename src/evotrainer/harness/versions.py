@@ -48,6 +48,7 @@ class HarnessRepo:
         if not (self.path / ".git").is_dir():
             raise GitError(f"{self.path} is not a harness repository (HarnessRepo.init creates one)")
         self._shas: dict[str, str] = {}  # version -> commit: a version's tag is made once and never moves
+        self._trees: dict[str, str] = {}  # version -> its files' tree id
 
     # ------------------------------------------------------------------ creating
 
@@ -132,6 +133,12 @@ class HarnessRepo:
             return None
         tags = sorted(self._out("tag", "--points-at", commits[1]).split(), key=_natural)
         return tags[0] if tags else None
+
+    def tree(self, version: str) -> str:
+        """The id of `version`'s files (git's tree): equal for two versions with the same files."""
+        if version not in self._trees:  # a version's files never change
+            self._trees[version] = self._out("rev-parse", f"{self._commit(version)}^{{tree}}")
+        return self._trees[version]
 
     def diff(self, a: str, b: str) -> str:
         """`git diff a b`: exactly the intervention from version a to version b."""
