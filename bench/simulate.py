@@ -38,6 +38,8 @@ from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
@@ -71,20 +73,21 @@ def sweep(table: Table, replicates: int, trials: int) -> list[Replicate]:
     return out
 
 
-def with_alpha(table: Table, alpha: float | None) -> Table:
-    """The table with every search's gate at `alpha` (None: its config's own)."""
-    if alpha is not None:
-        table.config = {**table.config, "promotion": {**table.config.get("promotion", {}), "alpha": alpha}}
+def with_settings(table: Table, settings: dict[str, object]) -> Table:
+    """The table with every search run under `settings` ("promotion.alpha" -> 0.1) over its config."""
+    for dotted, value in settings.items():
+        section, key = dotted.split(".", 1)
+        table.config = {**table.config, section: {**table.config.get(section, {}), key: value}}
     return table
 
 
 def strategy_cell(task: str, replicates: int, cell: tuple[str, int], table: Table | None = None,
-                  alpha: float | None = None) -> tuple[list[Replicate], float, tuple[int, int]]:
+                  settings: dict | None = None) -> tuple[list[Replicate], float, tuple[int, int]]:
     """One strategy at one budget, all its replicates, their seconds, and the versions the
     table lacked (predicted, missed). In a process of its own (--jobs > 1) it loads the table."""
     name, trials = cell
     if table is None:
-        table = with_alpha(Table.load(TABLES / task), alpha)
+        table = with_settings(Table.load(TABLES / task), settings or {})
     t, before = time.time(), (table.predicted, table.misses)
     reps = sweep(table, replicates, trials) if name == "sweep" else \
         simulate(table, {**RUN[name], "name": name}, replicates, trials, workdir=SCRATCH)
@@ -193,6 +196,14 @@ def validate(task: str, table: Table, names: list[str], draws: int, trials: int)
     return "\n".join(lines)
 
 
+def setting(text: str) -> tuple[str, object]:
+    """"promotion.alpha=0.1" -> ("promotion.alpha", 0.1): the value read as YAML, as a config's."""
+    key, sep, value = text.partition("=")
+    if not sep or "." not in key:
+        raise SystemExit(f"error: --set takes SECTION.KEY=VALUE (e.g. promotion.alpha=0.1), got '{text}'")
+    return key, yaml.safe_load(value)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("task")
@@ -201,8 +212,9 @@ def main() -> None:
     ap.add_argument("--strategies", nargs="+", default=[*RUN, "sweep"], choices=[*RUN, "sweep"])
     ap.add_argument("--fill", action="store_true", help="train and add versions the table lacks")
     ap.add_argument("--jobs", type=int, default=1, help="strategies simulated at once, each in a process")
-    ap.add_argument("--alpha", type=float, default=None, help="every search's gate at this promotion.alpha instead "
-                    "of the table's config (records: TASK-alphaA.json/md)")
+    ap.add_argument("--set", nargs="+", default=[], metavar="SECTION.KEY=VALUE", dest="settings",
+                    help="every search under these config settings over the table's, e.g. promotion.alpha=0.1 "
+                         "search.winner=trained (records: TASK-SECTION.KEY=VALUE.json/md)")
     ap.add_argument("--validate", type=int, default=0, metavar="DRAWS",
                     help="run the first DRAWS seed draws of each strategy for real too, and compare (implies --fill)")
     args = ap.parse_args()
@@ -213,8 +225,9 @@ def main() -> None:
         (OUT / f"{args.task}-validation.md").write_text(text + "\n")
         print(text)
         return
-    table = with_alpha(table, args.alpha)
-    stem = args.task + (f"-alpha{args.alpha:g}" if args.alpha is not None else "")
+    settings = dict(setting(s) for s in args.settings)
+    table = with_settings(table, settings)
+    stem = args.task + "".join(f"-{s}" for s in sorted(args.settings))
     cells = [(name, trials) for trials in args.trials for name in args.strategies]
     record = OUT / f"{stem}.json"
     done = {k: v for k, v in (json.loads(record.read_text()).get("cells", {}) if record.exists() else {}).items()
@@ -223,7 +236,7 @@ def main() -> None:
     jobs = 1 if fill else args.jobs  # a fill trains and appends to the table: one process
     OUT.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
-        run = partial(strategy_cell, args.task, args.replicates, alpha=args.alpha)
+        run = partial(strategy_cell, args.task, args.replicates, settings=settings)
         for (name, trials), (reps, secs, (predicted, missed)) in zip(
                 todo, pool.map(run, todo) if pool else (strategy_cell(args.task, args.replicates, c, table)
                                                         for c in todo)):

@@ -74,6 +74,10 @@
       controller: fixed          # fixed: the search's policy as above, all run long; evolving: revised
                                  # every revise_every trials from the lineage (evolve/search_policy.py)
       revise_every: 3
+      winner: kept               # what the final comparison retrains: kept, the best validated
+                                 # version the gate kept (or the root); trained, the best validated
+                                 # of every version trained, kept or discarded (a sweep's choice;
+                                 # the fresh seeds of the final comparison judge it either way)
       seed: null                 # the search's own draws (a random agent's choices, the population's
                                  # parent draws): null follows the run's first seed; another value
                                  # explores differently on the same training seeds
@@ -148,6 +152,7 @@ APPROVAL_POINTS = ("design", "backtest", "completion")
 TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
 SELECTIONS = ("population", "greedy")
 CONTROLLERS = ("fixed", "evolving")
+WINNERS = ("kept", "trained")
 EXECUTORS = ("local", "ray")
 CACHES = ("run", "off")  # or an absolute directory path
 RAY_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+")
@@ -239,6 +244,7 @@ class SearchConfig:
     revise_every: int = 3        # an evolving controller's trials between revisions
     concurrency: int = 1         # trials in flight at once (evolve/specialists.py)
     seed: int | None = None      # the search's own draws; None: the run's first seed
+    winner: str = "kept"         # the final comparison's pick among kept versions, or every trained one
 
     @property
     def restarts(self) -> bool:
@@ -349,6 +355,8 @@ class RunConfig:
         need(self.search.population >= 1, "search.population", f"must be >= 1, got {self.search.population}")
         need(self.search.controller in CONTROLLERS, "search.controller",
              f"must be one of {', '.join(CONTROLLERS)}, got '{self.search.controller}'")
+        need(self.search.winner in WINNERS, "search.winner",
+             f"must be one of {', '.join(WINNERS)}, got '{self.search.winner}'")
         need(self.search.revise_every >= 1, "search.revise_every", f"must be >= 1, got {self.search.revise_every}")
         need(self.search.seed is None or (isinstance(self.search.seed, int) and not isinstance(self.search.seed, bool)),
              "search.seed", f"must be an integer or null, got {self.search.seed!r}")

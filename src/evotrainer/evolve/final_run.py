@@ -19,7 +19,8 @@ def winner_schedule(view: RunView, training: Training, max_depth: int) -> tuple[
     """The winner ("vN@D"), its harness schedule as versions, and as an arm to retrain: in
     continue mode the harness at each depth along its lineage, continued with its own
     harness to the full budget; in restart mode its one harness for the whole budget."""
-    win, budget = winner(view.states), training.cfg.budget
+    budget = training.cfg.budget
+    win = winner(view.trained_states if training.cfg.search.winner == "trained" else view.states)
     if training.restart:
         harnesses, steps = [win.version], budget.total_steps
     else:

@@ -105,6 +105,14 @@ class RunView:
         """Every state a trial may branch from, or the final comparison's retraining: kept children, then controls."""
         return [State.of(t.fitness["state"]) for t in self.kept] + [e.state for e in self.of(ControlFinished)]
 
+    @cached_property
+    def trained_states(self) -> list[State]:
+        """`states` and the states of children the gate discarded (a blocking finding's, never):
+        every validated candidate for a winner picked as a sweep picks."""
+        discarded = [State.of(t.fitness["state"]) for t in self.trials
+                     if t.label == Label.DISCARDED and t.fitness.get("state")]
+        return self.states + discarded
+
     def open_states(self, max_depth: int, restart: bool) -> list[State]:
         """States that can still be a parent: segments left (continue mode) and not exhausted."""
         exhausted = {(e.version, e.depth) for e in self.of(ParentExhausted)}
