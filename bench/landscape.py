@@ -246,7 +246,9 @@ def main() -> None:
     ap.add_argument("--show", action="store_true", help="print the recorded table and stop")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=4, help="configurations per pool and evaluator")
-    ap.add_argument("--only", choices=("singles", "all"), default="all")
+    ap.add_argument("--only", choices=("root", "singles", "all"), default="all",
+                    help="root: the root and its noise replicas, the least a simulator's --fill (and "
+                         "--validate) can start from; singles: no combinations")
     ap.add_argument("--fresh", action="store_true", help="the default, the tuned recipe and the table's best "
                     f"retrained on fresh seeds {FRESH} (the task's headroom), after the table")
     ap.add_argument("--headroom", action="store_true", help="first look, before a whole table: the root, the "
@@ -300,6 +302,9 @@ def main() -> None:
     # singles are all in (a better single makes new ones)
     lead = [c for c in first if c.kind != "move" or c.name in FAMILY]
     rows = build(training, root, lead[:1], SEEDS, out, args.batch, on_row)
+    if args.only == "root":
+        build(training, root, [c for c in first if c.kind in ("root", "replica")], SEEDS, out, args.batch, on_row)
+        return
     configs = []
     for part in (lead, first):
         if args.only == "all":

@@ -24,8 +24,9 @@ gain (the stack adds nothing). The tables' trained combinations chose this: over
 arith3-weak and codegen-weak, the additive prediction (each move's gain added) was 4.9 test
 points too high on average and never too low, the best part's 0.5 too low (mean absolute
 error 3.0). Otherwise a version is a *miss*: its segment fails (label crash, "not in the
-table"). The table counts both. A backtest the table did not record (any parent but
-the root) passes.
+table"). The table counts both. A backtest from any parent but the root passes; from the
+root, a row without a recorded one is backtested and recorded where there is a fill trainer
+(else it passes).
 """
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ from evotrainer.backtest.run import BacktestOutcome
 from evotrainer.config import config_from_dict
 from evotrainer.evolve.controller import Controller
 from evotrainer.evolve.diagnosis import worst_of
-from evotrainer.evolve.landscape import (BACKTESTS, ROWS, Config, Row, build, changed_knobs, content_key,
-                                        read_backtests, read_rows)
+from evotrainer.evolve.landscape import (BACKTESTS, ROWS, Config, Row, backtests, build, changed_knobs,
+                                        content_key, read_backtests, read_rows)
 from evotrainer.evolve.state import EXTRA_PAIR_DATA, Clock, Segment, SegmentFailed, State
 from evotrainer.evolve.training import Training
 from evotrainer.labels import Label
@@ -109,6 +110,15 @@ class Table:
             self.by_key[key] = row
         self.filled += 1
         return row if row.val else None
+
+    def backtest_of(self, row: Row, seed: int) -> dict | None:
+        """The backtest recorded for `row` as a child of the root on that seed's rollouts; with
+        a fill trainer, a row without one (a version a search reached) is backtested on the
+        root's rollouts of every pool seed and recorded, as a real search would backtest it."""
+        if row.name not in self.backtests and self.fill is not None and row.kind not in ("root", "replica"):
+            done = backtests(self.out, [Config(row.name, "move")], self.seeds, self.fill.cfg.budget.trial_timeout_s)
+            self.backtests[row.name] = done.get(row.name, {})
+        return self.backtests.get(row.name, {}).get(seed)
 
     def _decompose(self, change: dict) -> list[str] | None:
         """Single moves whose changes, disjoint, make up `change` exactly (largest first). A
@@ -186,7 +196,7 @@ class TableTraining(Training):
     def backtest(self, parent: State, candidate: Path, parent_dir: Path) -> BacktestOutcome:
         name, seed = _parse(parent.dirs[min(parent.dirs)])
         row = self.table.by_key.get(content_key(candidate))
-        rec = self.table.backtests.get(row.name, {}).get(seed) if row and name == "root" else None
+        rec = self.table.backtest_of(row, seed) if row and name == "root" else None
         if rec is None:
             return BacktestOutcome("passed", [])
         return BacktestOutcome(rec["label"], rec["reasons"], signal=rec.get("signal", ""))
