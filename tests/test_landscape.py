@@ -155,14 +155,14 @@ def test_a_move_back_to_a_trained_harness_is_passed_over_off_the_budget(tmp_path
     assert len([x for x in r.labels if x != "equivalent"]) == 7  # the budget's 7 trials, all spent elsewhere
 
 
-def test_the_winner_is_the_best_kept_version_or_with_search_winner_trained_the_best_trained(tmp_path):
-    """A gain under the gate's noise floor is discarded: by default the root stays the winner;
-    `search.winner: trained` picks the best validated of every version trained, as a sweep does."""
+def test_the_winner_is_the_best_trained_version_or_with_search_winner_kept_the_best_kept(tmp_path):
+    """A gain under the gate's noise floor is discarded: by default the winner is still the best
+    validated of every version trained, as a sweep picks; `search.winner: kept` keeps the root."""
     path = synthetic(tmp_path, {"partial_credit": 0.01})
-    (kept,) = simulate(Table.load(path), GREEDY, 1, 3)
+    (best,) = simulate(Table.load(path), GREEDY, 1, 3)
     table = Table.load(path)
-    table.config = {**table.config, "search": {**table.config["search"], "winner": "trained"}}
-    (best,) = simulate(table, GREEDY, 1, 3)
+    table.config = {**table.config, "search": {**table.config["search"], "winner": "kept"}}
+    (kept,) = simulate(table, GREEDY, 1, 3)
     assert kept.labels == best.labels and "kept" not in kept.labels  # the same search, nothing kept
     assert kept.winner == "root" and best.winner == "partial_credit"  # the others lose 0.02 on every seed
 

@@ -74,10 +74,10 @@
       controller: fixed          # fixed: the search's policy as above, all run long; evolving: revised
                                  # every revise_every trials from the lineage (evolve/search_policy.py)
       revise_every: 3
-      winner: kept               # what the final comparison retrains: kept, the best validated
-                                 # version the gate kept (or the root); trained, the best validated
-                                 # of every version trained, kept or discarded (a sweep's choice;
-                                 # the fresh seeds of the final comparison judge it either way)
+      winner: trained            # what the final comparison retrains: trained, the best validated
+                                 # of every version trained, kept or discarded, as a sweep picks (the
+                                 # gate on 2 seeds discards real gains; the final comparison's fresh
+                                 # seeds judge the pick); kept: the best validated the gate kept
       seed: null                 # the search's own draws (a random agent's choices, the population's
                                  # parent draws): null follows the run's first seed; another value
                                  # explores differently on the same training seeds
@@ -244,7 +244,7 @@ class SearchConfig:
     revise_every: int = 3        # an evolving controller's trials between revisions
     concurrency: int = 1         # trials in flight at once (evolve/specialists.py)
     seed: int | None = None      # the search's own draws; None: the run's first seed
-    winner: str = "kept"         # the final comparison's pick among kept versions, or every trained one
+    winner: str = "trained"      # the final comparison's pick among every trained version, or kept ones
 
     @property
     def restarts(self) -> bool:
