@@ -196,6 +196,8 @@ class TableTraining(Training):
     def backtest(self, parent: State, candidate: Path, parent_dir: Path) -> BacktestOutcome:
         name, seed = _parse(parent.dirs[min(parent.dirs)])
         row = self.table.by_key.get(content_key(candidate))
+        if row is None and self.table.fill is not None and name == "root":
+            row = self.table.row_for(candidate)  # trained now: its backtest is recorded beside it
         rec = self.table.backtest_of(row, seed) if row and name == "root" else None
         if rec is None:
             return BacktestOutcome("passed", [])
