@@ -58,7 +58,7 @@ CONFIGS = ROOT / "bench" / "configs" / "landscape"
 OUT = ROOT / "bench" / "results" / "landscape"
 SEEDS = [0, 1, 2, 3, 4, 5]  # the pool every row trains on
 HEADROOM_SEEDS = SEEDS[:3]  # --headroom's first look
-FRESH = [300, 301, 302, 303, 304]  # --fresh: seeds no row trained on
+FRESH = 300                 # --fresh: seeds FRESH, FRESH+1, ... (no row trained on them)
 KEY = "split.key"           # the table's split key (which held-out problems are validation and test)
 WEIGHTS = ("config.json", "model.safetensors")  # what identifies a base across machines
 REPLICAS = 2                # the root again on the same problems, other sampling seeds
@@ -146,21 +146,22 @@ def best_by_val(rows: dict[str, Row], kinds: tuple[str, ...]) -> str:
     return max(cands, key=lambda r: statistics.fmean(r.val.values())).name
 
 
-def headroom(name: str, training: Training, rows: dict[str, Row]) -> str:
+def headroom(name: str, training: Training, rows: dict[str, Row], seeds: list[int]) -> str:
     """The task's headroom on fresh seeds: the default recipe (the root), the tuned one (the
     sweep's recipe, or the move a sweep recipe equals, with the best mean validation accuracy
     on the pool) and the table's best entry by validation, each retrained from the base on
-    FRESH seeds no row saw; test gains paired by seed, with 95% t intervals."""
+    fresh `seeds` no row saw; test gains paired by seed, with 95% t intervals. More seeds reuse
+    the fewer's segments (the cache)."""
     out = OUT / name
     sweep_like = [n for n in ("lower_lr", "larger_groups", "partial_credit") if n in rows]
     tuned = best_by_val({n: r for n, r in rows.items() if r.kind == "sweep" or n in sweep_like},
                         ("sweep", "move"))
     best = best_by_val(rows, ("move", "sweep", "combo", "reached"))
     arms = {n: Arm((str(out / "harnesses" / n),), training.cfg.budget.total_steps) for n in {"root", tuned, best}}
-    rep = retrain(training.task, training.base, arms, FRESH, out / "fresh", training.cfg.evaluation,
+    rep = retrain(training.task, training.base, arms, seeds, out / "fresh", training.cfg.evaluation,
                   training.cfg.budget.trial_timeout_s, 2, training.runtime, cache=training.cache)
     test = {n: {s: 100 * v["test"] for s, v in by_seed.items()} for n, by_seed in rep.scores.items()}
-    lines = [f"Headroom on fresh seeds {FRESH} (test %, paired by seed; 95% t):", "",
+    lines = [f"Headroom on fresh seeds {seeds} (test %, paired by seed; 95% t):", "",
              "| recipe | chosen as | test % | − default |", "|---|---|---|---|",
              f"| root | default | {statistics.fmean(test['root'].values()):.1f} | – |"]
     for n, why in ((tuned, "tuned: the sweep's best by validation"), (best, "the table's best by validation")):
@@ -168,7 +169,7 @@ def headroom(name: str, training: Training, rows: dict[str, Row]) -> str:
         lo, hi = t_interval(d)
         lines.append(f"| {n} | {why} | {statistics.fmean(test[n].values()):.1f} | "
                      f"{statistics.fmean(d):+.1f} [{lo:+.1f}, {hi:+.1f}] |")
-    (out / "fresh.json").write_text(json.dumps({"seeds": FRESH, "tuned": tuned, "best": best, "test": test}) + "\n")
+    (out / "fresh.json").write_text(json.dumps({"seeds": seeds, "tuned": tuned, "best": best, "test": test}) + "\n")
     return "\n".join(lines)
 
 
@@ -250,7 +251,8 @@ def main() -> None:
                     help="root: the root and its noise replicas, the least a simulator's --fill (and "
                          "--validate) can start from; singles: no combinations")
     ap.add_argument("--fresh", action="store_true", help="the default, the tuned recipe and the table's best "
-                    f"retrained on fresh seeds {FRESH} (the task's headroom), after the table")
+                    f"retrained on fresh seeds {FRESH}, {FRESH + 1}, ... (the task's headroom), after the table")
+    ap.add_argument("--fresh-seeds", type=int, default=5, help="how many fresh seeds --fresh trains on")
     ap.add_argument("--headroom", action="store_true", help="first look, before a whole table: the root, the "
                     f"catalog's moves and the sweep on seeds {HEADROOM_SEEDS}, in TASK/headroom/ (the table reuses them)")
     ap.add_argument("--backtests", action="store_true", help="backtest every recorded row on the root's rollouts "
@@ -286,7 +288,7 @@ def main() -> None:
 
     first = singles(root, training.task.target_level)
     if args.fresh:
-        text = headroom(args.task, training, read_rows(out / ROWS))
+        text = headroom(args.task, training, read_rows(out / ROWS), list(range(FRESH, FRESH + args.fresh_seeds)))
         (out / "fresh.md").write_text(text + "\n")
         print(text)
         return

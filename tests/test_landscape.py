@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from evotrainer.agents.catalog import Proposal
-from evotrainer.evolve.landscape import (BACKTESTS, ROWS, Config, Row, build, changed_knobs, content_key, read_rows,
+from evotrainer.evolve.landscape import (BACKTESTS, ROWS, Config, Row, build, changed_knobs, content_key, read_backtests, read_rows,
                                          root_moves, write_harness)
 from evotrainer.evolve.simulate import Table, simulate
 from evotrainer.evolve.state import SegmentFailed, State
@@ -191,6 +191,30 @@ def test_a_flat_table_keeps_nothing_and_a_recorded_backtest_vetoes(tmp_path):
     (r,) = simulate(table, GREEDY, 1, 3)
     assert r.winner == "root" and r.gain == 0 and r.first_kept is None
     assert r.labels[0] == "backtest_rejected"  # the dead-group finding points at the reward first
+
+
+def test_a_backtest_recorded_on_a_kept_childs_rollouts_vetoes_its_child(tmp_path):
+    """A search backtests a child of a non-root parent on that parent's rollouts: a table that
+    recorded it (parent named) decides with it; without one the simulator passes it."""
+    out = synthetic(tmp_path, {"partial_credit": 0.25})
+    both = "partial_credit+reward_overlong_penalty"
+    child = out / "harnesses" / "partial_credit"
+    second = next(p for p in root_moves(child, 3) if p.intervention == "reward_overlong_penalty")  # a move from the child
+    h = write_harness(child, out / "harnesses" / both, [second])
+    pc = read_rows(out / ROWS)["partial_credit"]
+    row = Row(both, "combo", content_key(h), ["partial_credit", "reward_overlong_penalty"], ["reward", "reward"],
+              changed_knobs(ROOT, h), dict(pc.val), dict(pc.test))
+    with open(out / ROWS, "a") as fh:
+        fh.write(json.dumps(asdict(row)) + "\n")
+    (passed,) = simulate(Table.load(out), GREEDY, 1, 2)
+    assert passed.interventions == ("partial_credit", "reward_overlong_penalty") and passed.labels[1] == "discarded"
+    with open(out / BACKTESTS, "a") as fh:  # rejected on the kept child's lowest seed only
+        fh.write(json.dumps({"name": both, "parent": "partial_credit", "seed": min(passed.seeds),
+                             "label": "backtest_rejected", "reasons": ["planted"], "signal": ""}) + "\n")
+    table = Table.load(out)
+    assert both not in read_backtests(out / BACKTESTS) and both in read_backtests(out / BACKTESTS, "partial_credit")
+    (vetoed,) = simulate(table, GREEDY, 1, 2)
+    assert vetoed.seeds == passed.seeds and vetoed.labels == ("kept", "backtest_rejected")
 
 
 def test_a_version_off_the_table_is_predicted_as_its_best_move_or_missed(tmp_path):

@@ -212,24 +212,26 @@ def build(training: Training, root: Path, configs: Sequence[Config], seeds: Sequ
 
 
 def backtests(out: Path, configs: Sequence[Config], seeds: Sequence[int], timeout_s: float = 600.0,
-              on_done: Callable[[str], None] | None = None) -> dict[str, dict[int, dict]]:
-    """Every move's backtest on each seed's root rollouts (OUT/versions/root/seed-S), as a search
-    backtests a child of the root on its lowest seed; appended to OUT/BACKTESTS as each move's
-    seeds finish, so a stopped build goes on. Returns every recorded one, by move and seed."""
-    done = read_backtests(out / BACKTESTS)
-    root = out / "harnesses" / "root"
+              on_done: Callable[[str], None] | None = None, parent: str = "root") -> dict[str, dict[int, dict]]:
+    """Every move's backtest on each seed's rollouts of the row `parent` (OUT/versions/PARENT/
+    seed-S; the root's by default), as a search backtests a child on its parent's lowest seed;
+    appended to OUT/BACKTESTS as each move's seeds finish, so a stopped build goes on. Returns
+    every recorded one from that parent, by move and seed."""
+    done = read_backtests(out / BACKTESTS, parent)
     for c in configs:
-        if c.kind not in ("move", "sweep", "combo") or all(s in done.get(c.name, {}) for s in seeds):
+        if c.kind not in ("move", "sweep", "combo", "reached") or all(s in done.get(c.name, {}) for s in seeds):
             continue
         recs = []
         for s in seeds:
-            bt = backtest(out / "versions" / "root" / f"seed-{s}", out / "harnesses" / c.name, root, timeout_s=timeout_s)
+            bt = backtest(out / "versions" / parent / f"seed-{s}", out / "harnesses" / c.name, out / "harnesses" / parent,
+                          timeout_s=timeout_s)
             rep = bt.report
             recs.append({"name": c.name, "seed": s, "label": bt.label, "reasons": bt.reasons, "signal": bt.signal,
+                         **({"parent": parent} if parent != "root" else {}),
                          **({k: getattr(rep, k) for k in BACKTEST_FIELDS} if rep else {})})
         with open(out / BACKTESTS, "a") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in recs)
-        done[c.name] = {r["seed"]: r for r in recs}
+        done.setdefault(c.name, {}).update({r["seed"]: r for r in recs})
         if on_done is not None:
             on_done(c.name)
     return done
@@ -241,13 +243,15 @@ BACKTEST_FIELDS = ("unchanged", "dead_group_ratio_before", "dead_group_ratio_aft
                    "correct_cut_by_truncation", "correct_in_dropped_live_groups")
 
 
-def read_backtests(path: Path) -> dict[str, dict[int, dict]]:
+def read_backtests(path: Path, parent: str = "root") -> dict[str, dict[int, dict]]:
+    """The backtests recorded on the rollouts of the row `parent`, by move and seed."""
     out: dict[str, dict[int, dict]] = {}
     if path.exists():
         for line in path.read_text().splitlines():
             if line.strip():
                 b = json.loads(line)
-                out.setdefault(b["name"], {})[int(b["seed"])] = b
+                if b.get("parent", "root") == parent:
+                    out.setdefault(b["name"], {})[int(b["seed"])] = b
     return out
 
 

@@ -63,7 +63,7 @@ class Table:
     seeds: list[int]
     config: dict                                   # the task's run config the table was built with
     root_dir: Path                                 # the root's harness files
-    backtests: dict[str, dict[int, dict]] = field(default_factory=dict)  # move -> pool seed -> outcome
+    backtests: dict[tuple[str, str], dict[int, dict]] = field(default_factory=dict)  # (parent, move) -> pool seed -> outcome
     out: Path | None = None                        # where it is recorded (rows a fill adds go there)
     fill: Training | None = None                   # trains a version not in the table (None: predict or miss)
     misses: int = 0                                # versions neither in the table nor combinations of its moves
@@ -73,8 +73,8 @@ class Table:
     @classmethod
     def load(cls, out: Path, fill: Training | None = None) -> "Table":
         meta = json.loads((out / "meta.json").read_text())
-        return cls(read_rows(out / ROWS), meta["seeds"], meta["config"], out / "harnesses" / "root",
-                   read_backtests(out / BACKTESTS), out, fill)
+        from_root = {("root", name): by_seed for name, by_seed in read_backtests(out / BACKTESTS).items()}
+        return cls(read_rows(out / ROWS), meta["seeds"], meta["config"], out / "harnesses" / "root", from_root, out, fill)
 
     def __post_init__(self) -> None:
         self.by_key = {r.key: r for r in self.rows.values() if r.key and r.val}
@@ -111,14 +111,22 @@ class Table:
         self.filled += 1
         return row if row.val else None
 
-    def backtest_of(self, row: Row, seed: int) -> dict | None:
-        """The backtest recorded for `row` as a child of the root on that seed's rollouts; with
-        a fill trainer, a row without one (a version a search reached) is backtested on the
-        root's rollouts of every pool seed and recorded, as a real search would backtest it."""
-        if row.name not in self.backtests and self.fill is not None and row.kind not in ("root", "replica"):
-            done = backtests(self.out, [Config(row.name, "move")], self.seeds, self.fill.cfg.budget.trial_timeout_s)
-            self.backtests[row.name] = done.get(row.name, {})
-        return self.backtests.get(row.name, {}).get(seed)
+    def backtest_of(self, row: Row, seed: int, parent: str = "root") -> dict | None:
+        """The backtest recorded for `row` as a child of the row `parent` on that seed's
+        rollouts. With a fill trainer, a missing one is run and recorded where both rows were
+        trained here (their harness files and the parent's rollouts on disk): from the root on
+        every pool seed, from another parent on that seed, as a real search would backtest it."""
+        if (parent, row.name) not in self.backtests and parent != "root" and self.out is not None:
+            self.backtests[parent, row.name] = read_backtests(self.out / BACKTESTS, parent).get(row.name, {})
+        known = self.backtests.get((parent, row.name), {})
+        if seed not in known and self.fill is not None and row.kind not in ("root", "replica") \
+                and (self.out / "harnesses" / row.name).is_dir() \
+                and (self.out / "versions" / parent / f"seed-{seed}" / "evidence.jsonl").is_file():
+            seeds = self.seeds if parent == "root" else [seed]
+            done = backtests(self.out, [Config(row.name, "reached")], seeds, self.fill.cfg.budget.trial_timeout_s,
+                             parent=parent)
+            known = self.backtests[parent, row.name] = done.get(row.name, {})
+        return known.get(seed)
 
     def _decompose(self, change: dict) -> list[str] | None:
         """Single moves whose changes, disjoint, make up `change` exactly (largest first). A
@@ -194,11 +202,15 @@ class TableTraining(Training):
         return worst_of(reports)
 
     def backtest(self, parent: State, candidate: Path, parent_dir: Path) -> BacktestOutcome:
+        """The candidate's backtest recorded on its parent's lowest seed (Table.backtest_of); a
+        version a fill trains is trained first, so its backtest can be run. Where none is
+        recorded or can be run (a predicted version, a parent the table did not train), it
+        passes."""
         name, seed = _parse(parent.dirs[min(parent.dirs)])
         row = self.table.by_key.get(content_key(candidate))
-        if row is None and self.table.fill is not None and name == "root":
+        if row is None and self.table.fill is not None:
             row = self.table.row_for(candidate)  # trained now: its backtest is recorded beside it
-        rec = self.table.backtest_of(row, seed) if row and name == "root" else None
+        rec = self.table.backtest_of(row, seed, name) if row else None
         if rec is None:
             return BacktestOutcome("passed", [])
         return BacktestOutcome(rec["label"], rec["reasons"], signal=rec.get("signal", ""))
