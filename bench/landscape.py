@@ -37,6 +37,8 @@ for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(var, "1")  # nothing here downloads
 
 from evotrainer.agents.catalog import FAMILY, Proposal  # noqa: E402
+from evotrainer.backtest import measured  # noqa: E402
+from evotrainer.backtest.measured import Agreement  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.diagnostics.evidence_view import spearman  # noqa: E402
@@ -102,14 +104,10 @@ def combos(rows: dict[str, Row], by_name: dict[str, Proposal]) -> list[Config]:
     return [Config("+".join(s), "combo", tuple(by_name[n] for n in s)) for s in sets]
 
 
-def agreement(rows: dict[str, Row], bts: dict[str, dict[int, dict]]) -> str:
-    """The backtest against training: each move's verdict on each seed's root rollouts beside
-    its trained gain over the root (validation points, mean over the pool). A move "gains" where
-    its mean gain is above zero; the backtest "passes" it where it passes on most seeds. A move
-    whose rewards, advantages and groups equal the root's on its rollouts (an optimiser or
-    sampling knob) is one the backtest cannot see: it passes unjudged, so agreement and
-    precision are counted over the moves it judged, and over all for comparison. Its one graded
-    output, the dead-group ratio it predicts, is ranked against the gains of the judged."""
+def verdicts(rows: dict[str, Row], bts: dict[str, dict[int, dict]]) -> list[tuple[str, bool, float, float, bool]]:
+    """Each backtested move: its name, whether it passed on most seeds, its trained validation
+    gain over the root (points, mean over the pool), the dead-group ratio its backtest removed,
+    and whether the backtest judged it (it changed what it rescores) on most seeds."""
     root, cells = rows["root"], []
     for name, by_seed in sorted(bts.items()):
         r = rows.get(name)
@@ -121,6 +119,26 @@ def agreement(rows: dict[str, Row], bts: dict[str, dict[int, dict]]) -> str:
         drop = [b["dead_group_ratio_before"] - b["dead_group_ratio_after"] for b in by_seed.values()
                 if "dead_group_ratio_after" in b]
         cells.append((name, passed, g, statistics.fmean(drop) if drop else 0.0, judged))
+    return cells
+
+
+def counts(cells: list[tuple[str, bool, float, float, bool]]) -> Agreement:
+    """The judged moves' verdicts against training (backtest/measured.py)."""
+    judged = [c for c in cells if c[4]]
+    return Agreement(judged=len(judged), gained=sum(c[2] > 0 for c in judged), passed=sum(c[1] for c in judged),
+                     passed_gained=sum(c[1] and c[2] > 0 for c in judged),
+                     rejected_lost=sum(not c[1] and c[2] <= 0 for c in judged))
+
+
+def agreement(rows: dict[str, Row], bts: dict[str, dict[int, dict]]) -> str:
+    """The backtest against training: each move's verdict on each seed's root rollouts beside
+    its trained gain over the root (validation points, mean over the pool). A move "gains" where
+    its mean gain is above zero; the backtest "passes" it where it passes on most seeds. A move
+    whose rewards, advantages and groups equal the root's on its rollouts (an optimiser or
+    sampling knob) is one the backtest cannot see: it passes unjudged, so agreement and
+    precision are counted over the moves it judged, and over all for comparison. Its one graded
+    output, the dead-group ratio it predicts, is ranked against the gains of the judged."""
+    cells = verdicts(rows, bts)
     if not cells:
         return "no backtests recorded"
 
@@ -257,7 +275,17 @@ def main() -> None:
                     f"catalog's moves and the sweep on seeds {HEADROOM_SEEDS}, in TASK/headroom/ (the table reuses them)")
     ap.add_argument("--backtests", action="store_true", help="backtest every recorded row on the root's rollouts "
                     "(a stopped build's rows), without training")
+    ap.add_argument("--calibrate", action="store_true", help="count every table's backtest verdicts against "
+                    "training into the package's backtest/measured.json (printed beside every verdict); TASK: all")
     args = ap.parse_args()
+    if args.calibrate:
+        tables = {d.name: counts(verdicts(read_rows(d / ROWS), read_backtests(d / BACKTESTS)))
+                  for d in sorted(OUT.iterdir()) if (d / BACKTESTS).is_file() and (d / ROWS).is_file()}
+        measured.write({n: a for n, a in tables.items() if a.judged})
+        for n, a in tables.items():
+            print(f"{n}: {a}")
+        print(measured.verdict_note("passed") + "\n" + measured.verdict_note("backtest_rejected"))
+        return
     out = OUT / args.task
     if args.backtests:
         recorded = [Config(r.name, r.kind) for r in read_rows(out / ROWS).values() if r.val]

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from evidence_factory import write_train_dir
-from evotrainer.backtest import BacktestConfig, backtest
+from evotrainer.backtest import BacktestConfig, backtest, measured
+from evotrainer.backtest.measured import Agreement, verdict_note
 import dataclasses
 
 from evotrainer.backtest.analysis import analyse, dead_ratio, off_score_signal, ordering_violations, verdict
@@ -163,7 +164,8 @@ def test_cli_exit_codes_and_files(tmp_path, evidence, capsys):
     result = json.loads(out.strip().splitlines()[-1])
     assert result["label"] == "backtest_rejected" and result["ordering_violations"] == 0
     assert err.strip().splitlines()[-1].startswith("evotrainer: rejected: backtest_rejected")
-    assert "tracks length" in (tmp_path / "o" / "backtest.md").read_text()
+    md = (tmp_path / "o" / "backtest.md").read_text()
+    assert "tracks length" in md and "rejections did not gain when trained" in md  # the verdict, with its record
     assert json.loads((tmp_path / "o" / "backtest.json").read_text())["label"] == "backtest_rejected"
 
     pc = PARTIAL_CREDIT
@@ -173,6 +175,21 @@ def test_cli_exit_codes_and_files(tmp_path, evidence, capsys):
     assert main(["backtest", "--evidence", str(tmp_path / "none"), "--harness", str(pc)]) == 2
     err = capsys.readouterr()[1].strip().splitlines()
     assert len(err) == 1 and "no rollout evidence" in err[0]
+
+
+def test_a_verdict_is_printed_with_what_such_verdicts_predicted_on_the_tables(tmp_path):
+    tables = {"a": Agreement(judged=4, gained=3, passed=3, passed_gained=2, rejected_lost=0),
+              "b": Agreement(judged=2, gained=1, passed=1, passed_gained=1, rejected_lost=1)}
+    assert sum(tables.values(), Agreement()).agreed == 4
+    assert verdict_note("passed", tables=tables).startswith("on the landscape tables 3 of 4 passes gained")
+    assert "1 of 2 rejections did not gain when trained (4 of 6 judged moves gained)" in \
+        verdict_note("backtest_rejected", tables=tables)
+    assert "predicts nothing" in verdict_note("passed", judged=False, tables=tables)
+    measured.write(tables, tmp_path / "m.json")
+    assert measured.read(tmp_path / "m.json") == tables
+    assert "not measured" in verdict_note("passed", tables=measured.read(tmp_path / "none.json"))
+    shipped = measured.read()  # the package's own, from the committed tables
+    assert shipped and all(a.passed <= a.judged and a.passed_gained <= a.passed for a in shipped.values())
 
 
 def test_config_is_validated():

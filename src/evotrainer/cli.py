@@ -220,6 +220,7 @@ def cmd_replay(args) -> dict:
 
 
 def _run_loop(cfg, out: Path) -> dict:
+    from evotrainer.backtest.measured import verdict_note
     from evotrainer.evolve.controller import ControlFailed, Controller
     from evotrainer.evolve.status import status
     from evotrainer.live import LiveView
@@ -243,7 +244,8 @@ def _run_loop(cfg, out: Path) -> dict:
         if kind == "trial_finished":
             val = data.get("val") or {}
             mean = f" val {sum(val.values()) / len(val):.3f}" if val else ""
-            say(f"trial {data['trial']} {data['version']} [{data['intervention']}]: {data['label']}{mean}")
+            why = f" ({verdict_note(data['label'])})" if data["label"] == "backtest_rejected" else ""
+            say(f"trial {data['trial']} {data['version']} [{data['intervention']}]: {data['label']}{mean}{why}")
         elif kind in ("trial_started", "stopped", "trial_resumed", "escalated", "tracker_failed"):
             say(f"{kind.replace('_', ' ')}: {', '.join(f'{k} {v}' for k, v in data.items())}")
         elif kind == "final_started":

@@ -17,6 +17,7 @@ import yaml
 
 from evotrainer import jobfiles
 from evotrainer.backtest.analysis import BacktestConfig, BacktestReport, analyse
+from evotrainer.backtest.measured import verdict_note
 from evotrainer.backtest.rescore import rescore
 from evotrainer.errors import UsageError
 from evotrainer.evidence.records import evidence_of
@@ -135,7 +136,8 @@ def signal_fingerprint(rescored: dict) -> str:
 
 def to_markdown(outcome: BacktestOutcome, evidence_dir, candidate_dir) -> str:
     lines = ["# Backtest", "", f"Candidate `{candidate_dir}` on the rollouts of `{evidence_dir}`.", "",
-             f"**{outcome.label}**", ""]
+             f"**{outcome.label}**" + (f" ({verdict_note(outcome.label, outcome.judged)})"
+                                      if outcome.label in ("passed", "backtest_rejected") else ""), ""]
     lines += [f"- {r}" for r in outcome.reasons]
     rep = outcome.report
     if rep is None:
