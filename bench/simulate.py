@@ -29,12 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 
@@ -196,6 +198,40 @@ def validate(task: str, table: Table, names: list[str], draws: int, trials: int)
     return "\n".join(lines)
 
 
+def transfer(task: str, table: Table, sources: list[str], replicates: int, budgets: list[int],
+             source_trials: int = 8) -> tuple[str, dict]:
+    """The skill library's transfer to a held-out task: out-of-the-box searches on every source
+    table (`replicates` each, `source_trials` trials, recording into one library), then the
+    held-out task's searches at each small budget with that library and without it, on the same
+    seed draws (paired). Each held-out replicate reads a copy of the library as the sources left
+    it, so no held-out search learns from another."""
+    oob = RUN["out-of-the-box"]
+    with tempfile.TemporaryDirectory(dir=SCRATCH) as tmp:
+        lib = Path(tmp) / "skills.sqlite"
+        for src in sources:
+            simulate(Table.load(TABLES / src), {**oob, "skills": str(lib)}, replicates, source_trials, workdir=SCRATCH)
+        arms: dict[tuple[str, int], list[Replicate]] = {}
+        for trials in budgets:
+            for r in range(replicates):
+                copy = Path(tmp) / "copy.sqlite"
+                shutil.copyfile(lib, copy)
+                arms.setdefault(("library", trials), []).extend(
+                    simulate(table, {**oob, "skills": str(copy)}, 1, trials, workdir=SCRATCH, first=r))
+                arms.setdefault(("none", trials), []).extend(simulate(table, oob, 1, trials, workdir=SCRATCH, first=r))
+    lines = [f"## {task}: the skill library from {', '.join(sources)} ({replicates} out-of-the-box searches of "
+             f"{source_trials} trials each), held out", "",
+             "| trials | with the library − default | without − default | library − none (paired by draw) | "
+             "first intervention with / without (most common) |", "|---|---|---|---|---|"]
+    for trials in budgets:
+        lib_reps, none_reps = arms["library", trials], arms["none", trials]
+        diff = by_draw([replace(a, gain=a.gain - b.gain) for a, b in zip(lib_reps, none_reps)], lambda r: r.gain)
+        firsts = [max(set(xs), key=xs.count) for xs in ([r.interventions[0] for r in reps if r.interventions]
+                                                         for reps in (lib_reps, none_reps))]
+        lines.append(f"| {trials} | {ci(by_draw(lib_reps, lambda r: r.gain))} | {ci(by_draw(none_reps, lambda r: r.gain))} "
+                     f"| {ci(diff)} | {firsts[0]} / {firsts[1]} |")
+    return "\n".join(lines), {f"{arm}@{t}": [asdict(r) for r in reps] for (arm, t), reps in arms.items()}
+
+
 def setting(text: str) -> tuple[str, object]:
     """"promotion.alpha=0.1" -> ("promotion.alpha", 0.1): the value read as YAML, as a config's."""
     key, sep, value = text.partition("=")
@@ -217,7 +253,17 @@ def main() -> None:
                          "search.winner=trained (records: TASK-SECTION.KEY=VALUE.json/md)")
     ap.add_argument("--validate", type=int, default=0, metavar="DRAWS",
                     help="run the first DRAWS seed draws of each strategy for real too, and compare (implies --fill)")
+    ap.add_argument("--transfer-from", nargs="+", default=[], metavar="TABLE",
+                    help="the skill library's transfer: a library from out-of-the-box searches on these tables, "
+                         "the task's searches at --trials with it and without (records: TASK-transfer.json/md)")
     args = ap.parse_args()
+    if args.transfer_from:
+        text, reps = transfer(args.task, Table.load(TABLES / args.task), args.transfer_from, args.replicates, args.trials)
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / f"{args.task}-transfer.json").write_text(json.dumps({"sources": args.transfer_from, "arms": reps}) + "\n")
+        (OUT / f"{args.task}-transfer.md").write_text(text + "\n")
+        print(text)
+        return
     fill = trainer(args.task)[1] if args.fill or args.validate else None
     table = Table.load(TABLES / args.task, fill)
     if args.validate:

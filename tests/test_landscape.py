@@ -167,6 +167,22 @@ def test_the_winner_is_the_best_trained_version_or_with_search_winner_kept_the_b
     assert kept.winner == "root" and best.winner == "partial_credit"  # the others lose 0.02 on every seed
 
 
+def test_a_skill_library_learned_on_one_table_reorders_a_search_on_another(tmp_path):
+    """Transfer on the simulator: searches on table a record into a library; a search on table
+    b reads it (and records into it too: each table's replicates are runs of their own)."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    a = Table.load(synthetic(tmp_path / "a", {}))  # every move loses 0.02
+    b = Table.load(synthetic(tmp_path / "b", {"partial_credit": 0.25}))
+    oob, lib = {"agent": "rules", "search": {}}, tmp_path / "skills.sqlite"
+    (without,) = simulate(b, oob, 1, 2)
+    (on_a,) = simulate(a, {**oob, "skills": str(lib)}, 1, 3)
+    (with_lib,) = simulate(b, {**oob, "skills": str(lib)}, 1, 2)
+    assert without.interventions[0] == on_a.interventions[0] == "partial_credit"  # the dead-group finding's answer
+    assert on_a.labels[0] == "discarded" and with_lib.seeds == without.seeds
+    assert with_lib.interventions[0] != "partial_credit"  # what lost on a comes later on b
+
+
 def test_a_repeated_seed_draw_searches_with_a_seed_of_its_own(tmp_path):
     """Beyond the pool's 30 ordered draws a replicate gives the search its own seed: the random
     agent proposes anew on the same training seeds, the rules agent's greedy search repeats."""

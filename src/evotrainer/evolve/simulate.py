@@ -290,7 +290,8 @@ def _one(table: Table, strategy: dict, r: int, seeds: tuple[int, ...], trials: i
     run_dir.mkdir(parents=True)
     store = LineageStore(run_dir / "lineage.sqlite")
     try:  # a started run: the controller builds no base and keys no split
-        store.append(RunStarted(base=str(run_dir / "no-base"), max_depth=1, run_id=f"sim-{r}"))
+        run_id = f"sim-{table.out.name if table.out else ''}-{r}"  # a skill library's key: one per table and replicate
+        store.append(RunStarted(base=str(run_dir / "no-base"), max_depth=1, run_id=run_id))
     finally:
         store.close()
     ctl = Controller(cfg, run_dir, backend=partial(TableTraining, table=table))
