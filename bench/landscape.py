@@ -27,6 +27,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -104,10 +105,17 @@ def combos(rows: dict[str, Row], by_name: dict[str, Proposal]) -> list[Config]:
     return [Config("+".join(s), "combo", tuple(by_name[n] for n in s)) for s in sets]
 
 
-def verdicts(rows: dict[str, Row], bts: dict[str, dict[int, dict]]) -> list[tuple[str, bool, float, float, bool]]:
-    """Each backtested move: its name, whether it passed on most seeds, its trained validation
-    gain over the root (points, mean over the pool), the dead-group ratio its backtest removed,
-    and whether the backtest judged it (it changed what it rescores) on most seeds."""
+class Verdict(NamedTuple):
+    """A backtested move beside its training."""
+    name: str
+    passed: bool          # on most seeds
+    gain: float           # trained validation gain over the root (points, mean over the pool)
+    dead_removed: float   # the dead-group ratio its backtest removed
+    judged: bool          # it changed what the backtest rescores, on most seeds
+
+
+def verdicts(rows: dict[str, Row], bts: dict[str, dict[int, dict]]) -> list[Verdict]:
+    """Each backtested move that trained, as a Verdict."""
     root, cells = rows["root"], []
     for name, by_seed in sorted(bts.items()):
         r = rows.get(name)
@@ -118,16 +126,16 @@ def verdicts(rows: dict[str, Row], bts: dict[str, dict[int, dict]]) -> list[tupl
         judged = sum(not b.get("unchanged", False) for b in by_seed.values()) > len(by_seed) / 2
         drop = [b["dead_group_ratio_before"] - b["dead_group_ratio_after"] for b in by_seed.values()
                 if "dead_group_ratio_after" in b]
-        cells.append((name, passed, g, statistics.fmean(drop) if drop else 0.0, judged))
+        cells.append(Verdict(name, passed, g, statistics.fmean(drop) if drop else 0.0, judged))
     return cells
 
 
-def counts(cells: list[tuple[str, bool, float, float, bool]]) -> Agreement:
+def counts(cells: list[Verdict]) -> Agreement:
     """The judged moves' verdicts against training (backtest/measured.py)."""
-    judged = [c for c in cells if c[4]]
-    return Agreement(judged=len(judged), gained=sum(c[2] > 0 for c in judged), passed=sum(c[1] for c in judged),
-                     passed_gained=sum(c[1] and c[2] > 0 for c in judged),
-                     rejected_lost=sum(not c[1] and c[2] <= 0 for c in judged))
+    judged = [c for c in cells if c.judged]
+    return Agreement(judged=len(judged), gained=sum(c.gain > 0 for c in judged), passed=sum(c.passed for c in judged),
+                     passed_gained=sum(c.passed and c.gain > 0 for c in judged),
+                     rejected_lost=sum(not c.passed and c.gain <= 0 for c in judged))
 
 
 def agreement(rows: dict[str, Row], bts: dict[str, dict[int, dict]]) -> str:
@@ -142,20 +150,20 @@ def agreement(rows: dict[str, Row], bts: dict[str, dict[int, dict]]) -> str:
     if not cells:
         return "no backtests recorded"
 
-    def summary(cs: list[tuple], what: str) -> str:
-        passed, gains = [c for c in cs if c[1]], [c for c in cs if c[2] > 0]
-        agree = sum(c[1] == (c[2] > 0) for c in cs)
-        prec = sum(c[2] > 0 for c in passed) / len(passed) if passed else float("nan")
+    def summary(cs: list[Verdict], what: str) -> str:
+        passed, gains = [c for c in cs if c.passed], [c for c in cs if c.gain > 0]
+        agree = sum(c.passed == (c.gain > 0) for c in cs)
+        prec = sum(c.gain > 0 for c in passed) / len(passed) if passed else float("nan")
         return (f"{what}: {len(cs)} moves, agreement {agree} of {len(cs)} ({100 * agree / max(len(cs), 1):.0f}%); "
                 f"passed {len(passed)}, of which {prec:.0%} gain (base rate: {len(gains)} of {len(cs)} gain)")
-    judged = [c for c in cells if c[4]]
-    rho = spearman([c[3] for c in judged], [c[2] for c in judged]) if len(judged) > 2 else None
+    judged = [c for c in cells if c.judged]
+    rho = spearman([c.dead_removed for c in judged], [c.gain for c in judged]) if len(judged) > 2 else None
     lines = ["Backtest vs training. " + summary(judged, "Judged (the move changes what it rescores)") + "; "
              + summary(cells, "all, unjudged passes included") + f". Rank correlation over the judged of the dead "
              f"groups it removes with the trained gain: {rho if rho is not None else float('nan'):+.2f}.", "",
              "| move | backtest | dead groups removed | trained gain, val points |", "|---|---|---|---|"]
     lines += [f"| {n} | {('passed' if p else 'rejected') if j else 'unjudged'} | {d:+.2f} | {g:+.1f} |"
-              for n, p, g, d, j in sorted(cells, key=lambda c: -c[2])]
+              for n, p, g, d, j in sorted(cells, key=lambda c: -c.gain)]
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ import math
 import time
 from typing import Callable
 
-from evotrainer.backtest.measured import summary as measured_summary, verdict_note
+from evotrainer.backtest import measured
 from evotrainer.evolve.final import ci_name
 from evotrainer.report.charts import Chart, HLine, Series, plotly_div, svg
 from evotrainer.report.gather import CURVES, RunData, Version
@@ -152,7 +152,7 @@ def trials_table(versions: list[Version], best: list[str]) -> str:
 
 def backtest_table(versions: list[Version]) -> str:
     """What the backtest said on cached rollouts, beside what training the change later showed."""
-    rows = []
+    rows, tables = [], measured.read()  # what such verdicts predicted on the landscape tables
     for v in versions:
         if not v.backtest:
             continue
@@ -167,7 +167,7 @@ def backtest_table(versions: list[Version]) -> str:
         else:
             showed = f"{v.label}: gain {100 * v.gain:+.2f} against a bar of {100 * (v.bar or 0):.2f}"
             agree = "agreed" if (said == "passed") == (v.label == "kept") else "training disagreed"
-        so_far = verdict_note(v.backtest.get("label", ""), v.backtest.get("judged") is not False) \
+        so_far = measured.verdict_note(v.backtest.get("label", ""), v.backtest.get("judged") is not False, tables) \
             if v.backtest.get("label") in ("passed", "backtest_rejected") else ""
         rows.append(f"<tr><td>{v.trial}</td><td>{esc(v.intervention)}</td><td>{esc(said)} "
                     f"{esc('; '.join(map(str, v.backtest.get('reasons', []))))}</td><td>{esc(so_far)}</td>"
@@ -176,7 +176,7 @@ def backtest_table(versions: list[Version]) -> str:
         return '<p class="muted">no backtest recorded</p>'
     return ("<table><tr><th>trial</th><th>intervention</th><th>backtest said</th><th>what such a verdict predicted"
             "</th><th>training showed</th><th></th></tr>" + "".join(rows) + "</table>"
-            f'<p class="muted">{esc(measured_summary())}</p>')
+            f'<p class="muted">{esc(measured.summary(tables))}</p>')
 
 
 def findings_table(versions: list[Version]) -> str:
