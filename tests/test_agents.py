@@ -1,9 +1,13 @@
 """The rules agent and its catalog on hand-made findings and knobs."""
+from dataclasses import replace
+
+import pytest
 import yaml
 
 from helpers import agent_context as ctx
 from evotrainer.agents import CATALOG, Escalation, propose, propose_random, set_knob
 from evotrainer.agents.rules import candidates, family_of, space_moves
+from evotrainer.agents.space import Parent, space
 from evotrainer.skills import SkillLibrary
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.knobs import Knobs, knobs_from_dict, load_knobs
@@ -52,8 +56,11 @@ def test_every_proposal_is_one_legal_knob_change_and_the_catalog_runs_dry():
             if "group_size" in p.knobs else True
         knobs_from_dict({**yaml.safe_load((REFERENCE / "knobs.yaml").read_text()), **p.knobs})  # valid knob values
         tried.add(p.intervention)
-    # the reference already pays the verifier score and trains on one level
-    assert tried & set(CATALOG.names()) == set(CATALOG.names()) - {"binary_reward", "frontier_curriculum"}
+    # the reference already pays the verifier score, trains on one level and by token mean, keeps
+    # every group (nothing to refill), samples without a filter and updates once per batch
+    # (every ratio 1: the ratio-shaped losses are its own)
+    conditional = {"dynamic_sampling", "token_level", "tis", "gspo", "cispo", "two_sided_clip"}
+    assert tried & set(CATALOG.names()) == set(CATALOG.names()) - {"binary_reward", "frontier_curriculum"} - conditional
     assert tried - set(CATALOG.names()) == {p.intervention for p in space_moves(ctx([]))}  # then the space's
 
 
@@ -104,3 +111,41 @@ def test_random_agent_draws_any_applicable_untried_intervention_by_seed():
     assert len(drawn) > 5 and "binary_reward" not in drawn
     assert propose_random(ctx([], seed=3)) == propose_random(ctx([], seed=3))
     assert propose_random(ctx([], seed=3)).agent == "random"
+
+
+def finding(name: str, value: float) -> dict:
+    """A critical finding of a built-in diagnostic, with the suggestion that diagnostic makes."""
+    import evotrainer.diagnostics.library  # noqa: F401  (registers the built-ins)
+    from evotrainer.diagnostics.spec import DIAGNOSTICS
+    spec = DIAGNOSTICS.get(name)
+    suggest = spec.suggest({}) if callable(spec.suggest) else spec.suggest
+    return {"diagnostic": name, "severity": "critical", "evidence": f"{name} = {value}", "suggest": suggest}
+
+
+@pytest.mark.parametrize("name, parent, proposed", [
+    ("entropy_drop", {}, ["clip_higher", "entropy_tokens"]),
+    ("truncation_rate", {"reward": "partial_credit"}, ["mask_truncated"]),  # shaping is one reward at a time
+    ("truncation_rate", {}, ["overlong_shaping", "mask_truncated"]),
+    ("dead_group_ratio", {"group_filter": "drop_dead"}, ["dynamic_sampling", "score_spread"]),
+    ("length_drift", {"loss_agg": "seq_mean_token_mean"}, ["token_level", "dr_grpo"]),
+])
+def test_a_finding_leads_to_the_recipe_components_its_diagnostic_names(name, parent, proposed):
+    """What the diagnostic sees (entropy falling, completions cut, groups dead, length without
+    accuracy) is answered by the components it names, in the order it names them."""
+    k, tried = replace(REF, **parent), set()
+    for expected in proposed:
+        p = propose(ctx([finding(name, 0.9)], k, tried))
+        assert p.intervention == expected and f"{name} = 0.9" in p.hypothesis, (expected, p.intervention)
+        tried.add(p.intervention)
+
+
+def test_the_ratio_and_sampler_components_apply_only_where_they_change_the_update():
+    on_policy, reused = REF, replace(REF, num_iterations=2)
+    for name in ("gspo", "cispo", "two_sided_clip"):
+        assert CATALOG.get(name)(on_policy, 3) is None and CATALOG.get(name)(reused, 3) is not None
+    assert CATALOG.get("tis")(REF, 3) is None and CATALOG.get("tis")(replace(REF, top_p=0.9), 3).knobs == {"tis_cap": 2.0}
+    assert CATALOG.get("dynamic_sampling")(REF, 3) is None  # keep_all drops nothing, so nothing refills
+    assert CATALOG.get("dynamic_sampling")(replace(REF, group_filter="score_spread"), 3).knobs == {"refill_rounds": 3}
+    # the search space's swaps of the loss form wait for the same condition
+    swaps = lambda k: {p.intervention for p in space(Parent(k, 3)) if p.intervention.startswith("policy_loss_")}  # noqa: E731
+    assert swaps(on_policy) == set() and swaps(reused) >= {"policy_loss_gspo", "policy_loss_cispo"}

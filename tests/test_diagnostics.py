@@ -31,6 +31,20 @@ def value(name, records, steps=()):
     return BUILTIN[name](Evidence.of(records, steps))
 
 
+def test_length_drift_is_length_bought_without_accuracy_and_sampled_per_kept_is_refill_cost():
+    def run(lengths, scores):  # one group of 4 rollouts a step
+        return [rec(step=i + 1, group=i, score=sc, length=n, adv=0.0) for i, (n, s) in enumerate(zip(lengths, scores))
+                for sc in (s, 0.0, 0.0, 0.0)]
+    flat = [0.0] * 8
+    assert value("length_drift", run([10] * 4 + [20] * 4, flat)) == pytest.approx(0.6931, abs=1e-4)
+    assert value("length_drift", run([20] * 4 + [10] * 4, flat)) == 0.0  # shorter is no drift
+    assert value("length_drift", run([10] * 4 + [20] * 4, [0.0] * 4 + [1.0] * 4)) == 0.0  # accuracy rose with it
+    assert value("length_drift", run([10, 20], flat[:2])) is None  # too few steps to compare
+    steps = [{"step": 1, "groups_sampled": 8, "kept_groups": 1.0}, {"step": 2, "groups_sampled": 24, "kept_groups": 0.25}]
+    assert value("sampled_per_kept", [rec()], steps) == pytest.approx(32 / 14)
+    assert value("sampled_per_kept", [rec()], [{"step": 1, "kept_groups": 0.5}]) is None  # not recorded
+
+
 def test_signal_metrics_on_hand_made_groups():
     dead = [rec(group=0, score=0.0) for _ in range(4)]
     live = [rec(group=1, score=s, adv=a) for s, a in [(1, 1.5), (0, -0.5), (0, -0.5), (0, -0.5)]]

@@ -72,6 +72,7 @@ def test_rloo_uses_mean_of_the_others():
 # --------------------------------------------------------------------------- policy loss
 
 RATIOS = [0.5, 0.9, 1.0, 1.1, 1.25, 1.5]
+MASK = torch.ones(2, 6, dtype=torch.float64)
 
 
 def ratio_batch():
@@ -89,7 +90,7 @@ def test_clipped_symmetric():
     # A = -.5: r = .5 -> max(0.25, 0.4) = 0.4 (floored at 1-0.2); .9 -> .45; 1 -> .5; 1.1 -> .55;
     #          1.25 -> max(.625, .6) = .625; 1.5 -> max(.75, .6) = .75
     logp, old, adv = ratio_batch()
-    loss = clipped(logp, old, adv, clip_low=0.2, clip_high=0.2)
+    loss = clipped(logp, old, adv, MASK, Knobs(clip_low=0.2, clip_high=0.2))
     close(loss, [[-1.0, -1.8, -2.0, -2.2, -2.4, -2.4],
                  [0.4, 0.45, 0.5, 0.55, 0.625, 0.75]], atol=1e-9)
 
@@ -99,7 +100,7 @@ def test_clipped_clip_higher():
     # A = +2: 1.25 is inside -> -2.5; 1.5 -> max(-3.0, -2.56) = -2.56
     # A = -.5: unchanged from the symmetric case (only 1-clip_low bounds it)
     logp, old, adv = ratio_batch()
-    loss = clipped(logp, old, adv, clip_low=0.2, clip_high=0.28)
+    loss = clipped(logp, old, adv, MASK, Knobs(clip_low=0.2, clip_high=0.28))
     close(loss, [[-1.0, -1.8, -2.0, -2.2, -2.5, -2.56],
                  [0.4, 0.45, 0.5, 0.55, 0.625, 0.75]], atol=1e-9)
 
@@ -109,7 +110,7 @@ def test_clipped_clip_low_only_bounds_negative_advantage():
     # A = +2: identical to symmetric (r=.5 is never clipped from below with A > 0)
     # A = -.5: r = .5 -> max(.25, .5*.6 = .3) = .3; .9 -> .45 (inside now, no floor at .8)
     logp, old, adv = ratio_batch()
-    loss = clipped(logp, old, adv, clip_low=0.4, clip_high=0.2)
+    loss = clipped(logp, old, adv, MASK, Knobs(clip_low=0.4, clip_high=0.2))
     close(loss, [[-1.0, -1.8, -2.0, -2.2, -2.4, -2.4],
                  [0.3, 0.45, 0.5, 0.55, 0.625, 0.75]], atol=1e-9)
 
@@ -124,14 +125,14 @@ def test_clipped_clip_low_only_bounds_negative_advantage():
 def test_clipped_gradient_is_zero_where_clip_is_active(clip_high, grad_pos):
     # A = -.5: r = .5 is clipped at .8 -> 0; others -A r = .45, .5, .55, .625, .75
     logp, old, adv = ratio_batch()
-    clipped(logp, old, adv, clip_low=0.2, clip_high=clip_high).sum().backward()
+    clipped(logp, old, adv, MASK, Knobs(clip_low=0.2, clip_high=clip_high)).sum().backward()
     close(logp.grad, [grad_pos, [0.0, 0.45, 0.5, 0.55, 0.625, 0.75]], atol=1e-9)
 
 
 def test_clipped_ratio_one_gives_minus_advantage():
     # on-policy (num_iterations=1): ratio 1 everywhere -> loss = -A per token
     logp = torch.tensor([[-0.3, -2.0], [-1.0, -0.1]])
-    loss = clipped(logp, logp.clone(), torch.tensor([1.5, -0.25]), 0.2, 0.2)
+    loss = clipped(logp, logp.clone(), torch.tensor([1.5, -0.25]), torch.ones(2, 2), Knobs())
     close(loss, [[-1.5, -1.5], [0.25, 0.25]])
 
 

@@ -78,10 +78,10 @@ def test_broken_reward_raises_a_named_slot_error(tmp_path, body, msg):
 CLIPPED_COPY = """
     import torch
 
-    def clipped_copy(logp, old_logp, adv, clip_low, clip_high):
+    def clipped_copy(logp, old_logp, adv, mask, k):
         ratio = torch.exp(logp - old_logp)
         a = adv.unsqueeze(-1)
-        return torch.maximum(-a * ratio, -a * ratio.clamp(1 - clip_low, 1 + clip_high))
+        return torch.maximum(-a * ratio, -a * ratio.clamp(1 - k.clip_low, 1 + k.clip_high))
 """
 
 

@@ -24,9 +24,13 @@ trl = pytest.importorskip("trl")
     ({"loss_agg": "seq_mean_token_sum"}, "loss_agg 'seq_mean_token_sum' has no TRL loss_type"),
     ({"policy_loss": "mine"}, "policy_loss 'mine'"),
     ({"entropy_coef": 0.01, "loss_agg": "seq_mean_token_mean"}, "entropy_coef"),
+    ({"policy_loss": "cispo", "loss_agg": "seq_mean_token_mean"}, "policy_loss 'cispo' under loss_agg"),
+    ({"tis_cap": 2.0}, "tis_cap > 0 without use_vllm"),
+    ({"refill_rounds": 2, "group_filter": "drop_dead"}, "refill_rounds 2: TRL samples one batch a step"),
+    ({"top_entropy_quantile": 0.2, "entropy_coef": 0.01}, "top_entropy_quantile < 1 with entropy_coef"),
 ])
 def test_what_trl_cannot_express_is_refused_in_one_line_naming_the_slot(tmp_path, knobs, slot):
-    files = {"policy_loss.py": "def mine(logp, old_logp, adv, lo, hi):\n    return -adv[:, None] * logp\n"}
+    files = {"policy_loss.py": "def mine(logp, old_logp, adv, mask, k):\n    return -adv[:, None] * logp\n"}
     h = load_harness(write_harness(tmp_path / "h", files, **knobs))
     check_backend(Runtime("embedded"), h.knobs)  # the embedded trainer takes anything
     with pytest.raises(UsageError) as e:
@@ -59,24 +63,25 @@ def replay_generation(trainer, completions):
     trainer._generate_single_turn = fake
 
 
-@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
-def test_same_completions_give_identical_rewards_advantages_and_evidence_in_both_backends(tmp_path, tiny_qwen, agg):
-    from evotrainer.trainer.trl_backend import run_trl
-    task = get_task("arith", 2)
-    # a graded reward and a filter that drops the groups whose rewards are all equal
-    h = load_harness(write_harness(tmp_path / "h", reward="partial_credit", group_filter="drop_dead", loss_agg=agg))
+def embedded_step(tiny_qwen, task, h, seed=3):
+    """One embedded step; returns the model, the evidence, and the batch it sampled."""
     model, tok = load_policy(tiny_qwen)
-    emb = GRPOTrainer(model, tok, task, h, seed=3)
+    emb = GRPOTrainer(model, tok, task, h, seed=seed)
     sampled = {}
     sample = emb.sample
     emb.sample = lambda: sampled.setdefault("x", sample())
-    _, emb_records = emb.step()
-    rows, gen, texts, _ = sampled["x"]
-    completions = [ids[:n] for ids, n in zip(gen.completion_ids.tolist(), gen.lengths.tolist())]
+    _, records = emb.step()
+    rows, gen, _, _ = sampled["x"]
+    return model, records, rows, gen
 
-    # TRL, from the same initial weights, made to sample exactly those completions
+
+def trl_replay(tmp_path, tiny_qwen, task, h, gen, seed=3):
+    """One TRL step from the same initial weights, made to sample exactly `gen`'s completions;
+    returns the model, the evidence and what TRL's scoring handed its loss."""
     from evotrainer.trainer import trl_backend
-    model2, _ = load_policy(tiny_qwen)
+    from evotrainer.trainer.trl_backend import run_trl
+    completions = [ids[:n] for ids, n in zip(gen.completion_ids.tolist(), gen.lengths.tolist())]
+    model, tok = load_policy(tiny_qwen)
     captured = {}
     init = trl_backend.HarnessGRPOTrainer.__init__
 
@@ -90,11 +95,25 @@ def test_same_completions_give_identical_rewards_advantages_and_evidence_in_both
         out = tmp_path / "trl"
         out.mkdir()
         log = SegmentLog(out, 1, 0)
-        run_trl(model2, tok, task, h, seed=3, steps=1, log=log, optimizer_state=None, runtime=Runtime("trl"))
+        run_trl(model, tok, task, h, seed=seed, steps=1, log=log, optimizer_state=None, runtime=Runtime("trl"))
         log.close()
     finally:
         trl_backend.HarnessGRPOTrainer.__init__ = init
-    trl_records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
+    return model, records, captured["out"]
+
+
+def distance(a, b) -> float:
+    return float(max((x - y).abs().max() for x, y in zip(a.parameters(), b.parameters())))
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
+def test_same_completions_give_identical_rewards_advantages_and_evidence_in_both_backends(tmp_path, tiny_qwen, agg):
+    task = get_task("arith", 2)
+    # a graded reward and a filter that drops the groups whose rewards are all equal
+    h = load_harness(write_harness(tmp_path / "h", reward="partial_credit", group_filter="drop_dead", loss_agg=agg))
+    model, emb_records, rows, gen = embedded_step(tiny_qwen, task, h)
+    model2, trl_records, o = trl_replay(tmp_path, tiny_qwen, task, h, gen)
 
     assert [r.prompt_id for r in emb_records] == [r["prompt_id"] for r in trl_records]  # the same prompts
     for e, t in zip(emb_records, trl_records):
@@ -106,9 +125,8 @@ def test_same_completions_give_identical_rewards_advantages_and_evidence_in_both
     kept = torch.tensor([r.kept for r in emb_records])
     assert 0 < kept.sum() < len(kept), "the test needs both kept and dropped groups"
     # TRL was handed our prompt encoding (the chat template) and our advantages, dropped rows masked out
-    o = captured["out"]
     assert o["prompt_ids"].shape[0] == len(rows)
-    ids = prompt_token_ids(tok, [p.prompt for p in rows], True)
+    ids = prompt_token_ids(load_policy(tiny_qwen)[1], [p.prompt for p in rows], True)
     assert [list(x) for x in trainer_prompts(o)] == ids
     adv = torch.tensor([r.advantage for r in emb_records])
     scale = 1.0 if agg == "token_mean" else len(kept) / kept.sum()  # TRL's per-row mean counts every row
@@ -116,9 +134,36 @@ def test_same_completions_give_identical_rewards_advantages_and_evidence_in_both
     assert torch.equal(o["tool_mask"].bool().all(-1).cpu(), kept)
     assert int(o["num_items_in_batch"]) == int((o["completion_mask"].cpu() * kept[:, None]).sum())
     # and the update: the same loss from the same weights, so AdamW's first step agrees
-    diffs = torch.cat([(a - b).abs().flatten() for a, b in zip(model.parameters(), model2.parameters())])
-    moved = torch.cat([(a - b).abs().flatten() for a, b in zip(model.parameters(), load_policy(tiny_qwen)[0].parameters())])
-    assert moved.max() > 1e-4 and diffs.max() < 0.02 * moved.max()  # measured: 1.5e-6 against 3e-4
+    moved = distance(model, load_policy(tiny_qwen)[0])
+    assert moved > 1e-4 and distance(model, model2) < 0.02 * moved  # measured: 1.5e-6 against 3e-4
+
+
+# Each recipe component TRL has an option for, against the plain clipped loss on the same
+# completions. A ratio only differs from 1 after the first update, so the ratio-shaped losses
+# take two updates of the batch at a learning rate that moves the ratios past their clip.
+COMPONENTS = {
+    "gspo": dict(policy_loss="gspo", num_iterations=2, lr=0.02),
+    "cispo": dict(policy_loss="cispo", num_iterations=2, lr=0.02, clip_high=0.05),
+    "clip_delta": dict(clip_delta=1.25, num_iterations=2, lr=0.02),
+    "top_entropy_quantile": dict(top_entropy_quantile=0.2),
+    "mask_truncated": dict(mask_truncated=True),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPONENTS))
+def test_each_mapped_component_updates_the_weights_alike_in_both_backends(tmp_path, tiny_qwen, name):
+    task = get_task("arith", 2)
+    knobs = dict(reward="partial_credit", max_grad_norm=0) | COMPONENTS[name]
+    plain = {k: v for k, v in knobs.items() if k in ("reward", "max_grad_norm", "num_iterations", "lr")}
+    h = load_harness(write_harness(tmp_path / "h", **knobs))
+    model, _, _, gen = embedded_step(tiny_qwen, task, h)
+    control, _, _, same = embedded_step(tiny_qwen, task, load_harness(write_harness(tmp_path / "p", **plain)))
+    assert torch.equal(gen.completion_ids, same.completion_ids)  # sampling precedes the update
+    if name == "mask_truncated":
+        assert 0 < int(gen.truncated.sum()) < len(gen.truncated), "the test needs both kinds of completion"
+    model2, _, _ = trl_replay(tmp_path, tiny_qwen, task, h, gen)
+    effect, gap = distance(model, control), distance(model, model2)
+    assert gap < 0.05 * effect, (name, gap, effect)  # the component changes the update; TRL's is ours
 
 
 def trainer_prompts(out):

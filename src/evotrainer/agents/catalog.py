@@ -97,6 +97,16 @@ def score_spread(k: Knobs, target: int) -> Proposal | None:
                 "keeps the gradient on correctness")
 
 
+@intervention("group_filter")
+def dynamic_sampling(k: Knobs, target: int) -> Proposal | None:
+    if k.refill_rounds or k.group_filter == "keep_all":
+        return None  # without a filter nothing is dropped, so nothing refills: drop_dead or score_spread first
+    return one_knob("dynamic_sampling", "group_filter", "refill_rounds", 0, 3,
+                    "the filter leaves each step a small, noisy batch; refilling it with groups the filter keeps "
+                    "makes every update a full one (DAPO dynamic sampling: filter and refill)",
+                    "trains on a full batch of informative groups every step")
+
+
 @intervention("optimisation")
 def lower_lr(k: Knobs, target: int) -> Proposal | None:
     return one_knob("lower_lr", "optimisation", "lr", k.lr, round(k.lr / 2, 10),
@@ -141,6 +151,57 @@ def clip_higher(k: Knobs, target: int) -> Proposal | None:
         return None
     return one_knob("clip_higher", "exploration", "clip_high", k.clip_high, 0.28,
                 "a symmetric clip caps how fast unlikely tokens can rise (DAPO clip-higher)", "keeps exploration alive")
+
+
+@intervention("exploration")
+def entropy_tokens(k: Knobs, target: int) -> Proposal | None:
+    if k.top_entropy_quantile < 1:
+        return None
+    return one_knob("entropy_tokens", "exploration", "top_entropy_quantile", 1.0, 0.2,
+                    "the learning rides on the minority of high-entropy forking tokens, while the confident "
+                    "majority's gradient mostly sharpens what the policy already does (Wang et al. 2506.01939)",
+                    "keeps exploration alive while accuracy rises")
+
+
+# GSPO, CISPO and two-sided clipping change how an update treats ratios away from 1; with one
+# update per sampled batch every ratio is 1 and each is the clipped loss, so they apply only
+# where the parent reuses its batch (num_iterations > 1)
+@intervention("signal")
+def gspo(k: Knobs, target: int) -> Proposal | None:
+    if k.policy_loss == "gspo" or k.num_iterations == 1:
+        return None
+    return one_knob("gspo", "signal", "policy_loss", k.policy_loss, "gspo",
+                    "token ratios of a reused batch are noisy and their clip acts token by token; one ratio per "
+                    "sequence matches the sequence-level reward (GSPO 2507.18071)", "steadies the reused updates")
+
+
+@intervention("signal")
+def cispo(k: Knobs, target: int) -> Proposal | None:
+    if k.policy_loss == "cispo" or k.num_iterations == 1:
+        return None
+    return one_knob("cispo", "signal", "policy_loss", k.policy_loss, "cispo",
+                    "PPO's clip drops the gradient of the tokens whose ratio moved most, often the rare forks; "
+                    "clipping the weight instead keeps every token's gradient (CISPO, MiniMax-M1 2506.13585)",
+                    "learns from the clipped tokens too")
+
+
+@intervention("optimisation")
+def two_sided_clip(k: Knobs, target: int) -> Proposal | None:
+    if k.clip_delta or k.num_iterations == 1 or k.policy_loss != "clipped":
+        return None
+    return one_knob("two_sided_clip", "optimisation", "clip_delta", 0.0, 4.0,
+                    "a token the update made far likelier gets an unbounded push down when its advantage is "
+                    "negative (INTELLECT-2's two-sided clipping, 2505.07291)", "avoids the large negative updates")
+
+
+@intervention("optimisation")
+def tis(k: Knobs, target: int) -> Proposal | None:
+    if k.tis_cap or (k.top_p == 1 and not k.top_k):
+        return None  # sampler and trainer agree: every weight is 1
+    return one_knob("tis", "optimisation", "tis_cap", 0.0, 2.0,
+                    "top-p or top-k sampling draws from a filtered distribution the loss's log-probs do not "
+                    "have, so the update is off-policy from its first step (truncated importance sampling, "
+                    "Yao et al. 2025)", "corrects the update to the sampler's distribution")
 
 
 @intervention("optimisation")
@@ -189,6 +250,16 @@ def seq_mean(k: Knobs, target: int) -> Proposal | None:
                 "token-mean lets long completions dominate the update", "weights every rollout the same")
 
 
+@intervention("signal")
+def token_level(k: Knobs, target: int) -> Proposal | None:
+    if k.loss_agg == "token_mean":
+        return None
+    return one_knob("token_level", "signal", "loss_agg", k.loss_agg, "token_mean",
+                    "a mean per sequence gives each token of a long completion less weight, so long wrong "
+                    "answers are punished less than short ones and length grows (DAPO token-level loss)",
+                    "stops the length drift")
+
+
 @intervention("curriculum")
 def easier_mix(k: Knobs, target: int) -> Proposal | None:
     if k.train_levels or target <= 1:
@@ -222,6 +293,15 @@ def truncate(k: Knobs, target: int) -> Proposal | None:
         return None
     return one_knob("truncate", "efficiency", "max_new_tokens", 0, target + 2,
                 "completions run past any possible answer", "stops paying for over-long answers")
+
+
+@intervention("efficiency")
+def mask_truncated(k: Knobs, target: int) -> Proposal | None:
+    if k.mask_truncated:
+        return None
+    return one_knob("mask_truncated", "efficiency", "mask_truncated", False, True,
+                    "a completion cut at the token budget has no answer to judge, and its tokens are pushed down "
+                    "for the budget's fault (DAPO overlong filtering)", "stops punishing unfinished reasoning")
 
 
 def set_knob(text: str, key: str, value) -> str:

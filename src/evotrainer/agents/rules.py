@@ -4,7 +4,7 @@ It reads the parent's health-report findings worst first, maps each to the inter
 family its suggestion names ("reward: ...", "group_filter: ..."), and lists every move
 that applies and was not tried from this parent yet, from the catalog's named entries and
 the search space around them (agents/space.py): for each family the findings name, the
-catalog's moves then the space's; then the catalog's moves of every other family in a
+catalog's moves then the space's, the moves the finding names first ("(mask_truncated)"); then the catalog's moves of every other family in a
 fixed order, and last the space's (without a finding to point at a family, the named,
 literature-backed changes are the better first tries). An evolving search controller
 weighs the families by what they gained in this run (evolve/search_policy.py): then the
@@ -16,6 +16,7 @@ subtracting.
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -112,7 +113,7 @@ def candidates(ctx: AgentContext) -> list[Proposal]:
     for family, kind in family_order(named, ctx.family_weights):
         moves = moves_of[kind]
         why = next((x for x in findings if family_of(x.get("suggest", "")) == family), None)
-        for p in moves:
+        for p in sorted(moves, key=lambda p: named_at(why, p)):  # what the finding names first, in its order
             if p.family != family or p.intervention in ctx.tried:
                 continue
             if why is not None:  # the finding this answers is the evidence of the hypothesis
@@ -128,6 +129,12 @@ def candidates(ctx: AgentContext) -> list[Proposal]:
         avoid = esc.avoid - {f for f, w in ctx.family_weights.items() if w > 1.0}
         out = [p for p in out if p.family not in avoid] or out
     return [p for p in out if not reach(p.family, p.knobs, p.files, ctx.knobs) & ctx.closed]
+
+
+def named_at(finding: Mapping | None, p: Proposal) -> float:
+    """Where a finding's suggestion names the move ("... (mask_truncated)"); infinity where not."""
+    at = finding.get("suggest", "").find(f"({p.intervention})") if finding is not None else -1
+    return math.inf if at < 0 else at
 
 
 def catalog_moves(ctx: AgentContext) -> list[Proposal]:

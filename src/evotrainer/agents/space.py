@@ -27,6 +27,9 @@ Knobs not in the space, and why:
         few of a 150k-token one), which this module does not know.
     adam_beta1, adam_beta2: values near 1 move on a (1 - beta) scale; x0.8 of 0.99 is nonsense.
     train_levels: a list of levels, not a number; the catalog's `easier_mix` changes it.
+    clip_delta, mask_truncated, top_entropy_quantile, tis_cap, refill_rounds: switches of the
+        recipe components, each the catalog's named move (two_sided_clip, mask_truncated,
+        entropy_tokens, tis, dynamic_sampling) at the value its paper uses.
     action_parser: must match the task's turn format (a JSON parser on the character model
         reads no action at all); it is a task fit, not a training choice to search.
 There is no filter-threshold or curriculum-weight knob to move: the dead-group threshold
@@ -200,7 +203,8 @@ SLOT_FAMILY = {"reward": "reward", "group_filter": "group_filter", "advantage": 
 KNOB_FAMILY = {**{k: r.family for k, r in RANGES.items()}, **SLOT_FAMILY, "group_size": "signal",
                "prompts_per_step": "signal", "num_iterations": "optimisation", "steps": "optimisation",
                "top_k": "exploration", "train_levels": "curriculum", "max_new_tokens": "efficiency",
-               "action_parser": "other"}
+               "action_parser": "other", "clip_delta": "optimisation", "tis_cap": "optimisation",
+               "mask_truncated": "efficiency", "top_entropy_quantile": "exploration", "refill_rounds": "group_filter"}
 
 
 def reach(family: str, knobs: Mapping | None, files: Mapping | None, parent: Knobs) -> frozenset[str]:
@@ -232,6 +236,8 @@ def _as_tuple(v):
 SLOT_MATTERS: dict[str, Callable[[Knobs], bool]] = {
     "kl_estimator": lambda k: k.kl_coef > 0,            # no KL term, no estimator
     "curriculum": lambda k: len(k.train_levels) > 1,    # one level: nothing to weigh
+    # one update per sampled batch: every ratio is 1, and gspo and cispo are the clipped loss
+    "policy_loss": lambda k: k.num_iterations > 1,
 }
 
 

@@ -112,8 +112,10 @@ def majority_score_share(ev: Evidence) -> float | None:
 
 def _dead_suggestion(v: Mapping[str, float | None]) -> str:
     if (v.get("majority_score_share") or 0) > 0.5:  # EvoTrainer's compound rule
-        return "reward: make the reward more continuous (partial credit), most groups share one score"
-    return "group_filter: drop dead groups, or curriculum: sample where outcomes are mixed"
+        return ("reward: make the reward more continuous (partial_credit), most groups share one score; or "
+                "refill each step with groups whose scores disagree (dynamic_sampling)")
+    return ("group_filter: refill each step with groups whose scores disagree (dynamic_sampling) or drop dead "
+            "groups (drop_dead), or curriculum: sample where outcomes are mixed")
 
 
 @register
@@ -240,12 +242,37 @@ def length_shift(ev: Evidence) -> float | None:
 
 
 @register
+@diagnostic("efficiency", warn=0.3, critical=0.7, scope="run",
+            suggest="signal: token-level aggregation (token_level) or Dr. GRPO's advantage (dr_grpo): a mean per "
+                    "sequence punishes a long wrong answer less per token than a short one")
+def length_drift(ev: Evidence) -> float | None:
+    """log(mean length in the last window / the first) where the verifier score did not rise
+    beyond its noise, else 0: length bought without accuracy, the length bias of a per-sequence
+    mean (Dr. GRPO 2503.20783; DAPO's token-level loss)."""
+    fl = _first_last(ev, "length")
+    if not fl or not fl[0] or not fl[1]:
+        return None
+    return 0.0 if _backed(ev) else max(math.log(fl[1] / fl[0]), 0.0)
+
+
+@register
 @diagnostic("efficiency", warn=0.1, critical=0.3,
-            suggest="efficiency: overlong shaping or a length penalty; check for a length hack")
+            suggest="efficiency: overlong shaping (overlong_shaping) or masking truncated completions "
+                    "(mask_truncated); check for a length hack")
 def truncation_rate(ev: Evidence) -> float | None:
     """Share of completions that hit the token budget without an end token."""
     t = ev.column("truncated")
     return sum(t) / len(t) if t else None
+
+
+@register
+@diagnostic("efficiency", scope="run")
+def sampled_per_kept(ev: Evidence) -> float | None:
+    """Groups sampled per group trained: 1 when every group trains; a filter that keeps a share
+    q of the groups costs 1/q batches of sampling under dynamic sampling's refill."""
+    pairs = [(s["groups_sampled"], s["kept_groups"]) for s in ev.steps if s.get("groups_sampled")]
+    kept = sum(n * q for n, q in pairs)
+    return sum(n for n, _ in pairs) / kept if kept else None
 
 
 # ------------------------------------------------------------------ model state
@@ -268,7 +295,8 @@ def entropy_mean(ev: Evidence) -> float | None:
 
 @register
 @diagnostic("model_state", warn=0.5, critical=0.8, scope="run",
-            suggest="exploration: raise the temperature, add an entropy bonus or a KL anchor")
+            suggest="exploration: clip-higher (clip_higher) or entropy-selected tokens (entropy_tokens), a "
+                    "higher temperature or an entropy bonus")
 def entropy_drop(ev: Evidence) -> float | None:
     """1 - entropy of the last window / entropy of the first."""
     if len(ev.step_numbers) < 4:

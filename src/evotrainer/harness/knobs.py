@@ -3,9 +3,17 @@
 Parameters (the defaults are the reference recipe):
     reward: reward function name (`binary`; `partial_credit`; or one the harness defines).
     group_filter: which groups enter the gradient (`keep_all`, `drop_dead`, `score_spread`).
+    refill_rounds: dynamic sampling with refill (DAPO 2503.14476): while fewer than
+        prompts_per_step groups of the step passed the group filter, sample up to this many
+        more rounds of prompts_per_step groups, and train on the first prompts_per_step groups
+        kept (0: no refill; DAPO's max_num_gen_batches). A round costs a batch's sampling, so a
+        step may sample up to 1 + refill_rounds batches; metrics record the groups sampled. With
+        keep_all nothing is dropped and nothing refills. TRL has no refill (embedded only).
     advantage: `grpo` (normalised by group std, DeepSeekMath 2402.03300), `dr_grpo`
         (no std division, 2503.20783), `rloo` (leave-one-out baseline, 2402.14740).
-    policy_loss: loss form; `clipped` is the PPO/GRPO clipped surrogate.
+    policy_loss: loss form (harness/losses.py): `clipped`, the PPO/GRPO clipped surrogate
+        per token; `gspo`, one clipped ratio per sequence (GSPO 2507.18071); `cispo`, REINFORCE
+        weighted by a clipped, stop-gradient ratio (MiniMax-M1 2506.13585).
     loss_agg: `token_mean` (DAPO 2503.14476), `seq_mean_token_mean` (GRPO),
         `seq_mean_token_sum`, `seq_mean_token_sum_norm` (Dr. GRPO).
     curriculum: level sampling (`fixed`, `frontier`).
@@ -28,6 +36,20 @@ Parameters (the defaults are the reference recipe):
         ceiling (a harness may truncate below it, never raise it: a truncation rule).
     clip_low / clip_high: ratio bounds 1 - clip_low, 1 + clip_high (PPO 1707.06347;
         clip_high > clip_low is DAPO's clip-higher).
+    clip_delta: two-sided clipping (INTELLECT-2 2505.07291): with a negative advantage the
+        ratio is capped at clip_delta, so a token the update already made far likelier gets a
+        bounded push down (0: off; else above 1 + clip_high; the report uses 4). TRL's `delta`.
+    mask_truncated: completions cut at the token budget leave the loss (DAPO 2503.14476's
+        overlong filtering): their missing answer is the budget's fault, not the tokens'.
+        TRL's `mask_truncated_completions`.
+    top_entropy_quantile: train on the highest-entropy share of the batch's tokens only (Wang
+        et al. 2506.01939, "Beyond the 80/20 rule": 0.2); 1.0 keeps every token. TRL's knob
+        of the same name.
+    tis_cap: truncated importance sampling against the sampler (Yao et al., "Your efficient
+        RL framework secretly brings you off-policy RL training", 2025): every token's loss is
+        weighted by min(pi_train / pi_sampler, tis_cap), the correction for a sampler whose
+        numbers differ from the trainer's (vLLM, or bf16 sampling); 0 disables it. TRL's
+        vLLM importance-sampling correction (token_truncate, clip_max).
     num_iterations: gradient updates per sampled batch (GRPO's mu); with 1 the ratio is 1.
     kl_coef: weight of the KL penalty to the frozen starting policy (0 disables it and
         skips the reference forward pass).
@@ -60,6 +82,7 @@ from evotrainer.errors import UsageError
 class Knobs:
     reward: str = "binary"
     group_filter: str = "keep_all"
+    refill_rounds: int = 0
     advantage: str = "grpo"
     policy_loss: str = "clipped"
     loss_agg: str = "token_mean"
@@ -78,6 +101,10 @@ class Knobs:
     max_new_tokens: int = 0
     clip_low: float = 0.2
     clip_high: float = 0.2
+    clip_delta: float = 0.0
+    mask_truncated: bool = False
+    top_entropy_quantile: float = 1.0
+    tis_cap: float = 0.0
     num_iterations: int = 1
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
@@ -101,6 +128,11 @@ class Knobs:
         need(self.max_new_tokens >= 0, f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         need(0 <= self.clip_low < 1, f"clip_low must be in [0, 1), got {self.clip_low}")
         need(self.clip_high >= 0, f"clip_high must be >= 0, got {self.clip_high}")
+        need(self.clip_delta == 0 or self.clip_delta > 1 + self.clip_high,
+             f"clip_delta must be 0 (off) or above 1 + clip_high = {1 + self.clip_high:g}, got {self.clip_delta}")
+        need(0 < self.top_entropy_quantile <= 1, f"top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile}")
+        need(self.tis_cap == 0 or self.tis_cap >= 1, f"tis_cap must be 0 (off) or >= 1, got {self.tis_cap}")
+        need(0 <= self.refill_rounds <= 16, f"refill_rounds must be in [0, 16], got {self.refill_rounds}")
         need(self.num_iterations >= 1, f"num_iterations must be >= 1, got {self.num_iterations}")
         need(self.kl_coef >= 0, f"kl_coef must be >= 0, got {self.kl_coef}")
         need(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
@@ -164,13 +196,17 @@ def _coerce(key, value, typ, source):
             if not isinstance(value, str):
                 raise TypeError
             return value
-        if typ is bool or isinstance(value, bool) or isinstance(value, (list, dict)) or value is None:
+        if typ is bool:
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+        if isinstance(value, bool) or isinstance(value, (list, dict)) or value is None:
             raise TypeError
         if typ is int and isinstance(value, float) and not value.is_integer():
             raise TypeError
         return typ(value)
     except (TypeError, ValueError):
-        kind = "a list of integers" if typ is tuple else typ.__name__
+        kind = "a list of integers" if typ is tuple else "true or false" if typ is bool else typ.__name__
         raise UsageError(f"{source}: knob '{key}' must be {kind}, got {value!r}") from None
 
 

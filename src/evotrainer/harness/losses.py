@@ -1,6 +1,7 @@
 """Loss form and loss aggregation, kept apart (as in verl's core_algos).
 
-Policy loss: per-token loss [B, T] from log-probs, old log-probs and advantages.
+Policy loss: per-token loss [B, T] from log-probs, old log-probs, advantages, the completion
+mask and the harness's knobs (each form reads its own: clip bounds, clip_delta).
 Aggregation: per-token loss [B, T] and mask [B, T] -> scalar. Any form pairs with any
 aggregation; the KL and entropy terms are added per token before aggregation. The trainer
 hands an aggregation the whole batch: rows a group filter dropped have an all-zero mask
@@ -13,9 +14,10 @@ from typing import Callable
 
 import torch
 
+from evotrainer.harness.knobs import Knobs
 from evotrainer.harness.registry import Registry
 
-PolicyLossFn = Callable[..., torch.Tensor]
+PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Knobs], torch.Tensor]
 LossAggFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 LOG_RATIO_CLAMP = 20.0  # as verl: exp() of a stale or broken log-ratio must not overflow to inf
@@ -24,17 +26,59 @@ LOSS_AGGS: Registry[LossAggFn] = Registry("loss_agg")
 KL_ESTIMATORS: Registry[KLFn] = Registry("kl_estimator")
 
 
+def ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    """pi / pi_old per token, its log clamped as verl does: exp() of a stale or broken log-ratio must not overflow."""
+    return torch.exp((logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
+def surrogate(r: torch.Tensor, adv: torch.Tensor, k: Knobs) -> torch.Tensor:
+    """-min(r A, clip(r) A) with clip to [1 - clip_low, 1 + clip_high]; with clip_delta, the
+    unclipped r is first capped at clip_delta (INTELLECT-2's two-sided clipping, 2505.07291:
+    it binds only where A < 0, since clip_delta > 1 + clip_high)."""
+    unclipped = r.clamp(max=k.clip_delta) if k.clip_delta else r
+    return torch.maximum(-adv * unclipped, -adv * r.clamp(1 - k.clip_low, 1 + k.clip_high))
+
+
 @POLICY_LOSSES.register()
-def clipped(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
-            clip_low: float, clip_high: float) -> torch.Tensor:
-    """PPO clipped surrogate with separate bounds: ratio in [1 - clip_low, 1 + clip_high].
+def clipped(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+            k: Knobs) -> torch.Tensor:
+    """PPO clipped surrogate per token with separate bounds: ratio in [1 - clip_low, 1 + clip_high].
 
     clip_high > clip_low is DAPO's clip-higher (2503.14476): more room to raise unlikely
     tokens, which fights entropy collapse. adv is [B] (one per rollout), broadcast over T.
     """
-    ratio = torch.exp((logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    a = adv.unsqueeze(-1)
-    return torch.maximum(-a * ratio, -a * ratio.clamp(1 - clip_low, 1 + clip_high))
+    return surrogate(ratio(logp, old_logp), adv.unsqueeze(-1), k)
+
+
+@POLICY_LOSSES.register()
+def gspo(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+         k: Knobs) -> torch.Tensor:
+    """GSPO (Zheng et al. 2507.18071): one ratio per sequence, the geometric mean of its tokens'
+    ratios, exp(mean_t log pi/pi_old), clipped as PPO clips a token's; every token of the
+    sequence carries the sequence's loss. Whole-sequence ratios stay near 1, so the paper's
+    clip range is tiny (clip_low 3e-4, clip_high 4e-4); with num_iterations 1 every ratio is 1
+    and the update is the token-level one."""
+    log_r = ((logp - old_logp) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return surrogate(ratio(log_r, torch.zeros_like(log_r)), adv, k).unsqueeze(-1).expand_as(logp)
+
+
+@POLICY_LOSSES.register()
+def cispo(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+          k: Knobs) -> torch.Tensor:
+    """CISPO (MiniMax-M1, 2506.13585): REINFORCE on every token, -sg(min(ratio, 1 + clip_high)) A log pi.
+    The importance weight is clipped and its gradient stopped, so no token leaves the gradient
+    the way PPO's clip drops them (rare, high-entropy tokens most of all); ScaleRL (2510.13786)
+    caps the weight at 5, i.e. clip_high 4."""
+    w = ratio(logp, old_logp).clamp(max=1 + k.clip_high).detach()
+    return -w * adv.unsqueeze(-1) * logp
+
+
+def tis_weights(train_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly
+    brings you off-policy RL training"; TRL's vLLM correction, token_truncate): per token,
+    min(pi_train / pi_sampler, cap), stop-gradient, for a sampler whose numbers are not the
+    trainer's (vLLM, bf16 sampling, or top-k / top-p filtering, which the loss's log-probs lack)."""
+    return ratio(train_logp, sampler_logp).clamp(max=cap).detach()
 
 
 @LOSS_AGGS.register()

@@ -30,3 +30,9 @@ def harness_signal(harness, ro: Rollouts) -> Signal:
     keep = check_output("group_filter", harness.group_filter(ro.grouped(rewards), ro.grouped(ro.scores)), (n,)).bool()
     adv = check_output("advantage", harness.advantage(ro.grouped(rewards)), (n, G)).reshape(-1).float()
     return Signal(rewards, keep, adv)
+
+
+def trained_rows(row_keep: torch.Tensor, truncated: torch.Tensor, knobs) -> torch.Tensor:
+    """[B] bool: the rollouts whose tokens enter the loss. Their group passed the filter and,
+    under mask_truncated (DAPO's overlong filtering), they ended within the token budget."""
+    return row_keep & ~truncated.to(row_keep.device) if knobs.mask_truncated else row_keep

@@ -127,8 +127,11 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new
     is_stop = torch.isin(comp, stops)
     after_stop = (is_stop.cumsum(-1) - is_stop.long()) > 0
     comp_mask = (~after_stop).long()
+    # where, not a product: under top-k / top-p the pad after an end token may be filtered out
+    # (log-prob -inf), and -inf x 0 is NaN
+    live = comp_mask.bool()
     return Generation(prompt_ids, prompt_mask, index, comp, comp_mask, truncated=~is_stop.any(-1),
-                      logprobs=torch.stack(logps, 1) * comp_mask, entropy=torch.stack(ents, 1) * comp_mask)
+                      logprobs=torch.stack(logps, 1).where(live, 0.0), entropy=torch.stack(ents, 1).where(live, 0.0))
 
 
 def select_rows(gen: Generation, rows: torch.Tensor) -> Generation:
@@ -137,6 +140,25 @@ def select_rows(gen: Generation, rows: torch.Tensor) -> Generation:
     return Generation(gen.prompt_ids[used], gen.prompt_mask[used], index,
                       *(getattr(gen, f)[rows] for f in (
                           "completion_ids", "completion_mask", "truncated", "logprobs", "entropy")))
+
+
+def concat_generations(gens: list[Generation], pad_id: int) -> Generation:
+    """Several generations as one batch (dynamic sampling's rounds): prompts left-padded and
+    completions right-padded to the widest, each row still pointing at its own prompt."""
+    if len(gens) == 1:
+        return gens[0]
+    L, T = max(g.prompt_ids.shape[1] for g in gens), max(g.completion_ids.shape[1] for g in gens)
+    left = lambda x, v: torch.nn.functional.pad(x, (L - x.shape[1], 0), value=v)  # noqa: E731
+    right = lambda x, v: torch.nn.functional.pad(x, (0, T - x.shape[1]), value=v)  # noqa: E731
+    offsets = torch.tensor([0] + [len(g.prompt_ids) for g in gens[:-1]]).cumsum(0).tolist()
+    return Generation(torch.cat([left(g.prompt_ids, pad_id) for g in gens]),
+                      torch.cat([left(g.prompt_mask, 0) for g in gens]),
+                      torch.cat([g.prompt_index + o for g, o in zip(gens, offsets)]),
+                      torch.cat([right(g.completion_ids, pad_id) for g in gens]),
+                      torch.cat([right(g.completion_mask, 0) for g in gens]),
+                      torch.cat([g.truncated for g in gens]),
+                      torch.cat([right(g.logprobs, 0.0) for g in gens]),
+                      torch.cat([right(g.entropy, 0.0) for g in gens]))
 
 
 def decode(tok, gen: Generation) -> list[str]:

@@ -24,9 +24,9 @@ from evotrainer.envs.play import Played, as_generation, play
 from evotrainer.evidence import RolloutRecord
 from evotrainer.harness import Harness, Rollouts
 from evotrainer.harness.filters import DEAD_STD
-from evotrainer.harness.losses import LOG_RATIO_CLAMP, POLICY_LOSSES
+from evotrainer.harness.losses import LOG_RATIO_CLAMP, POLICY_LOSSES, tis_weights
 from evotrainer.harness.rollouts import SlotError
-from evotrainer.harness.signal import Signal, harness_signal
+from evotrainer.harness.signal import Signal, harness_signal, trained_rows
 from evotrainer.trainer.accumulate import aggregation_weights, chunks
 from evotrainer.trainer.distributed import World
 from evotrainer.trainer.levels import LevelPicker
@@ -34,7 +34,7 @@ from evotrainer.trainer.logprobs import completion_logprobs
 from evotrainer.trainer.optim import lr_at, make_adamw, resume_adamw
 from evotrainer.policy.adapters import reference, trainable
 from evotrainer.policy.config import PolicyConfig
-from evotrainer.policy.generate import Generation, decode, generate, select_rows
+from evotrainer.policy.generate import Generation, concat_generations, decode, generate, select_rows
 from evotrainer.policy.prompts import encode_prompts, stop_token_ids
 from evotrainer.tasks import Judgement, Task
 
@@ -63,6 +63,10 @@ class StepMetrics:
     # the training process's peak so far: resident memory, and CUDA memory allocated (0 on a CPU)
     peak_rss_mb: float = 0.0
     peak_gpu_mb: float = 0.0
+    # groups sampled in the step: prompts_per_step, and more under dynamic sampling's refill
+    # (knob refill_rounds); kept_groups is a share of these, so 1 / kept_groups is the number of
+    # groups sampled per group trained
+    groups_sampled: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -158,25 +162,40 @@ class GRPOTrainer:
         k, h, G = self.k, self.harness, self.k.group_size
         t0 = time.perf_counter()
         self.step_no += 1
-        rows, gen, texts, scores = self.sample()
+        rounds = self._fill()
         t_gen = time.perf_counter() - t0
         lr = lr_at(k, self.steps_before + self.step_no)  # warm-up counts the policy's steps, not this segment's
         for group in self.opt.param_groups:
             group["lr"] = lr
+        b, sig, played, mine = join_rounds(rounds, k.prompts_per_step)
+        gen = concat_generations([r.gen for r in rounds], self.tok.pad_token_id)
+        upd = self._update(gen, sig.advantages[mine].to(self.device),
+                           trained_rows(sig.row_keep[mine], gen.truncated.cpu(), k).to(self.device))
+        upd = UpdateStats.total(self.world.gather(upd))
+
+        self.levels.observe([p.level for p in b.rows[::G]], b.scores.view(-1, G).mean(1).tolist())
+        return finish_step(self.step_no, b.rows, b.texts, b.scores, sig, b.lengths, b.truncated, b.logp_sum,
+                           b.entropy_sum, upd, lr, time.perf_counter() - t0, t_gen, b.judged, played)
+
+    def _fill(self) -> list["Round"]:
+        """The step's rounds of sampling: one, and under refill_rounds (DAPO's dynamic sampling)
+        more, while fewer than prompts_per_step groups of the rounds so far passed the filter."""
+        rounds = [self._round()]
+        while len(rounds) <= self.k.refill_rounds and sum(int(r.sig.keep.sum()) for r in rounds) < self.k.prompts_per_step:
+            rounds.append(self._round())
+        return rounds
+
+    def _round(self) -> "Round":
+        """One batch sampled, gathered from every rank, and read by the harness's slots."""
+        rows, gen, texts, scores = self.sample()
         # the whole batch on every rank (trainer/distributed.py; one process: its own share, as it is)
         shares = self.world.gather(Share(rows, texts, scores, gen.lengths.cpu(), gen.truncated.cpu(),
                                          gen.logprobs.sum(-1).cpu(), gen.entropy.sum(-1).cpu(), self.judged))
         b = Share.merge(shares)
-        ro = Rollouts(b.rows, b.texts, b.scores, b.lengths, b.truncated, G, self.T, *episode_fields(self.played))
-        sig = harness_signal(h, ro)  # slots run on the CPU, on plain tensors
+        ro = Rollouts(b.rows, b.texts, b.scores, b.lengths, b.truncated, self.k.group_size, self.T,
+                      *episode_fields(self.played))
         start = sum(len(s.rows) for s in shares[:self.world.rank])
-        mine = slice(start, start + len(rows))
-        upd = self._update(gen, sig.advantages[mine].to(self.device), sig.row_keep[mine].to(self.device))
-        upd = UpdateStats.total(self.world.gather(upd))
-
-        self.levels.observe([p.level for p in b.rows[::G]], ro.grouped(b.scores).mean(1).tolist())
-        return finish_step(self.step_no, b.rows, b.texts, b.scores, sig, b.lengths, b.truncated, b.logp_sum,
-                           b.entropy_sum, upd, lr, time.perf_counter() - t0, t_gen, b.judged, self.played)
+        return Round(b, harness_signal(self.harness, ro), gen, slice(start, start + len(rows)), self.played)
 
     def _update(self, gen: Generation, adv: torch.Tensor, row_keep: torch.Tensor) -> "UpdateStats":
         """num_iterations optimizer steps on the sampled batch, each accumulated over micro-batches.
@@ -190,11 +209,12 @@ class GRPOTrainer:
         loss_mask[:, :gen.completion_mask.shape[1]] = gen.completion_mask.float() * row_keep[:, None]
         masks = world.gather(loss_mask.cpu()) if world.parallel else [loss_mask]
         start = sum(len(m) for m in masks[:world.rank])
-        # The clipped surrogate of a row whose advantage is 0 is exactly 0, and so is its
-        # gradient (without KL or entropy terms). Such rows (dead groups, mostly) skip the
+        # The built-in policy losses of a row whose advantage is 0 are exactly 0, and so are
+        # their gradients (without KL or entropy terms). Such rows (dead groups, mostly) skip the
         # training forward and backward; their zero per-token loss is put back before
         # aggregation, so every aggregation sees the same batch and the update is unchanged.
-        exact_skip = h.policy_loss is POLICY_LOSSES.get("clipped") and not k.kl_coef and not k.entropy_coef
+        exact_skip = h.policy_loss in ZERO_AT_ZERO_ADVANTAGE and not k.kl_coef and not k.entropy_coef
+        selected = high_entropy_tokens(gen.entropy, loss_mask[:, :gen.entropy.shape[1]], k.top_entropy_quantile, world)
         active = (row_keep & (adv != 0)) if exact_skip else row_keep
         parts = chunks(active.nonzero().squeeze(-1), self.micro_batch_size)
         weights = None
@@ -218,8 +238,12 @@ class GRPOTrainer:
                         with torch.no_grad(), ref_context():
                             ref_logp[c] = completion_logprobs(ref_model, sub, k.temperature)[0]
                 old = old_logp.setdefault(c, logp.detach())  # the sampling policy (ratio 1 on the first update)
-                loss_sub = h.policy_loss(logp, old, adv[idx], k.clip_low, k.clip_high)
                 m = sub.completion_mask.float()
+                loss_sub = h.policy_loss(logp, old, adv[idx], m, k)
+                if selected is not None:
+                    loss_sub = loss_sub * selected[idx, :loss_sub.shape[1]]
+                if k.tis_cap:  # the sampler's numbers against the trainer's, before any update
+                    loss_sub = loss_sub * tis_weights(old, sub.logprobs, k.tis_cap)
                 if c in ref_logp:
                     kl = h.kl_estimator(logp, ref_logp[c])
                     loss_sub = loss_sub + k.kl_coef * kl
@@ -251,6 +275,24 @@ class GRPOTrainer:
             stats.loss = loss_v  # the last update's
         return stats
 
+
+ZERO_AT_ZERO_ADVANTAGE = tuple(POLICY_LOSSES.get(n) for n in ("clipped", "gspo", "cispo"))
+
+
+def high_entropy_tokens(entropy: torch.Tensor, mask: torch.Tensor, quantile: float,
+                        world: World) -> torch.Tensor | None:
+    """[B, T] float 0/1: the tokens in the loss whose sampling entropy is in the batch's top
+    `quantile` (Wang et al. 2506.01939, "Beyond the 80/20 rule": training on the high-entropy
+    forks alone); None when the quantile keeps every token. The threshold is the quantile over
+    every process's tokens in the loss, as TRL's top_entropy_quantile takes it over its batch."""
+    if quantile >= 1:
+        return None
+    live = mask.bool()
+    pool = torch.cat([x.to(entropy.device) for x in world.gather(entropy[live].float().cpu())]) \
+        if world.parallel else entropy[live].float()
+    if not pool.numel():
+        return torch.zeros_like(entropy)
+    return ((entropy >= torch.quantile(pool, 1 - quantile)) & live).float()
 
 
 @dataclass
@@ -306,6 +348,29 @@ class Share:
                      sum((s.judged for s in shares), []))
 
 
+@dataclass
+class Round:
+    """One round of a step's sampling: the whole batch and its signal, this rank's generation
+    and where its rows sit in the batch, and a multi-turn task's episodes."""
+    batch: Share
+    sig: Signal
+    gen: Generation
+    mine: slice
+    played: list[Played] | None
+
+
+def join_rounds(rounds: list[Round], target: int) -> tuple[Share, Signal, list[Played] | None, torch.Tensor]:
+    """A step's rounds as one batch: every rollout stays in the evidence, and of the groups the
+    filter passed, the first `target` train (DAPO trims its refilled batch to the batch size).
+    Returns the batch, its signal, the episodes and this rank's rows in it."""
+    sig = Signal(*(torch.cat([getattr(r.sig, f) for r in rounds]) for f in ("rewards", "keep", "advantages")))
+    sig.keep &= sig.keep.cumsum(0) <= target
+    offsets = [0] + torch.tensor([len(r.batch.rows) for r in rounds]).cumsum(0).tolist()
+    mine = torch.cat([torch.arange(o + r.mine.start, o + r.mine.stop) for o, r in zip(offsets, rounds)])
+    played = None if rounds[0].played is None else [p for r in rounds for p in r.played]
+    return Share.merge([r.batch for r in rounds]), sig, played, mine
+
+
 def finish_step(step: int, rows: list, texts: list[str], scores: torch.Tensor, sig: Signal, lengths: torch.Tensor,
                 truncated: torch.Tensor, logp_sum: torch.Tensor, entropy_sum: torch.Tensor, upd: UpdateStats,
                 lr: float, seconds: float, generate_seconds: float, judged: list[Judgement] | None = None,
@@ -322,7 +387,8 @@ def finish_step(step: int, rows: list, texts: list[str], scores: torch.Tensor, s
         loss=upd.loss, kl=upd.per_token(upd.kl), entropy=float(seq_ent.mean()), mean_logprob=float(seq_logp.mean()),
         length_mean=float(lengths.float().mean()), truncated=float(truncated.float().mean()),
         lr=lr, seconds=seconds, generate_seconds=generate_seconds,
-        clip_frac=upd.per_token(upd.clip), approx_kl=upd.per_token(upd.approx_kl), **peak_memory())
+        clip_frac=upd.per_token(upd.clip), approx_kl=upd.per_token(upd.approx_kl), groups_sampled=len(sig.keep),
+        **peak_memory())
     records = rollout_records(step, rows, texts, scores, sig, lengths, truncated, seq_logp, seq_ent, judged)
     for r, p in zip(records, played or ()):
         agentic_fields(r, p)

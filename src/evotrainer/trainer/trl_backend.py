@@ -9,8 +9,8 @@ TRL samples, computes the loss and steps the optimizer; the harness enters at fo
   runs the harness's reward, group filter and advantage (harness.signal, as the embedded
   trainer does);
 - advantages and group filter: `_generate_and_score_completions` replaces TRL's advantages
-  with the harness's and takes dropped groups out of the loss through TRL's own loss mask
-  (its `tool_mask`) and token count;
+  with the harness's and takes dropped groups (and, under mask_truncated, truncated rows)
+  out of the loss through TRL's own loss mask (its `tool_mask`) and token count;
 - evidence: the loss forward's log-probs and entropies (the sampling policy's, at the first
   update of a batch) fill the same per-rollout records and per-step metrics as the embedded
   trainer writes, through the same SegmentLog.
@@ -39,7 +39,7 @@ from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from evotrainer.harness.rollouts import Rollouts
-from evotrainer.harness.signal import Signal, harness_signal
+from evotrainer.harness.signal import Signal, harness_signal, trained_rows
 from evotrainer.trainer.distributed import World
 from evotrainer.trainer.grpo import UpdateStats, finish_step
 from evotrainer.trainer.levels import LevelPicker
@@ -140,14 +140,15 @@ class HarnessGRPOTrainer(GRPOTrainer):
         self._batch_start = getattr(self, "_last_step_end", None) or time.perf_counter()
         out = super()._generate_and_score_completions(inputs)
         b, dev = self.rollout_batch, out["advantages"].device
-        kept = int(b.signal.row_keep.sum())  # over the whole batch: every process steps, or none
-        keep = b.signal.row_keep[b.mine].to(dev)
+        trained = trained_rows(b.signal.row_keep, b.truncated, self.harness.knobs)  # filter, mask_truncated
+        kept = int(trained.sum())  # over the whole batch: every process steps, or none
+        keep = trained[b.mine].to(dev)
         adv = b.signal.advantages[b.mine].to(dev)
         if LOSS_TYPES[self.harness.knobs.loss_agg] != "dapo" and kept:
             # TRL's per-sequence losses average over every row of a micro-batch (and DDP over
             # the processes' equal shares); scaling the advantages by rows / kept rows makes
-            # that the mean over kept rows, as ours (the clipped surrogate is linear in it)
-            adv = adv * (len(b.signal.row_keep) / kept)
+            # that the mean over kept rows, as ours (every loss form is linear in it)
+            adv = adv * (len(trained) / kept)
         out["advantages"] = adv
         out["tool_mask"] = keep[:, None].expand_as(out["completion_mask"]).to(out["completion_mask"].dtype)
         # the token mean's denominator: kept tokens over every process's rows (TRL divides it by

@@ -5,11 +5,27 @@ becomes a `reward_funcs` entry, the filter and advantage act through one subclas
 the curriculum feeds the prompt stream. The loss is TRL's own, so its form and aggregation
 must be one TRL has:
 
-| policy_loss, loss_agg               | TRL loss_type | what it is                          |
-|-------------------------------------|---------------|-------------------------------------|
-| clipped, token_mean                 | dapo          | token mean over the batch (DAPO)    |
-| clipped, seq_mean_token_mean        | grpo          | mean per sequence, then over them   |
-| clipped, seq_mean_token_sum_norm    | dr_grpo       | sum / (rows x completion budget)    |
+| loss_agg                 | TRL loss_type | what it is                          |
+|--------------------------|---------------|-------------------------------------|
+| token_mean               | dapo          | token mean over the batch (DAPO)    |
+| seq_mean_token_mean      | grpo          | mean per sequence, then over them   |
+| seq_mean_token_sum_norm  | dr_grpo       | sum / (rows x completion budget)    |
+
+| knob                        | TRL                                                              |
+|-----------------------------|------------------------------------------------------------------|
+| policy_loss: clipped        | the loss type above, importance_sampling_level "token"           |
+| policy_loss: gspo           | the loss type above, importance_sampling_level "sequence"        |
+| policy_loss: cispo          | loss_type "cispo" (token_mean only), epsilon_high 1 + clip_high  |
+| clip_low, clip_high         | epsilon, epsilon_high                                            |
+| clip_delta                  | delta (None when 0)                                              |
+| top_entropy_quantile        | top_entropy_quantile (one micro-batch: TRL takes it per forward) |
+| tis_cap                     | vLLM importance-sampling correction, token_truncate, clip_max    |
+| mask_truncated              | the loss mask the group filter uses (see below)                  |
+
+mask_truncated is TRL's `mask_truncated_completions` in what it trains, but that flag also
+takes the rows out of the attention mask, so their log-probs (the evidence's) would be read
+from garbled forwards; the backend takes truncated rows out through the same loss mask as a
+dropped group's instead. TRL corrects only a vLLM sampler: tis_cap needs use_vllm there.
 
 KL is TRL's `beta` with its k3 estimator (k2 is refused by name). The entropy bonus is TRL's
 `entropy_coef`, a token mean whatever the loss type, taken per micro-batch: the mean of the
@@ -20,6 +36,7 @@ anything else is refused.
 from __future__ import annotations
 
 LOSS_TYPES = {"token_mean": "dapo", "seq_mean_token_mean": "grpo", "seq_mean_token_sum_norm": "dr_grpo"}
+POLICY_LOSSES = ("clipped", "gspo", "cispo")
 # TRL's own reward scaling, for its logs only: the advantage slot's values replace TRL's advantages
 SCALE_REWARDS = {"grpo": "group", "dr_grpo": "none", "rloo": "none"}
 
@@ -27,9 +44,21 @@ SCALE_REWARDS = {"grpo": "group", "dr_grpo": "none", "rloo": "none"}
 def trl_refusals(knobs, runtime) -> list[str]:
     """What this harness asks for that TRL's GRPOTrainer cannot do, each with what would work."""
     out = []
-    if knobs.policy_loss != "clipped":
-        out.append(f"policy_loss '{knobs.policy_loss}': TRL runs its own clipped surrogate; "
-                   "use policy_loss: clipped, or backend: embedded for a custom loss form")
+    if knobs.policy_loss not in POLICY_LOSSES:
+        out.append(f"policy_loss '{knobs.policy_loss}': TRL runs its own loss forms; use policy_loss: "
+                   + ", ".join(POLICY_LOSSES) + ", or backend: embedded for a custom loss form")
+    if knobs.policy_loss == "cispo" and knobs.loss_agg != "token_mean":
+        out.append(f"policy_loss 'cispo' under loss_agg {knobs.loss_agg}: TRL's cispo is a token mean; "
+                   "use loss_agg: token_mean, or backend: embedded")
+    if knobs.refill_rounds:
+        out.append(f"refill_rounds {knobs.refill_rounds}: TRL samples one batch a step and cannot refill it "
+                   "(DAPO's dynamic sampling); use refill_rounds: 0, or backend: embedded")
+    if knobs.tis_cap and not runtime.use_vllm:
+        out.append("tis_cap > 0 without use_vllm: TRL corrects only a vLLM sampler's log-probs; "
+                   "use use_vllm: true, tis_cap: 0, or backend: embedded")
+    if knobs.top_entropy_quantile < 1 and knobs.entropy_coef:
+        out.append("top_entropy_quantile < 1 with entropy_coef > 0: TRL's entropy bonus averages over the selected "
+                   "tokens only, ours over every token; use entropy_coef: 0, or backend: embedded")
     if knobs.loss_agg not in LOSS_TYPES:
         out.append(f"loss_agg '{knobs.loss_agg}' has no TRL loss_type; use "
                    + ", ".join(f"{a} ({t})" for a, t in LOSS_TYPES.items()) + ", or backend: embedded")
@@ -52,6 +81,10 @@ def trl_refusals(knobs, runtime) -> list[str]:
         out.append(f"entropy_coef > 0 with data_parallel {processes}: TRL averages its entropy bonus per process, "
                    "ours over the whole batch; use entropy_coef: 0, data_parallel: 1, or backend: embedded")
     rows = batch // processes  # one process's share
+    if knobs.top_entropy_quantile < 1 and 0 < runtime.micro_batch_size < rows:
+        out.append(f"top_entropy_quantile < 1 with micro_batch_size {runtime.micro_batch_size}: TRL picks the "
+                   "high-entropy tokens per micro-batch, ours over the whole batch; use micro_batch_size: 0, "
+                   "or backend: embedded")
     if knobs.entropy_coef and 0 < runtime.micro_batch_size < batch:
         # micro-batches hold different numbers of tokens, so a mean of their means is not the batch's
         out.append(f"entropy_coef > 0 with micro_batch_size {runtime.micro_batch_size} (of a batch of {batch} "
@@ -74,7 +107,7 @@ def grpo_config_kwargs(knobs, runtime, task_budget: int, seed: int, steps: int, 
     accum = rows // micro
     device = runtime.policy.resolved_device()
     dtype = runtime.policy.compute_dtype()
-    loss_type = LOSS_TYPES[knobs.loss_agg]
+    loss_type = "cispo" if knobs.policy_loss == "cispo" else LOSS_TYPES[knobs.loss_agg]
     return dict(
         output_dir=output_dir, seed=seed, data_seed=seed, max_steps=steps * knobs.num_iterations,
         use_cpu=device.type == "cpu",
@@ -87,7 +120,12 @@ def grpo_config_kwargs(knobs, runtime, task_budget: int, seed: int, steps: int, 
         temperature=knobs.temperature, top_p=knobs.top_p, top_k=knobs.top_k,
         learning_rate=knobs.lr, adam_beta1=knobs.adam_beta1, adam_beta2=knobs.adam_beta2,
         weight_decay=knobs.weight_decay, max_grad_norm=knobs.max_grad_norm,
-        beta=knobs.kl_coef, epsilon=knobs.clip_low, epsilon_high=knobs.clip_high,
+        beta=knobs.kl_coef, epsilon=knobs.clip_low,
+        epsilon_high=1 + knobs.clip_high if loss_type == "cispo" else knobs.clip_high,
+        delta=knobs.clip_delta or None, top_entropy_quantile=knobs.top_entropy_quantile,
+        importance_sampling_level="sequence" if knobs.policy_loss == "gspo" else "token",
+        vllm_importance_sampling_correction=bool(knobs.tis_cap), vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=knobs.tis_cap or None,
         loss_type=loss_type, scale_rewards=SCALE_REWARDS.get(knobs.advantage, "none"),
         entropy_coef=knobs.entropy_coef,
         use_vllm=runtime.use_vllm, vllm_mode=runtime.vllm_mode,
