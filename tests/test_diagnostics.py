@@ -40,9 +40,10 @@ def test_length_drift_is_length_bought_without_accuracy_and_sampled_per_kept_is_
     assert value("length_drift", run([20] * 4 + [10] * 4, flat)) == 0.0  # shorter is no drift
     assert value("length_drift", run([10] * 4 + [20] * 4, [0.0] * 4 + [1.0] * 4)) == 0.0  # accuracy rose with it
     assert value("length_drift", run([10, 20], flat[:2])) is None  # too few steps to compare
-    steps = [{"step": 1, "groups_sampled": 8, "kept_groups": 1.0}, {"step": 2, "groups_sampled": 24, "kept_groups": 0.25}]
-    assert value("sampled_per_kept", [rec()], steps) == pytest.approx(32 / 14)
-    assert value("sampled_per_kept", [rec()], [{"step": 1, "kept_groups": 0.5}]) is None  # not recorded
+    # step 1: 2 groups, both trained; step 2: 4 groups sampled to train 1 (a refill)
+    groups = [(1, 0, True), (1, 1, True), (2, 0, False), (2, 1, True), (2, 2, False), (2, 3, False)]
+    assert value("sampled_per_kept", [rec(step=s, group=g, kept=k) for s, g, k in groups for _ in range(2)]) == 2.0  # 6 / 3
+    assert value("sampled_per_kept", [rec(kept=False)]) is None  # nothing trained
 
 
 def test_signal_metrics_on_hand_made_groups():

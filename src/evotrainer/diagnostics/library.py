@@ -269,10 +269,10 @@ def truncation_rate(ev: Evidence) -> float | None:
 @diagnostic("efficiency", scope="run")
 def sampled_per_kept(ev: Evidence) -> float | None:
     """Groups sampled per group trained: 1 when every group trains; a filter that keeps a share
-    q of the groups costs 1/q batches of sampling under dynamic sampling's refill."""
-    pairs = [(s["groups_sampled"], s["kept_groups"]) for s in ev.steps if s.get("groups_sampled")]
-    kept = sum(n * q for n, q in pairs)
-    return sum(n for n, _ in pairs) / kept if kept else None
+    q of the groups costs 1/q batches of sampling under dynamic sampling's refill (the trainer's
+    step metrics record the same count as groups_sampled)."""
+    kept = sum(any(r.kept for r in g) for g in ev.groups)
+    return len(ev.groups) / kept if kept else None
 
 
 # ------------------------------------------------------------------ model state
