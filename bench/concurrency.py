@@ -49,6 +49,7 @@ from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve import setup  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
 from evotrainer.evolve.retrain import Arm  # noqa: E402
+from evotrainer.lineage import TrialRecord  # noqa: E402
 from evotrainer.report.gather import gather  # noqa: E402
 from evotrainer.report.timeline import overlaps  # noqa: E402
 from search_efficiency import _ci, arm_key, replays  # noqa: E402
@@ -80,8 +81,8 @@ def search(raw: dict, n: int, executor: str, out: Path) -> dict:
     setup.base_checkpoint(cfg, get_task(cfg.task, cfg.level), None, lambda kind, d: None)  # built (or cached) untimed
     cores = os.cpu_count() or 1
     cpu0, t0 = busy_cpu_seconds(), time.time()
-    ctl = Controller(cfg, run, on_event=lambda kind, d: kind == "trial_finished" and print(
-        f"    {name} trial {d['trial']}: {d['intervention']} {d['label']}", flush=True))
+    ctl = Controller(cfg, run, on_event=lambda e: isinstance(e, TrialRecord) and print(
+        f"    {name} trial {e.id}: {e.intervention} {e.label}", flush=True))
     ctl.run()
     wall, cpu = time.time() - t0, busy_cpu_seconds() - cpu0
     label, _, arm = ctl.winner_schedule()

@@ -28,6 +28,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
 from evotrainer.evolve.status import status  # noqa: E402
+from evotrainer.lineage import TrialRecord  # noqa: E402
+from evotrainer.lineage.events import FinalStarted  # noqa: E402
 
 
 def bench(config: Path, seeds: int, out: Path) -> dict:
@@ -39,8 +41,9 @@ def bench(config: Path, seeds: int, out: Path) -> dict:
     # not whatever the user's library learned before
     raw.setdefault("search", {})["skills"] = str(run / "skills.sqlite")
     cfg = config_from_dict(raw).validate()
-    Controller(cfg, run, on_event=lambda kind, data: kind in ("trial_finished", "final_started") and
-               print(f"  {config.stem}: {kind} {data.get('trial', '')} {data.get('label', '')}", flush=True)).run()
+    Controller(cfg, run, on_event=lambda e: isinstance(e, (TrialRecord, FinalStarted)) and
+               print(f"  {config.stem}: " + (f"trial {e.id} {e.label}" if isinstance(e, TrialRecord)
+                                             else f"final comparison, winner {e.winner}"), flush=True)).run()
     final = json.loads((run / "final.json").read_text())
     return {"config": config.stem, "task": f"{cfg.task} level {cfg.level}", "run": str(run),
             "overhead": status(run)["framework_overhead"], **final}

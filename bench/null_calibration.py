@@ -57,7 +57,7 @@ from evotrainer.evolve.controller import Controller  # noqa: E402
 from evotrainer.evolve.retrain import Arm, retrain  # noqa: E402
 from evotrainer.evolve.stats import bootstrap_ci, null_differences, paired_differences, t_interval  # noqa: E402
 from evotrainer.labels import Label  # noqa: E402
-from evotrainer.lineage import LineageStore  # noqa: E402
+from evotrainer.lineage import LineageStore, TrialRecord  # noqa: E402
 
 NO_OP_TOP_K = 100_000  # above any vocabulary here: filter_logits keeps every token
 
@@ -89,8 +89,8 @@ def null_trials(config: Path, harness: Path, runs: int, trials: int, steps: int,
         run = out / f"gate-run-{r}"
         t = time.time()
         ctl = Controller(cfg, run, agent=null_agent, run_backtests=False,
-                         on_event=lambda kind, data: kind == "trial_finished" and print(
-                             f"  run {r}: trial {data.get('trial')} {data.get('label')}", flush=True))
+                         on_event=lambda e: isinstance(e, TrialRecord) and print(
+                             f"  run {r}: trial {e.id} {e.label}", flush=True))
         ctl.run()
         store = LineageStore(run / "lineage.sqlite")
         try:
@@ -98,17 +98,17 @@ def null_trials(config: Path, harness: Path, runs: int, trials: int, steps: int,
         finally:
             store.close()
         root = next(t_ for t_ in ts if t_.id == 0)
-        null = null_differences(root.fitness["val"], root.fitness["replicas"])
+        null = null_differences(root.fitness.val, root.fitness.replicas)
         for tr in ts:
             if not tr.parents or tr.label not in (Label.KEPT, Label.DISCARDED, Label.INVALID):
                 continue
-            f = tr.fitness
-            first = paired_differences(f["val"], f["control_val"])
-            rows.append({"run": r, "trial": tr.id, "label": tr.label, "gain": f["gain"], "rule": f.get("rule"),
-                         "pairs": len(first) + len(f.get("extra_pairs", [])), "first": first, "null": null,
+            f, d = tr.fitness, tr.fitness.decision
+            first = paired_differences(f.val, d.control_val)
+            rows.append({"run": r, "trial": tr.id, "label": tr.label, "gain": d.gain, "rule": d.rule or None,
+                         "pairs": len(first) + len(d.extra_pairs), "first": first, "null": null,
                          "old_keep": old_gate_keeps(first, null, min_gain=cfg.promotion.min_gain)})
         print(f"  run {r}: {len(rows)} null trials so far, {time.time() - t:.0f} s; noise sd "
-              f"{100 * root.fitness.get('noise_sd', 0):.2f} points", flush=True)
+              f"{100 * (root.fitness.noise_sd or 0):.2f} points", flush=True)
     return rows, ctl
 
 

@@ -32,8 +32,8 @@ for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
 from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
 from evotrainer.evolve.status import status  # noqa: E402
-from evotrainer.lineage import LineageStore  # noqa: E402
-from evotrainer.lineage.events import RunStarted  # noqa: E402
+from evotrainer.lineage import LineageStore, TrialRecord  # noqa: E402
+from evotrainer.lineage.events import FinalStarted, RunStarted  # noqa: E402
 from evotrainer.trainer.pretrain import PretrainFailed  # noqa: E402
 
 
@@ -45,9 +45,9 @@ def run_on_base(config: Path, base_seed: int, out: Path) -> dict:
     cfg = config_from_dict(raw).validate()
     t = time.time()
     try:
-        Controller(cfg, run, on_event=lambda kind, data: kind in ("trial_finished", "final_started") and print(
-            f"  base {base_seed}: {kind} {data.get('trial', '')} {data.get('intervention', '')} "
-            f"{data.get('label', '')}", flush=True)).run()
+        Controller(cfg, run, on_event=lambda e: isinstance(e, (TrialRecord, FinalStarted)) and print(
+            f"  base {base_seed}: " + (f"trial {e.id} {e.intervention} {e.label}" if isinstance(e, TrialRecord)
+                                       else f"final comparison, winner {e.winner}"), flush=True)).run()
     except PretrainFailed as e:  # this machine would have no base: a row of its own, not the end of the bench
         print(f"  base {base_seed}: no base: {e}", flush=True)
         return {"base_seed": base_seed, "run": str(run), "failed": str(e), "seconds": round(time.time() - t)}

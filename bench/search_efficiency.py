@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
 from evotrainer.evolve.retrain import Arm, retrain  # noqa: E402
+from evotrainer.lineage import TrialRecord  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.tasks.keys import split_key  # noqa: E402
 from evotrainer.skills import SkillLibrary  # noqa: E402
@@ -80,8 +81,8 @@ def search(raw: dict, method: str, r: int, out: Path, library: Path | None) -> d
             run.mkdir(parents=True, exist_ok=True)
             shutil.copy(library, run / "skills.sqlite")
     cfg = config_from_dict(raw).validate()
-    ctl = Controller(cfg, run, on_event=lambda kind, d: kind == "trial_finished" and print(
-        f"    {method} r{r} trial {d['trial']}: {d['intervention']} {d['label']}", flush=True))
+    ctl = Controller(cfg, run, on_event=lambda e: isinstance(e, TrialRecord) and print(
+        f"    {method} r{r} trial {e.id}: {e.intervention} {e.label}", flush=True))
     ctl.run()
     label, versions, arm = ctl.winner_schedule()
     trials = ctl.store.trials()

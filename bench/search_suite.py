@@ -80,7 +80,7 @@ from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.config import config_from_dict, load_config  # noqa: E402
 from evotrainer.evolve.controller import Controller, learn  # noqa: E402
 from evotrainer.evolve.view import RunView  # noqa: E402
-from evotrainer.lineage import LineageStore  # noqa: E402
+from evotrainer.lineage import LineageStore, TrialRecord  # noqa: E402
 from evotrainer.lineage.events import RunStarted  # noqa: E402
 from evotrainer.tasks.keys import key_digest, split_key  # noqa: E402
 from evotrainer.skills import SkillLibrary  # noqa: E402
@@ -169,8 +169,8 @@ def search(raw: dict, strategy: str, r: int, out: Path) -> dict:
         raw["search"]["skills"] = str((run / "skills.sqlite").resolve())
     cfg = config_from_dict(raw).validate()
     t = time.time()
-    ctl = Controller(cfg, run, on_event=lambda kind, d: kind == "trial_finished" and print(
-        f"    {strategy} r{r} trial {d['trial']}: {d['intervention']} {d['label']}", flush=True))
+    ctl = Controller(cfg, run, on_event=lambda e: isinstance(e, TrialRecord) and print(
+        f"    {strategy} r{r} trial {e.id}: {e.intervention} {e.label}", flush=True))
     ctl.run()
     label, versions, arm = ctl.winner_schedule()
     trials = ctl.store.trials()
@@ -183,7 +183,7 @@ def search(raw: dict, strategy: str, r: int, out: Path) -> dict:
            "base": ctl.base, "seconds": round(time.time() - t),
            "first_kept": next((t.id for t in trials if t.parents and t.label == "kept"), None),
            "trials": [{"id": t.id, "intervention": t.intervention, "label": t.label, "parents": t.parents,
-                       "gain": t.fitness.get("gain")} for t in trials],
+                       "gain": t.fitness.gain} for t in trials],
            "segments": segment_counts(trials)}
     done.write_text(json.dumps(rec, indent=2))
     return rec
@@ -299,7 +299,7 @@ def noise(runs: dict[str, list[dict]], out: Path) -> list[float]:
             root = store.trials()[0].fitness
         finally:
             store.close()
-        diffs += null_differences(root["val"], root.get("replicas", []))
+        diffs += null_differences(root.val, root.replicas)
     return [round(d, 6) for d in diffs]
 
 

@@ -1,14 +1,19 @@
-"""How the house is laid out, from the source alone: the longest files, import circles between
-modules, worker job targets written as strings, and string-keyed reads of lineage event payloads.
+"""How the house is laid out, from the source alone: the longest files and classes, import
+circles between modules, worker job targets written as strings, string-keyed reads of lineage
+event payloads and of trial outcomes, functions taking many positional arguments, and the
+files of each room.
 
-    python scripts/layout_metrics.py            # prints the four numbers and what they count
+    python scripts/layout_metrics.py            # prints the numbers and what they count
 
 Import circles are strongly connected components of the module import graph (imports anywhere
 in a module, deferred ones included: a deferred import hides a circle from Python, not from the
 reader). A job target written as a string is a "package.module:function" string literal
 anywhere, or any string as the target of `Call`, `run_in_worker` or `run_diagnostics`
 (`target_args`: the tests resolve the others, the functions). An event payload read is
-`x["key"]` or `x.get("key")` where x came from `store.events(...)` in the same function.
+`x["key"]` or `x.get("key")` where x came from `store.events(...)` in the same function. An
+outcome read is `t.fitness["key"]`, `t.fitness.get("key")` or `"key" in t.fitness`: a trial's
+fitness is a typed record (lineage/fitness.py). A function's positional arguments are the
+parameters a caller may pass by position (self and cls not counted).
 """
 from __future__ import annotations
 
@@ -165,10 +170,58 @@ def event_payload_reads(src: Path = SRC) -> list[tuple[str, int, str]]:
     return out
 
 
+def outcome_reads(src: Path = SRC) -> list[tuple[str, int]]:
+    def is_fitness(e: ast.expr) -> bool:
+        return isinstance(e, ast.Attribute) and e.attr == "fitness"
+    out = []
+    for m, p in modules(src).items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Subscript) and is_fitness(node.value) \
+                    or isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr == "get" and is_fitness(node.func.value) \
+                    or isinstance(node, ast.Compare) and any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops) \
+                    and any(is_fitness(c) for c in node.comparators):
+                out.append((m, node.lineno))
+    return out
+
+
+def positional_heavy(src: Path = SRC, over: int = 5) -> list[tuple[int, str]]:
+    """(positional parameters, module.function) for each function taking more than `over`."""
+    out = []
+    for m, p in modules(src).items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
+                if len(names) > over:
+                    out.append((len(names), f"{m}.{node.name}"))
+    return sorted(out, reverse=True)
+
+
+def classes(src: Path = SRC) -> list[tuple[int, int, str]]:
+    """(lines, methods, module.Class) per class, longest first."""
+    out = []
+    for m, p in modules(src).items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ClassDef):
+                methods = sum(isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) for b in node.body)
+                out.append((node.end_lineno - node.lineno + 1, methods, f"{m}.{node.name}"))
+    return sorted(out, reverse=True)
+
+
+def rooms(src: Path = SRC) -> dict[str, int]:
+    """Files (modules) per package directory of the package, as `evotrainer.evolve`."""
+    out: dict[str, int] = {}
+    for p in (src / PACKAGE).rglob("*.py"):
+        room = ".".join(p.parent.relative_to(src).parts)
+        out[room] = out.get(room, 0) + 1
+    return out
+
+
 def main() -> None:
     mods = modules()
     lengths = sorted(((len(p.read_text().splitlines()), m) for m, p in mods.items()), reverse=True)
     print("longest files: " + ", ".join(f"{m} {n}" for n, m in lengths[:3]))
+    print("longest classes: " + ", ".join(f"{c} {n} lines, {k} methods" for n, k, c in classes()[:3]))
     cs = circles(graph())
     print(f"import circles: {len(cs)}" + "".join(f"\n  {' <-> '.join(c)}" for c in cs))
     pcs = circles(package_graph(graph()))
@@ -178,6 +231,14 @@ def main() -> None:
     reads = event_payload_reads()
     print(f"string-keyed event payload reads: {len(reads)} in "
           + ", ".join(sorted({m.removeprefix(PACKAGE + '.') for m, _, _ in reads})))
+    outcomes = outcome_reads()
+    print(f"string-keyed outcome reads: {len(outcomes)} in "
+          + ", ".join(sorted({m.removeprefix(PACKAGE + '.') for m, _ in outcomes})))
+    heavy = positional_heavy()
+    print(f"functions with more than 5 positional arguments: {len(heavy)}; most: "
+          + ", ".join(f"{f.removeprefix(PACKAGE + '.')} {n}" for n, f in heavy[:3]))
+    biggest = sorted(rooms().items(), key=lambda kv: -kv[1])[:4]
+    print("files per room: " + ", ".join(f"{r.removeprefix(PACKAGE + '.')} {n}" for r, n in biggest))
 
 
 if __name__ == "__main__":

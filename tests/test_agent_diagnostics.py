@@ -48,11 +48,11 @@ def test_a_revised_diagnostic_is_kept_only_if_its_replay_separates_failed_from_h
     assert width[0]["diagnostic"] == "group_width" and width[0]["auc"] == 1.0 and width[0]["kept"]
     assert "AUC 0.5" in t[2].reflection and not (run / "versions" / "v2").exists()
     # kept without training: its parent's checkpoints under the new harness, at the parent's depth
-    parent, kept = RunView.read(ctl.store).plans[3].parent, State.of(t[3].fitness["state"])
+    parent, kept = RunView.read(ctl.store).plans[3].parent, t[3].fitness.state
     assert t[3].budgets == {} and t[3].depth == parent.depth and not (run / "versions" / "v3").exists()
     assert kept.dirs == parent.dirs and kept.val == parent.val
     # what an agent is shown of v3 carries the new diagnostic's finding; of the root, not
-    findings = {v: [f["diagnostic"] for f in ctl._findings(State.of(x.fitness["state"]))] for v, x in
+    findings = {v: [f["diagnostic"] for f in ctl._findings(x.fitness.state)] for v, x in
                 (("v0", t[0]), ("v3", t[3]))}
     assert "group_width" in findings["v3"] and "group_width" not in findings["v0"]
 

@@ -100,7 +100,7 @@ def test_approve_revise_and_abort_each_do_what_they_say(tiny_run, capsys):
     assert t2.label == "aborted" and "design gate" in t2.reflection and t2.backtest == {}
     assert not (run / "versions" / t2.version).exists()
     # abort at completion: trained and measured, recorded as aborted, never a parent
-    assert t3.label == "aborted" and "completion gate" in t3.reflection and t3.fitness["gain"] is not None
+    assert t3.label == "aborted" and "completion gate" in t3.reflection and t3.fitness.gain is not None
     again = Controller(config_from_dict(yaml.safe_load((run / "config.yaml").read_text())), run)
     assert t3.version not in {s.version for s in RunView.read(again.store).states}  # never a parent, never the winner
     decided = [(e.trial, e.point, e.decision) for e in store.events(GateDecided)]

@@ -91,12 +91,12 @@ def test_restart_mode_trains_every_version_from_the_base_against_its_parent(tiny
             assert len(metrics) == 6
             assert json.loads((run / "versions" / t.version / "seed-0" / "run.json").read_text())["seed"] == 1
     for t in trials[1:]:
-        if "control_val" in t.fitness:  # the control is the parent itself, trained with the same seed
+        if t.fitness.decision:  # the control is the parent itself, trained with the same seed
             parent = next(p for p in trials if p.version == t.parents[0])
-            assert t.fitness["control_val"] == parent.fitness["val"]
+            assert t.fitness.decision.control_val == parent.fitness.val
     # every trained state's evidence is in the run's store once the run returns (it fills in a thread)
     from evotrainer.evidence import EvidenceStore
-    trained = {f"{t.version}/seed-0" for t in trials if "state" in t.fitness}
+    trained = {f"{t.version}/seed-0" for t in trials if t.fitness.state}
     store = EvidenceStore(run / "evidence.sqlite")
     assert trained and trained <= set(store.versions())
     with store.db:  # a kill before a trial's evidence was stored: the next session stores it

@@ -207,7 +207,7 @@ def test_what_a_job_leaves_is_refused_or_ignored_and_the_run_goes_on(tiny_run, t
     # with the base's tokenizer (a clean copy: the checkpoint without the planted file)
     t = trials["chat_template"]
     assert t.label in ("kept", "discarded"), (t.label, t.reflection)
-    ckpt = Path(next(iter(t.fitness["state"]["dirs"].values()))) / "checkpoint"
+    ckpt = Path(next(iter(t.fitness.dirs.values()))) / "checkpoint"
     assert (ckpt / "chat_template.jinja").is_file()
     clean = tmp_path / "clean"
     shutil.copytree(ckpt, clean, ignore=shutil.ignore_patterns("chat_template.jinja"))
@@ -217,7 +217,7 @@ def test_what_a_job_leaves_is_refused_or_ignored_and_the_run_goes_on(tiny_run, t
     policy = config.runtime().on_base(config.model).policy.to_dict()
     key = split_key(started.split_key).hex()
     again = evaluate_checkpoints("arith", 1, {str(clean): ["test"], str(ckpt): ["test"]}, policy, key=key)
-    assert again[str(clean)]["test"] == again[str(ckpt)]["test"] == next(iter(t.fitness["test"].values()))
+    assert again[str(clean)]["test"] == again[str(ckpt)]["test"] == next(iter(t.fitness.test.values()))
     # the run is whole and resumes: nothing left to do, nothing fails
     ctl = Controller(config, run)
     try:

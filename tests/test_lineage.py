@@ -1,5 +1,6 @@
 """The lineage store: whole trials or none, append-only typed events, a schema version, and
 resume after SIGKILL."""
+import json
 import os
 import signal
 import sqlite3
@@ -12,7 +13,7 @@ import pytest
 
 from evotrainer.cli import main
 from evotrainer.errors import UsageError
-from evotrainer.lineage import SCHEMA_VERSION, LineageStore, TrialRecord
+from evotrainer.lineage import SCHEMA_VERSION, Fitness, LineageStore, TrialRecord
 from evotrainer.lineage.events import (KINDS, ControlFinished, RunStarted, SessionStarted, Stopped, TrialFinished,
                                        TrialStarted, Unknown)
 from evotrainer.lineage.state import State
@@ -21,7 +22,7 @@ from evotrainer.lineage.state import State
 def record(n, label="kept", **kw):
     return TrialRecord(id=n, version=f"v{n}", parents=[f"v{n - 1}"], agent="rules", intervention="x", depth=1, hypothesis=f"h{n}",
                        success_criterion="val +2", patch="diff", label=label,
-                       fitness={"val": {"0": 0.5, "1": 0.6}}, **kw)
+                       **{"fitness": {"val": {"0": 0.5, "1": 0.6}}} | kw)
 
 
 def test_trials_round_trip_and_are_never_recorded_twice(tmp_path):
@@ -38,6 +39,33 @@ def test_trials_round_trip_and_are_never_recorded_twice(tmp_path):
     assert store.events() == [TrialStarted(1, "x", "v1"), TrialFinished(1, "kept", "v1")]
     with pytest.raises(ValueError, match="unknown trial label 'great'"):
         record(2, label="great")
+
+
+# a kept child's fitness as the controller wrote it before outcomes were typed: one flat object
+OLD_FITNESS = {"val": {"0": 0.3, "1": 0.4}, "test": {"0": 0.2, "1": 0.25},
+               "state": {"version": "v2", "depth": 1, "dirs": {"0": "/r/v2/seed-0", "1": "/r/v2/seed-1"},
+                         "val": {"0": 0.3, "1": 0.4}, "test": {"0": 0.2, "1": 0.25}},
+               "control_val": {"0": 0.2, "1": 0.3}, "gain": 0.1, "se": 0.02, "threshold": 0.05, "rule": "keep",
+               "extra_pairs": [[0.45, 0.3]]}
+
+
+def test_a_trials_fitness_reads_back_typed_from_the_flat_row_older_runs_wrote(tmp_path):
+    f = Fitness.of(OLD_FITNESS)
+    assert f.val == {0: 0.3, 1: 0.4} and f.mean_val == pytest.approx(0.35) and f.gain == 0.1
+    assert f.dirs == {0: "/r/v2/seed-0", 1: "/r/v2/seed-1"} and f.state.key == ("v2", 1)
+    assert f.decision.control_val == {0: 0.2, 1: 0.3} and f.decision.extra_pairs == ((0.45, 0.3),)
+    assert f.decision.rule == "keep" and f.noise_sd is None and f.replicas == ()
+    store = LineageStore(tmp_path / "lineage.sqlite")
+    store.finish_trial(record(2, fitness=OLD_FITNESS))
+    assert store.trials()[0].fitness == f
+    row, = store.db.execute("SELECT fitness FROM trials").fetchall()
+    assert json.loads(row[0]) == OLD_FITNESS   # the row is what it was: older code reads it too
+    root = {"val": {"0": 0.1}, "test": {"0": 0.1}, "noise_sd": 0.01, "replicas": [{"0": 0.12}, {"0": 0.09}]}
+    r = Fitness.of(root)
+    assert r.replicas == ({0: 0.12}, {0: 0.09}) and r.noise_sd == 0.01 and r.decision is None
+    assert json.loads(json.dumps(r.to_json())) == root
+    untrained = Fitness.of({})   # refused or crashed: nothing measured
+    assert (untrained.mean_val, untrained.gain, untrained.dirs, untrained.to_json()) == (None, None, {}, {})
 
 
 def test_events_are_append_only(tmp_path):
@@ -142,9 +170,9 @@ def test_events_read_back_typed_extra_keys_passed_over_unknown_kinds_kept(tmp_pa
         KINDS["control_finished"].from_json({})
 
 
-def test_the_package_reads_events_typed_only():
-    """No event payload read by a string key (scripts/layout_metrics.py counts them), and no
-    `events("kind")` call, the dict form kept for scripts outside the package."""
+def test_the_package_reads_events_and_outcomes_typed_only():
+    """No event payload or trial outcome read by a string key (scripts/layout_metrics.py counts
+    them), and no `events("kind")` call, the dict form kept for scripts outside the package."""
     import ast
     import importlib.util
     from pathlib import Path
@@ -152,7 +180,7 @@ def test_the_package_reads_events_typed_only():
     spec = importlib.util.spec_from_file_location("layout_metrics", root / "scripts" / "layout_metrics.py")
     metrics = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(metrics)
-    assert metrics.event_payload_reads() == []
+    assert metrics.event_payload_reads() == [] and metrics.outcome_reads() == []
     by_name = [f"{m}:{node.lineno}" for m, path in metrics.modules().items() for node in ast.walk(ast.parse(path.read_text()))
                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "events"
                and node.args and isinstance(node.args[0], ast.Constant)]

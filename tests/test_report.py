@@ -26,7 +26,7 @@ def gated_run(tmp_path_factory, ckpt):
     d = readable(tmp_path_factory.mktemp("reported"))
     cfg, run = tiny_run_config(d, ckpt)
     events = []
-    run, th, errors = start((cfg, run), None, trials=1, on_event=lambda kind, data: events.append((kind, data)),
+    run, th, errors = start((cfg, run), None, trials=1, on_event=events.append,
                             gates=["completion"], final_seeds=[100], tracking={"report_to": ["tensorboard", "mlflow"]})
     gate = next_gate(run, th, errors)
     assert gate.trial == 1
@@ -191,9 +191,11 @@ def test_the_live_view_shows_each_stage_and_a_bar_per_training_worker(gated_run)
     """The run's own events, replayed into the live view `evotrainer run` draws."""
     import io
     from rich.console import Console
+    from evotrainer.evolve.notices import Stage
+    from evotrainer.evolve.progress import Progress
     from evotrainer.live import LiveView
     _, _, events = gated_run
-    stages = [d["stage"] for k, d in events if k == "stage"]
+    stages = [e.text for e in events if isinstance(e, Stage)]
     order = ["trial 0: the root harness v0 trains", "the evaluator scores v0", "trial 1: the rules agent proposes",
              "trial 1 v1 [", "backtest: v1 rescores v0's cached rollouts", "trains v1 beside its control",
              "the evaluator scores v1", "gate: paired gain", "final comparison: "]
@@ -203,11 +205,11 @@ def test_the_live_view_shows_each_stage_and_a_bar_per_training_worker(gated_run)
     view = LiveView(console)
     seen = []
     with view:
-        for kind, data in events:
-            if kind == "stage":
-                view.set_stage(data["stage"])
-            elif kind == "training_progress":
-                view.training(data["title"], data["jobs"])
+        for e in events:
+            if isinstance(e, Stage):
+                view.set_stage(e.text)
+            elif isinstance(e, Progress):
+                view.training(e.title, e.jobs)
                 view.live.refresh()   # drawn now (live draws 4 times a second; a replay is faster)
                 seen.append((view.stage.plain, view.rows()))
     trial1 = [(st, rows) for st, rows in seen if st.startswith("trial 1 v1")]

@@ -55,7 +55,7 @@ def look(c):
 
 
 def test_crossover_merges_two_elites_changes_and_skips_a_conflicting_pair(ctl):
-    root = State.of(ctl.store.trials()[0].fitness["state"])
+    root = ctl.store.trials()[0].fitness.state
     v1 = add(ctl, 1, root, "partial_credit", "kept", val=0.20, gain=0.05)
     v2 = add(ctl, 2, root, "clip_higher", "kept", val=0.15, gain=0.03)
     add(ctl, 3, root, "overlong_shaping", "kept", val=0.18, gain=0.02)   # reward, like v1's: conflicts
@@ -99,7 +99,7 @@ def test_a_pair_whose_gains_come_from_the_same_ancestor_change_is_not_crossed():
 
 
 def test_crossover_refuses_a_state_of_the_ancestor_with_its_own_descendant(ctl):
-    root = State.of(ctl.store.trials()[0].fitness["state"])
+    root = ctl.store.trials()[0].fitness.state
     v1 = add(ctl, 1, root, "partial_credit", "kept", val=0.20, gain=0.05)
     v2 = add(ctl, 2, v1, "clip_higher", "kept", val=0.30, gain=0.04)
     add(ctl, 3, v1, "drop_dead", "discarded", val=0.10, gain=-0.01)
@@ -117,7 +117,7 @@ def test_crossover_refuses_a_state_of_the_ancestor_with_its_own_descendant(ctl):
 
 
 def test_three_failures_in_a_row_escalate_once_roll_back_and_subtract(ctl):
-    root = State.of(ctl.store.trials()[0].fitness["state"])
+    root = ctl.store.trials()[0].fitness.state
     v1 = add(ctl, 1, root, "partial_credit", "kept", val=0.20, gain=0.05)
     v2 = add(ctl, 2, v1, "clip_higher", "kept", val=0.30, gain=0.04)
     assert look(ctl) and ctl._escalation() is None
@@ -139,7 +139,7 @@ def test_three_failures_in_a_row_escalate_once_roll_back_and_subtract(ctl):
 
 
 def test_each_agent_trial_is_recorded_in_the_skill_library_once(ctl, tmp_path):
-    root = State.of(ctl.store.trials()[0].fitness["state"])
+    root = ctl.store.trials()[0].fitness.state
     add(ctl, 1, root, "partial_credit", "kept", val=0.2, gain=0.05, trigger="dead_group_ratio:critical")
     add(ctl, 2, root, "clip_higher", "discarded", val=0.1, gain=-0.01)
     ctl._learn(look(ctl).planned)  # as a resumed run would: nothing doubles
@@ -152,7 +152,7 @@ def test_each_agent_trial_is_recorded_in_the_skill_library_once(ctl, tmp_path):
 
 
 def test_greedy_selection_takes_the_best_open_state_and_population_the_best_parent_score(ctl):
-    root = State.of(ctl.store.trials()[0].fitness["state"])
+    root = ctl.store.trials()[0].fitness.state
     v1 = add(ctl, 1, root, "partial_credit", "kept", val=0.30, gain=0.05)
     add(ctl, 2, v1, "clip_higher", "discarded", val=0.20, gain=-0.04)
     add(ctl, 3, v1, "drop_dead", "discarded", val=0.20, gain=-0.04)
@@ -224,7 +224,7 @@ def test_the_wall_clock_budget_is_the_runs_over_its_sessions_so_a_resume_gets_wh
 
 
 def test_a_trial_redone_on_resume_reads_the_trials_finished_when_it_started_not_its_siblings_since(ctl):
-    root = State.of(ctl.store.trials()[0].fitness["state"])
+    root = ctl.store.trials()[0].fitness.state
     p = CATALOG.get("partial_credit")(REF, 2)
     ctl.store.begin_trial(TrialStarted.of(1, of_agent(root, "v1", 0, p)))  # in flight when the kill came
     add(ctl, 2, root, "clip_higher", "discarded", val=0.12, gain=0.01)      # its sibling, finished beside it

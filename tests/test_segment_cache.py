@@ -334,7 +334,7 @@ def _run(tmp_path: Path, ckpt: Path, name: str, cache: str):
     Controller(config_from_dict(raw).validate(), run).run()
     store = open_run(run)
     try:
-        trials = [(t.id, t.label, t.fitness.get("val"), t.fitness.get("test")) for t in store.trials()]
+        trials = [(t.id, t.label, t.fitness.val, t.fitness.test) for t in store.trials()]
     finally:
         store.close()
     return trials, status(run)["segments"]

@@ -39,8 +39,8 @@ def test_a_promising_child_trains_an_extra_pair_and_is_decided_on_it(tiny_run, m
     finally:
         store.close()
     assert len(looks) == 2 and looks[0] == [] and len(looks[1]) == 1
-    assert t.label in ("kept", "discarded") and t.fitness["rule"] in ("keep", "discard")
-    (child_val, control_val), = t.fitness["extra_pairs"]
+    assert t.label in ("kept", "discarded") and t.fitness.decision.rule in ("keep", "discard")
+    (child_val, control_val), = t.fitness.decision.extra_pairs
     assert looks[1] == [(child_val, control_val)]
     # the pair trained both arms from the run's seed 0 on problems of their own (data offset)
     assert [(e.version, e.pair, e.val) for e in pair_events] == [("v0", 1, control_val)]

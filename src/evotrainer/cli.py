@@ -222,45 +222,51 @@ def cmd_replay(args) -> dict:
 def _run_loop(cfg, out: Path) -> dict:
     from evotrainer.backtest.measured import verdict_note
     from evotrainer.evolve.controller import ControlFailed, Controller
+    from evotrainer.evolve.notices import BasePlan, Stage
+    from evotrainer.evolve.progress import Progress
     from evotrainer.evolve.status import status
+    from evotrainer.lineage import TrialRecord
+    from evotrainer.lineage.events import (Escalated, FinalFinished, FinalStarted, GateDecided, GateWaiting, Stopped,
+                                           TrackerFailed, TrialResumed, TrialStarted)
     from evotrainer.live import LiveView
+    from evotrainer.trainer.pretrain import SftProgress
     view = LiveView()
     say = view.say
 
-    def show(kind, data):
-        if kind == "stage":
-            return view.set_stage(data["stage"])
-        if kind == "training_progress":
-            return view.training(data["title"], data["jobs"])
-        if kind == "base_plan":
-            return say(data["text"])
-        if kind == "base_progress" and not view.console.is_terminal and data["step"] % 100 == 0:
-            say(f"building the base, {data['stage']}: SFT step {data['step']}, loss {data['loss']:.3f}, "
-                f"probe accuracy {data['probe_acc']:.2f} of {data['target']:.2f}")  # a log has no live bar
-        if kind == "base_progress":  # steps of the SFT stage under way, against what it took when measured
+    def show(e):
+        if isinstance(e, Stage):
+            view.set_stage(e.text)
+        elif isinstance(e, Progress):
+            view.training(e.title, e.jobs)
+        elif isinstance(e, BasePlan):
+            say(e.text)
+        elif isinstance(e, SftProgress):
+            if not view.console.is_terminal and e.step % 100 == 0:  # a log has no live bar
+                say(f"building the base, {e.stage}: SFT step {e.step}, loss {e.loss:.3f}, "
+                    f"probe accuracy {e.probe_acc:.2f} of {e.target:.2f}")
+            # steps of the SFT stage under way, against what it took when measured
             view.set_stage("building the base (SFT, cached afterwards)")
-            return view.training("base", [(data["stage"], data["step"], data["total"],
-                                           f"loss {data['loss']:.3f} probe {data['probe_acc']:.2f}")])
-        if kind == "trial_finished":
-            val = data.get("val") or {}
-            mean = f" val {sum(val.values()) / len(val):.3f}" if val else ""
-            why = f" ({verdict_note(data['label'])})" if data["label"] == "backtest_rejected" else ""
-            say(f"trial {data['trial']} {data['version']} [{data['intervention']}]: {data['label']}{mean}{why}")
-        elif kind in ("trial_started", "stopped", "trial_resumed", "escalated", "tracker_failed"):
-            say(f"{kind.replace('_', ' ')}: {', '.join(f'{k} {v}' for k, v in data.items())}")
-        elif kind == "final_started":
-            say(f"final comparison: winner {data['winner']} (schedule {' -> '.join(data['schedule'])}) "
-                f"and the reference, retrained from the base on fresh seeds {data['seeds']}")
-        elif kind == "final_finished":
-            say(data["table"])
-        elif kind == "gate_waiting":
-            view.set_stage(f"trial {data['trial']} waits at the {data['point']} gate")
-            say(f"trial {data['trial']} waits at the {data['point']} gate: {data['intervention']}: "
-                f"{data['hypothesis']}\n  decide with: evotrainer approve {data['run']} "
-                f"{data['trial']} | evotrainer revise {data['run']} {data['trial']} --feedback TEXT | "
-                f"evotrainer abort {data['run']} {data['trial']}")
-        elif kind == "gate_decided":
-            say(f"trial {data['trial']} {data['point']} gate: {data['decision']} {data['feedback']}")
+            view.training("base", [(e.stage, e.step, e.total, f"loss {e.loss:.3f} probe {e.probe_acc:.2f}")])
+        elif isinstance(e, TrialRecord):
+            mean = f" val {e.fitness.mean_val:.3f}" if e.fitness.val else ""
+            why = f" ({verdict_note(e.label)})" if e.label == "backtest_rejected" else ""
+            say(f"trial {e.id} {e.version} [{e.intervention}]: {e.label}{mean}{why}")
+        elif isinstance(e, TrialStarted):
+            say(f"trial {e.trial} started: {e.intervention}" + (f" from {e.plan.parent.version}" if e.plan else ""))
+        elif isinstance(e, (Stopped, TrialResumed, Escalated, TrackerFailed)):
+            say(f"{e.KIND.replace('_', ' ')}: {', '.join(f'{k} {v}' for k, v in e.to_json().items())}")
+        elif isinstance(e, FinalStarted):
+            say(f"final comparison: winner {e.winner} (schedule {' -> '.join(e.schedule)}) "
+                f"and the reference, retrained from the base on fresh seeds {e.seeds}")
+        elif isinstance(e, FinalFinished):
+            say(e.table)
+        elif isinstance(e, GateWaiting):
+            view.set_stage(f"trial {e.trial} waits at the {e.point} gate")
+            say(f"trial {e.trial} waits at the {e.point} gate: {e.intervention}: {e.hypothesis}\n"
+                f"  decide with: evotrainer approve {out} {e.trial} | evotrainer revise {out} {e.trial} "
+                f"--feedback TEXT | evotrainer abort {out} {e.trial}")
+        elif isinstance(e, GateDecided):
+            say(f"trial {e.trial} {e.point} gate: {e.decision} {e.feedback}")
     try:
         with view:
             Controller(cfg, out, on_event=show).run()

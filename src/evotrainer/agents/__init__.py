@@ -1,8 +1,6 @@
 """Trainer agents: they read evidence and propose one single-variable intervention."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from evotrainer.agents.catalog import CATALOG, AgentFailed, Proposal, set_knob
 from evotrainer.agents.rules import AgentContext, Escalation, propose, propose_random
 

@@ -19,12 +19,13 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from evotrainer.config import ApprovalConfig
 from evotrainer.errors import UsageError
 from evotrainer.lineage import LineageStore
 from evotrainer.lineage.events import Event, GateDecided, GateWaiting
+from evotrainer.evolve.notices import OnEvent
 
 DECISIONS = ("approve", "revise", "abort")
 
@@ -79,7 +80,7 @@ def submit(run_dir: Path, events: Sequence[Event], trial: int, decision: str, fe
     return out
 
 
-def ask(store: LineageStore, run_dir: Path, asked: GateWaiting, on_event: Callable[[str, dict], None],
+def ask(store: LineageStore, run_dir: Path, asked: GateWaiting, on_event: OnEvent,
         poll_s: float) -> GateDecided:
     """The controller's side: the decision for this gate, recorded in the lineage. One recorded
     before a kill is reused; else `gate_waiting` is recorded (once) and the run waits. (The
@@ -93,12 +94,12 @@ def ask(store: LineageStore, run_dir: Path, asked: GateWaiting, on_event: Callab
     if not any(e.key == asked.key for e in store.events(GateWaiting)):
         f.parent.mkdir(exist_ok=True)
         store.append(asked)
-    on_event("gate_waiting", {"trial": asked.trial, "run": str(run_dir), **asked.to_json()})
+    on_event(asked)
     d = GateDecided(asked.trial, asked.point, asked.round, **wait_for(run_dir, asked.trial, asked.point,
                                                                       asked.round, poll_s))
     store.append(d)
     f.unlink()  # recorded first: a kill in between finds the decision in the lineage
-    on_event("gate_decided", {"trial": d.trial, "point": d.point, "decision": d.decision, "feedback": d.feedback})
+    on_event(d)
     return d
 
 

@@ -67,7 +67,7 @@ from evotrainer.harness.knobs import load_knobs, read_yaml
 from evotrainer.harness.versions import HarnessRepo
 from evotrainer.trainer.backends import check_backend
 from evotrainer.labels import AGENT_FAILED, Label
-from evotrainer.lineage import LineageStore, TrialRecord
+from evotrainer.lineage import Fitness, LineageStore, TrialRecord
 from evotrainer.lineage.events import (Event, FinalFinished, GateDecided, GateWaiting, ParentExhausted, RunFinished,
                                        RunStarted, SessionStarted, Stopped, TrackerFailed, TrialResumed, TrialStarted,
                                        new_run_id)
@@ -77,6 +77,7 @@ from evotrainer.sandbox import record as sandbox_record
 from evotrainer.skills import SkillLibrary
 from evotrainer.catalog import get_task
 from evotrainer.trackers import TrackerSet, open_trackers, trial_row
+from evotrainer.evolve.notices import OnEvent, Stage, ignore
 
 # what `_next` says where it has no plan: the search ends; wait for a trial in flight; ask again now
 STOP, WAIT, AGAIN = "stop", "wait", "again"
@@ -97,7 +98,7 @@ def learn(lib: SkillLibrary, run_dir: Path, cfg: RunConfig, level: int, referenc
             continue
         lib.record(run=run, trial=t.id, task=cfg.task, trigger=p.trigger or "none",
                    intervention=t.intervention, family=history.family(t.intervention, p.family),
-                   patch=p.knobs or {}, expected=t.hypothesis, label=t.label, gain=t.fitness.get("gain"),
+                   patch=p.knobs or {}, expected=t.hypothesis, label=t.label, gain=t.fitness.gain,
                    level=level, ref_acc=reference_acc, backend=cfg.backend, run_dir=str(Path(run_dir).resolve()))
 
 
@@ -125,7 +126,7 @@ def beside(in_flight: dict[int, TrialPlan], reached: Callable[[TrialPlan], froze
 
 
 class Controller:
-    def __init__(self, cfg: RunConfig, run_dir: Path | str, on_event: Callable[[str, dict], None] | None = None,
+    def __init__(self, cfg: RunConfig, run_dir: Path | str, on_event: OnEvent | None = None,
                  agent: Callable[[AgentContext], Proposal | AgentFailed | None] | None = None,
                  run_backtests: bool = True, gate_poll_s: float = 1.0, backend: type[Training] = Training):
         """`agent(context)` proposes (default: the config's agent); `run_backtests=False` lets a
@@ -146,7 +147,7 @@ class Controller:
         self.jobs.start()               # Ray cluster that cannot be reached stops the run before it starts)
         # continue mode: segments to the reference's total steps; restart mode: every state is whole
         self.max_depth = 1 if cfg.search.restarts else cfg.budget.total_steps // cfg.budget.steps_per_segment
-        self.on_event = on_event or (lambda kind, data: None)
+        self.on_event = on_event or ignore
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.store = LineageStore(self.run_dir / "lineage.sqlite")
         self.repo: HarnessRepo | None = None
@@ -510,7 +511,8 @@ class Controller:
         self._finish(TrialRecord(
             id=0, version="v0", parents=[], agent="-", intervention="root", depth=1,
             hypothesis="the root harness, trained one segment from the base", success_criterion="-", patch="",
-            label=Label.KEPT, fitness=state.fitness() | {"noise_sd": noise, "replicas": [r.val for r in replicas]},
+            label=Label.KEPT, fitness=dataclasses.replace(Fitness.measured(state), noise_sd=noise,
+                                                     replicas=tuple(r.val for r in replicas)),
             budgets=clock.budgets(),
             findings=self._findings(state), started=t0, finished=time.time()), state)
 
@@ -582,16 +584,14 @@ class Controller:
         self.store.finish_trial(rec)
         if rec.parents and trial_plan is not None:
             self._learn([(rec, trial_plan)])
-        self.on_event("trial_finished", {"trial": rec.id, "label": rec.label, "version": rec.version,
-                                         "intervention": rec.intervention, "val": rec.fitness.get("val")})
+        self.on_event(rec)
         self._track(rec)
 
     def _track(self, rec: TrialRecord) -> None:
         """A finished trial to the run's trackers: its training jobs' steps, its outcome."""
         if not self.trackers.trackers:
             return
-        dirs = (rec.fitness.get("state") or {}).get("dirs") or {}
-        for seed, d in sorted(dirs.items(), key=lambda kv: int(kv[0])):
+        for seed, d in sorted(rec.fitness.dirs.items()):
             self.trackers.steps(f"{rec.version}/seed-{seed}", seed_metrics(Path(d)))
         trials = sorted([t for t in self.view.trials if t.id != rec.id] + [rec], key=lambda t: t.id)
         self.trackers.trial(trial_row(rec), [trial_row(t) for t in trials])
@@ -605,15 +605,14 @@ class Controller:
 
     def _progress(self, p: Progress) -> None:
         """Training steps as they go: shown (`training_progress`), never stored in the lineage."""
-        self.on_event("training_progress", {"title": p.title, "done": p.done, "total": p.total,
-                                            "jobs": [list(j) for j in p.jobs]})
+        self.on_event(p)
 
     def stage(self, text: str) -> None:
         """What the run does now (shown live, never stored: the lineage records outcomes)."""
-        self.on_event("stage", {"stage": text})
+        self.on_event(Stage(text))
 
     def _record(self, ev: Event) -> None:
         """An event into the lineage, and shown (`store.append` records one without showing it)."""
         self.store.append(ev)
-        self.on_event(ev.KIND, ev.to_json())
+        self.on_event(ev)
 

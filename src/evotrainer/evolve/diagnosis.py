@@ -114,8 +114,8 @@ def replay_revised(names: Sequence[str], trials: Sequence[TrialRecord], harness_
     over the evidence of every version this run trained and judged, the root included."""
     labelled, versions = {}, set()
     for t in trials:
-        if t.label in REPLAYABLE and "state" in t.fitness:
-            for d in t.fitness["state"]["dirs"].values():
+        if t.label in REPLAYABLE:
+            for d in t.fitness.dirs.values():
                 if d not in labelled:  # a version kept without training shares its parent's
                     labelled[d] = t.label
                     versions.add(t.id)
@@ -136,7 +136,7 @@ def misleads(trials: Sequence[TrialRecord], name: str, timeout_s: float,
     (replay AUC < 0.5); undecidable (too few of either) counts as not misleading, and so does
     a replay that cannot run (`record`ed as DiagnosticReplayFailed)."""
     labelled = [(Path(d), t.label) for t in trials if t.parents and t.label in REPLAYABLE
-                and "state" in t.fitness for d in t.fitness["state"]["dirs"].values()]
+                for d in t.fitness.dirs.values()]
     try:
         r = replay(name, labelled, timeout_s=timeout_s)
     except Exception as e:  # a replay that cannot run leaves the diagnostic trusted

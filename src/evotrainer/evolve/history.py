@@ -75,7 +75,7 @@ def gains_beyond(trials: Iterable, version: str, base: str) -> list:
     trials = list(trials)
     own = set(ancestors(trials, version)) - set(ancestors(trials, base))
     return [t for t in sorted(trials, key=lambda t: t.id)
-            if t.version in own and t.parents and t.label == Label.KEPT and (t.fitness.get("gain") or 0.0) > 0]
+            if t.version in own and t.parents and t.label == Label.KEPT and (t.fitness.gain or 0.0) > 0]
 
 
 def repeats_ancestor(trials: Iterable, a: str, b: str) -> bool:
@@ -106,7 +106,7 @@ def children(trials: Iterable, plans: Mapping[int, TrialPlan]) -> list[Child]:
         if not t.parents or plan is None or t.label == Label.EQUIVALENT:
             continue
         keys = [plan.parent.key] + ([plan.mate.key] if plan.mate else [])
-        out.append(Child(t.id, tuple(keys), t.fitness.get("gain"), crossover=t.intervention == CROSSOVER,
+        out.append(Child(t.id, tuple(keys), t.fitness.gain, crossover=t.intervention == CROSSOVER,
                          failed=t.label in FAILED))
     return out
 
@@ -153,19 +153,21 @@ def latest(trials: Sequence, k: int = 5) -> str:
     done = sorted((t for t in trials if t.parents), key=lambda t: -t.finished)[:k]
     if not done:
         return ""
-    gain = lambda t: "" if t.fitness.get("gain") is None else f", gain {t.fitness['gain']:+.3f}"  # noqa: E731
     return "\n\nLatest outcomes (newest first):\n" + "\n".join(
-        f"- trial {t.id} {t.intervention} from {t.parents[0]}: {t.label}{gain(t)}" for t in done)
+        f"- trial {t.id} {t.intervention} from {t.parents[0]}: {t.label}{_gain(t)}" for t in done)
+
+
+def _gain(t) -> str:
+    return "" if t.fitness.gain is None else f", gain {t.fitness.gain:+.3f}"
 
 
 def view(trials: Sequence, top: int = 5) -> str:
     """What an agent is shown of the lineage: a leaderboard of kept versions by validation
     accuracy, the path from the root to the best, and every child of the best with its label."""
-    kept = [t for t in trials if t.label == Label.KEPT and t.fitness.get("val")]
+    kept = [t for t in trials if t.label == Label.KEPT and t.fitness.val]
     if not kept:
         return ""
-    mean = lambda t: sum(t.fitness["val"].values()) / len(t.fitness["val"])  # noqa: E731
-    board = sorted(kept, key=lambda t: (-mean(t), t.id))
+    board = sorted(kept, key=lambda t: (-t.fitness.mean_val, t.id))
     by_version = {t.version: t for t in trials if t.version}
     best, path = board[0], []
     v = board[0].version
@@ -173,9 +175,8 @@ def view(trials: Sequence, top: int = 5) -> str:
         path.append(f"{v} [{by_version[v].intervention}]")
         v = (by_version[v].parents or [None])[0]
     lines = ["Leaderboard (kept versions, mean validation accuracy):"]
-    lines += [f"- {t.version} val {mean(t):.3f}: {t.intervention}" for t in board[:top]]
+    lines += [f"- {t.version} val {t.fitness.mean_val:.3f}: {t.intervention}" for t in board[:top]]
     lines += ["", "Path from the root to the best: " + " -> ".join(reversed(path)), "", f"Children of {best.version}:"]
     kids = [t for t in trials if t.parents[:1] == [best.version]]
-    gain = lambda t: "" if t.fitness.get("gain") is None else f", gain {t.fitness['gain']:+.3f}"  # noqa: E731
-    lines += [f"- trial {t.id} {t.intervention}: {t.label}{gain(t)}; {t.hypothesis[:200]}" for t in kids] or ["- none yet"]
+    lines += [f"- trial {t.id} {t.intervention}: {t.label}{_gain(t)}; {t.hypothesis[:200]}" for t in kids] or ["- none yet"]
     return "\n".join(lines)

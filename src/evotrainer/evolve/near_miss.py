@@ -42,7 +42,7 @@ def near_misses(planned: Iterable[tuple], version: str, min_gain: float) -> list
     `planned`: (finished trial, the plan it started with) pairs."""
     out = []
     for t, p in planned:
-        gain = t.fitness.get("gain")
+        gain = t.fitness.gain
         if (t.label != Label.DISCARDED or gain is None or gain < min_gain or p.parent.version != version
                 or p.agent in (history.MERGE, history.CROSSOVER) or not (p.knobs or p.files)
                 or history.MERGED in t.intervention):  # a merge's name must split back into its two

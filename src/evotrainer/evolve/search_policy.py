@@ -187,7 +187,7 @@ def _ids(ts: Sequence) -> str:
 def _gain(t) -> float:
     """What a judged trial says of its family: its gain over the control where it trained and
     was scored on its merits (kept, discarded), else REFUSED (an invalid trial's score was gamed)."""
-    gain = t.fitness.get("gain") if t.label in (Label.KEPT, Label.DISCARDED) else None
+    gain = t.fitness.gain if t.label in (Label.KEPT, Label.DISCARDED) else None
     return REFUSED if gain is None else gain
 
 

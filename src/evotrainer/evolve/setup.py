@@ -11,7 +11,6 @@ import dataclasses
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
@@ -23,6 +22,7 @@ from evotrainer.runtime import Runtime
 from evotrainer.sandbox import conceal
 from evotrainer.tasks.base import Task
 from evotrainer.tasks.keys import key_digest, key_dir, split_key
+from evotrainer.evolve.notices import BasePlan, OnEvent
 
 
 def save_config(run_dir: Path, cfg: RunConfig) -> None:
@@ -45,7 +45,7 @@ def open_repo(run_dir: Path, root: Path) -> HarnessRepo:
 
 
 def first_start(cfg: RunConfig, task: Task, runtime: Runtime, model: str | None, max_depth: int,
-                on_event: Callable[[str, dict], None]) -> RunStarted:
+                on_event: OnEvent) -> RunStarted:
     """The base built (or the user's model taken) and the task keyed: the run's `run_started`."""
     t = time.time()
     base = base_checkpoint(cfg, task, model, on_event)
@@ -76,7 +76,7 @@ def use_key(task: Task, started: RunStarted) -> None:
     conceal(key_dir(), *task.data_files())
 
 
-def base_checkpoint(cfg: RunConfig, task: Task, model: str | None, on_event: Callable[[str, dict], None]) -> str:
+def base_checkpoint(cfg: RunConfig, task: Task, model: str | None, on_event: OnEvent) -> str:
     if model:  # absolute: a resume may start from another directory
         task.use_key(split_key(key_name(model, model, task)))
         return model
@@ -84,9 +84,8 @@ def base_checkpoint(cfg: RunConfig, task: Task, model: str | None, on_event: Cal
     b = cfg.base
     stages = stages_to_build(task, b.pretrain_config())
     if stages:
-        on_event("base_plan", {"text": announce(stages)})
-    path, _ = pretrain(task, b.pretrain_config(), require_target=b.require_target,
-                       progress=lambda p: on_event("base_progress", {**dataclasses.asdict(p), "total": p.total}))
+        on_event(BasePlan(announce(stages)))
+    path, _ = pretrain(task, b.pretrain_config(), require_target=b.require_target, progress=on_event)
     return str(path)
 
 

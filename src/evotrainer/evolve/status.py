@@ -35,7 +35,7 @@ def status(run_dir: Path | str) -> dict:
     train = sum(b.get("train_s", 0.0) for b in spent) + sum(e.base_s for e in of(RunStarted))
     evaluate = sum(b.get("eval_s", 0.0) for b in spent)
     kept = [t for t in trials if t.label == "kept"]
-    best = max(kept, key=lambda t: sum(t.fitness["val"].values()) / len(t.fitness["val"]), default=None)
+    best = max(kept, key=lambda t: t.fitness.mean_val, default=None)
     sessions = [e for e in of(SessionStarted) if e.sandbox is not None]
     # what proposing cost where an llm proposed: each trial's latest start, which carries
     # every round of a revised trial, as its recorded budgets do
@@ -56,9 +56,9 @@ def status(run_dir: Path | str) -> dict:
         "trials": len(trials), "labels": dict(Counter(t.label for t in trials)),
         "pending": [s.trial for s in pending],
         "best": None if best is None else {"version": best.version, "depth": best.depth,
-                                           "val": best.fitness["val"], "test": best.fitness["test"]},
+                                           "val": _by_seed(best.fitness.val), "test": _by_seed(best.fitness.test)},
         # sd of a paired difference between re-runs of the root harness: what the gate's bar is built on
-        "noise_sd": next((t.fitness.get("noise_sd") for t in trials if t.id == 0), None),
+        "noise_sd": next((t.fitness.noise_sd for t in trials if t.id == 0), None),
         "escalations": len(of(Escalated)),
         "crossovers": sum(t.intervention == "crossover" for t in trials),
         # an evolving search controller's revisions of its policy, each with the trials it cites
@@ -120,9 +120,9 @@ def lineage_tree(run_dir: Path | str) -> str:
 
     def walk(parent, indent):
         for t in children.get(parent, []):
-            val = t.fitness.get("val") or {}
-            mean = f"val {sum(val.values()) / len(val):.3f}" if val else "not trained"
-            gain = f", gain {t.fitness['gain']:+.3f}" if "gain" in t.fitness else ""
+            f = t.fitness
+            mean = f"val {f.mean_val:.3f}" if f.val else "not trained"
+            gain = f", gain {f.gain:+.3f}" if f.gain is not None else ""
             mate = f" x {t.parents[1]}" if len(t.parents) > 1 else ""  # a crossover's second parent
             agent = t.budgets.get("agent") or {}
             tokens = f", {agent['prompt_tokens']}+{agent['completion_tokens']} tokens" if "prompt_tokens" in agent else ""
@@ -155,3 +155,8 @@ def _size(n: int) -> str:
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
+
+
+def _by_seed(scores: dict[int, float]) -> dict[str, float]:
+    """Seeds as the JSON keys status prints (and printed before outcomes were typed)."""
+    return {str(s): v for s, v in scores.items()}

@@ -16,6 +16,7 @@ from evotrainer.harness.candidate import Candidate
 from evotrainer.harness.versions import HarnessRepo
 from evotrainer.lineage import TrialRecord
 from evotrainer.lineage.events import Event, GateDecided, GateWaiting
+from evotrainer.evolve.notices import OnEvent
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class TrialTools:
     ask: Callable[[GateWaiting], GateDecided]          # a person's decision at a gate (approval.ask)
     finish: Callable[[TrialRecord, State | None], None]  # the trial's record, and the state it keeps
     stage: Callable[[str], None]         # what the run does now (shown, never stored)
-    show: Callable[[str, dict], None]    # an event shown live and not stored
+    show: OnEvent                        # a notice shown live and not stored
     # make(), once per key however many trials in flight ask (a control two trials need)
     once: Callable[[tuple, Callable[[], object]], object] = lambda key, make: make()
 

@@ -216,10 +216,10 @@ class Training:
         finally:
             store.close()
         for t in trials:
-            st = t.fitness.get("state")
-            if st and t.version and all(jobfiles.exists(d, "evidence.jsonl") for d in st["dirs"].values()) \
-                    and any(f"{t.version}/seed-{seed}" not in have for seed in st["dirs"]):
-                self.ingest(t.version, State.of(st))
+            st = t.fitness.state
+            if st and t.version and all(jobfiles.exists(d, "evidence.jsonl") for d in st.dirs.values()) \
+                    and any(f"{t.version}/seed-{seed}" not in have for seed in st.dirs):
+                self.ingest(t.version, st)
 
     def ingest(self, name: str, state: State) -> None:
         """A state's rollout evidence into the run's evidence store, under `name`/seed-S."""

@@ -34,8 +34,8 @@ from evotrainer.evolve.stats import null_differences
 from evotrainer.evolve.tools import TrialTools
 from evotrainer.harness.versions import PatchError
 from evotrainer.labels import Label
-from evotrainer.lineage import TrialRecord
-from evotrainer.lineage.events import ControlFinished, GateWaiting, PairControlFinished
+from evotrainer.lineage import Decision, Fitness, TrialRecord
+from evotrainer.lineage.events import ControlFinished, GateWaiting, PairControlFinished, TrialStarted
 
 
 
@@ -65,7 +65,7 @@ class Outcome:
     reflection: str                          # why, in words
     patch: str = ""                          # the diff to the parent's harness ("" where none was committed)
     screened: Screened = Screened()
-    fitness: dict = field(default_factory=dict)
+    fitness: Fitness = field(default_factory=Fitness)
     findings: list = field(default_factory=list)
     budgets: dict = field(default_factory=dict)   # training and evaluation spent (the agent's cost is added)
     state: State | None = None               # the state it keeps (stored in the evidence store with the record)
@@ -81,8 +81,7 @@ class Trial:
 
     def run(self) -> None:
         # shown, not stored: the store's own trial_started record (begin_trial) carries the plan
-        self.tools.show("trial_started", {"trial": self.n, "intervention": self.plan.intervention,
-                                          "parent": self.parent.version})
+        self.tools.show(TrialStarted.of(self.n, self.plan))
         self.record(self.outcome())
 
     def outcome(self) -> Outcome:
@@ -139,7 +138,7 @@ class Trial:
             return None
         repo, mine = self.tools.repo, self.tools.repo.tree(self.version)
         for t in self.tools.view.trials:
-            trained = not t.parents or (t.fitness.get("state") and t.label != Label.EQUIVALENT)
+            trained = not t.parents or (t.fitness.state is not None and t.label != Label.EQUIVALENT)
             if t.version and t.version != self.version and trained and repo.tree(t.version) == mine:
                 return Outcome(Label.EQUIVALENT, f"the same harness as {t.version} ({t.intervention or 'the root'}), "
                                "which trained from the base on these seeds; not trained again", patch)
@@ -160,7 +159,7 @@ class Trial:
             return Outcome(Label.ABORTED, "aborted by a person at the completion gate", patch, screened)
         state = dataclasses.replace(self.parent, version=self.version)
         why = "; ".join(f"{r.diagnostic} separates failed from held-up versions (AUC {r.auc})" for r in replays)
-        return Outcome(Label.KEPT, why + "; kept without training", patch, screened, fitness=state.fitness(),
+        return Outcome(Label.KEPT, why + "; kept without training", patch, screened, fitness=Fitness.measured(state),
                        findings=self.tools.findings(state), state=state, depth=self.parent.depth)
 
     def backtest(self, patch: str, replays: list[Replayed]) -> Screened | Outcome:
@@ -176,7 +175,7 @@ class Trial:
                             bt.judged)
         twin = self.twin(screened)
         if twin is not None:
-            where = "the parent's rollouts and the twin's own recorded training" if twin.fitness.get("state") \
+            where = "the parent's rollouts and the twin's own recorded training" if twin.fitness.state is not None \
                 else "the parent's rollouts"
             return Outcome(Label.EQUIVALENT, f"trains like {twin.version} ({twin.intervention}): the same rewards, "
                            f"filter and advantages on {where}, and every other setting equal; not trained",
@@ -207,7 +206,7 @@ class Trial:
                 signal = self.tools.training.backtest(self.parent, here(t.version), here(self.parent.version)).signal
             # where it trained, also the rollouts its own training sampled on the run's seeds
             # (none recorded: it crashed, timed out or ran out of memory; the parent's evidence decides)
-            own = (t.fitness.get("state") or {}).get("dirs", {}).values()
+            own = t.fitness.dirs.values()
             if signal and signal == screened.signal and \
                     same_signal(own, here(self.version), here(t.version), here(self.parent.version), timeout):
                 return t
@@ -322,9 +321,8 @@ class Trial:
             if isinstance(pair, Outcome):
                 return dataclasses.replace(pair, patch=patch, screened=screened)
             extra.append(pair)
-        fitness = child.fitness() | {"control_val": control.val, "gain": decision.gain, "se": decision.se,
-                                     "threshold": decision.threshold, "rule": decision.rule,
-                                     "extra_pairs": [list(p) for p in extra]}
+        fitness = Fitness.measured(child, Decision(decision.gain, decision.se, decision.threshold, decision.rule,
+                                                   control.val, tuple(extra)))
         judged = Outcome(decision.label, "; ".join(decision.reasons), patch, screened, fitness, findings,
                          self.clock.budgets(), state=child)
         if self.ask("completion", label=decision.label, gain=decision.gain, val=child.val,
@@ -365,4 +363,4 @@ class Trial:
     def _null(self) -> list[float]:
         """The null the root trial measured: its noise replicas minus itself, seed by seed."""
         root = self.tools.view.root
-        return null_differences(root.fitness["val"], root.fitness.get("replicas", []))
+        return null_differences(root.fitness.val, root.fitness.replicas)

@@ -70,8 +70,7 @@ class RunView:
     @cached_property
     def reference_acc(self) -> float | None:
         """The root's mean validation accuracy (the reference recipe's); None before it is scored."""
-        val = (self.root.fitness.get("val") if self.root else None) or {}
-        return sum(val.values()) / len(val) if val else None
+        return self.root.fitness.mean_val if self.root else None
 
     @cached_property
     def plans(self) -> dict[int, TrialPlan]:
@@ -103,14 +102,14 @@ class RunView:
     @cached_property
     def states(self) -> list[State]:
         """Every state a trial may branch from, or the final comparison's retraining: kept children, then controls."""
-        return [State.of(t.fitness["state"]) for t in self.kept] + [e.state for e in self.of(ControlFinished)]
+        return [t.fitness.state for t in self.kept] + [e.state for e in self.of(ControlFinished)]
 
     @cached_property
     def trained_states(self) -> list[State]:
         """`states` and the states of children the gate discarded (a blocking finding's, never):
         every validated candidate for a winner picked as a sweep picks."""
-        discarded = [State.of(t.fitness["state"]) for t in self.trials
-                     if t.label == Label.DISCARDED and t.fitness.get("state")]
+        discarded = [t.fitness.state for t in self.trials
+                     if t.label == Label.DISCARDED and t.fitness.state is not None]
         return self.states + discarded
 
     def open_states(self, max_depth: int, restart: bool) -> list[State]:
@@ -155,7 +154,7 @@ class RunView:
         """The elites, rebuilt in the order states were recorded (so a resumed controller has the
         same population): kept children and controls ask to join in turn."""
         kept = {t.id: t for t in self.kept}
-        states = [e.state if isinstance(e, ControlFinished) else State.of(kept[e.trial].fitness["state"])
+        states = [e.state if isinstance(e, ControlFinished) else kept[e.trial].fitness.state
                   for e in self.of(ControlFinished, TrialFinished)
                   if isinstance(e, ControlFinished) or e.trial in kept]
         pop: list[Elite] = []

@@ -2,7 +2,7 @@
 per seed and its validation and test accuracy per seed.
 
 States are what the search moves between (evolve/state.py trains them); the lineage stores
-them as JSON, in a kept trial's fitness and in `control_finished` events, and `State.of`
+them as JSON, in a trial's fitness (lineage/fitness.py) and in `control_finished` events, and `State.of`
 reads one back (JSON object keys are strings, seeds are ints).
 """
 from __future__ import annotations
@@ -38,7 +38,3 @@ class State:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
-
-    def fitness(self) -> dict:
-        """What a trial's record stores of the state it kept or measured (its `fitness`)."""
-        return {"val": self.val, "test": self.test, "state": dataclasses.asdict(self)}

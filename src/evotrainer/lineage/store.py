@@ -27,6 +27,7 @@ from typing import TypeVar, overload
 from evotrainer.errors import UsageError
 from evotrainer.labels import Label
 from evotrainer.lineage.events import Event, TrialFinished, TrialStarted, decode
+from evotrainer.lineage.fitness import Fitness
 
 SCHEMA_VERSION = 1  # 1: typed events (their JSON as before); 0 (none written): the same, older code
 E = TypeVar("E", bound=Event)
@@ -81,13 +82,14 @@ class TrialRecord:
     label: str                     # a Label (a plain string when read back)
     backtest: dict = field(default_factory=dict)
     budgets: dict = field(default_factory=dict)    # steps, seconds spent
-    fitness: dict = field(default_factory=dict)    # {"val": {seed: acc}, "test": {seed: acc}}
+    fitness: Fitness = field(default_factory=Fitness)   # what it measured (a stored dict is read as one)
     findings: list = field(default_factory=list)   # health-report findings of its evidence
     reflection: str = ""
     started: float = 0.0
     finished: float = 0.0
 
     def __post_init__(self):
+        self.fitness = Fitness.of(self.fitness)
         if self.label not in _LABELS:
             raise ValueError(f"unknown trial label '{self.label}'; valid choices: {', '.join(Label)}")
 
@@ -163,7 +165,7 @@ class LineageStore:
 
     def finish_trial(self, rec: TrialRecord) -> None:
         """The trial's row and its `trial_finished` event, in one transaction."""
-        row = asdict(rec)
+        row = asdict(rec) | {"fitness": rec.fitness.to_json()}
         values = [json.dumps(row[c], sort_keys=True) if c in _JSON else row[c] for c in COLUMNS]
         with self.db.lock:
             self.db.execute("BEGIN IMMEDIATE")

@@ -149,9 +149,8 @@ def version_of(t: TrialRecord, plans: dict[int, TrialPlan]) -> Version:
     f, plan = t.fitness, plans.get(t.id)
     return Version(t.id, t.version, list(t.parents), t.intervention, str(t.label), t.depth,
                    t.hypothesis or (plan.hypothesis if plan else ""),
-                   {str(k): v for k, v in (f.get("val") or {}).items()},
-                   {str(k): v for k, v in (f.get("test") or {}).items()},
-                   f.get("gain"), f.get("threshold"), t.backtest or {}, t.reflection, t.findings or [], t.patch,
+                   {str(k): v for k, v in f.val.items()}, {str(k): v for k, v in f.test.items()},
+                   f.gain, f.decision.threshold if f.decision else None, t.backtest or {}, t.reflection, t.findings or [], t.patch,
                    t.started, t.finished, surface(history.family(t.intervention, plan.family if plan else None))
                    if t.parents else "root")
 
@@ -219,7 +218,7 @@ def gather(run_dir: Path | str) -> RunData:
         c = mean_curve(f"final {arm}", seed_dirs(run / "final" / arm))
         if c:
             curves.append(c)
-    noise = next((t.fitness.get("noise_sd") for t in trials if t.id == 0), None)
+    noise = next((t.fitness.noise_sd for t in trials if t.id == 0), None)
     config = (run / "config.yaml").read_text() if (run / "config.yaml").exists() else ""
     st = status(run)
     best = path_to(best_version(final, st), versions)

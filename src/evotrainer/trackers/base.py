@@ -45,12 +45,12 @@ def numeric(row: Mapping) -> dict[str, float]:
 
 def trial_row(rec) -> dict:
     """What a tracker records of a finished trial (a lineage TrialRecord)."""
-    f = rec.fitness or {}
-    mean = (lambda d: round(100 * sum(d.values()) / len(d), 3) if d else None)
+    f = rec.fitness
+    points = (lambda x: None if x is None else round(100 * x, 3))
+    test = sum(f.test.values()) / len(f.test) if f.test else None
     return {"trial": rec.id, "version": rec.version or "", "parent": " x ".join(rec.parents),
-            "intervention": rec.intervention, "label": str(rec.label), "val": mean(f.get("val") or {}),
-            "test": mean(f.get("test") or {}), "gain": None if f.get("gain") is None else round(100 * f["gain"], 3),
-            "bar": None if f.get("threshold") is None else round(100 * f["threshold"], 3),
+            "intervention": rec.intervention, "label": str(rec.label), "val": points(f.mean_val),
+            "test": points(test), "gain": points(f.gain), "bar": points(f.decision and f.decision.threshold),
             "backtest": (rec.backtest or {}).get("label", "")}
 
 

@@ -159,7 +159,7 @@ class GRPOTrainer:
         return rows, gen, [p.transcript() for p in self.played], scores
 
     def step(self) -> tuple[StepMetrics, list[RolloutRecord]]:
-        k, h, G = self.k, self.harness, self.k.group_size
+        k, G = self.k, self.k.group_size
         t0 = time.perf_counter()
         self.step_no += 1
         rounds = self._fill()
