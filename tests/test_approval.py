@@ -170,7 +170,7 @@ def test_a_run_killed_while_waiting_for_approval_resumes_waiting_and_takes_the_d
     assert main(["approve", str(run), "1"]) == 0  # the lineage still says trial 1 waits
     r = subprocess.run([*cli, "resume", str(run)], capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "trial 1 waits at the design approval" in r.stderr and "design approval: approve" in r.stderr
+    assert "trial 1 waits for approval at design" in r.stderr and "design approval: approve" in r.stderr
     store = LineageStore(run / "lineage.sqlite")
     assert [(e.trial, e.decision) for e in store.events(ApprovalDecided)] == [(1, "approve")]
     assert len(store.events(ApprovalWaiting)) == 1 and store.trials()[1].label in ("kept", "discarded")
