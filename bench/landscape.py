@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(var, "1")  # nothing here downloads
 
-from evotrainer.agents.catalog import FAMILY, Proposal  # noqa: E402
+from evotrainer.agents import Proposal  # noqa: E402
+from evotrainer.agents.interventions import FAMILY  # noqa: E402
 from evotrainer.backtest import measured  # noqa: E402
 from evotrainer.backtest.measured import Agreement  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402

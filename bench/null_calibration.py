@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT / "src"))
 for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(var, "1")  # nothing here downloads
 
-from evotrainer.agents.catalog import Proposal  # noqa: E402
+from evotrainer.agents import Proposal  # noqa: E402
 from evotrainer.config import PromotionConfig, config_from_dict  # noqa: E402
 from evotrainer.evolve.calibration import Rate, old_gate_keeps, simulate_gate, simulate_interval, subset_rate  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from evotrainer.agents import Proposal
-from evotrainer.agents.catalog import CATALOG
+from evotrainer.agents.interventions import INTERVENTIONS
 from evotrainer.config import config_from_dict
 from evotrainer.diagnostics.replay import revised_diagnostics
 from evotrainer.evolve.controller import Controller, State
@@ -31,7 +31,7 @@ def diag(name: str, source: str) -> Proposal:
 def test_a_revised_diagnostic_is_kept_only_if_its_replay_separates_failed_from_held_up(tiny_run):
     def agent(ctx):
         if ctx.trial == 1:
-            return dataclasses.replace(CATALOG.get("larger_groups")(ctx.knobs, 1), agent="scripted")
+            return dataclasses.replace(INTERVENTIONS.get("larger_groups")(ctx.knobs, 1), agent="scripted")
         return diag("always_one", CONSTANT) if ctx.trial == 2 else diag("group_width", GROUP)
 
     cfg_path, run = tiny_run

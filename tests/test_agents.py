@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from helpers import agent_context as ctx
-from evotrainer.agents import CATALOG, Escalation, propose, propose_random, set_knob
+from evotrainer.agents import INTERVENTIONS, Escalation, propose, propose_random, set_knob
 from evotrainer.agents.rules import candidates, family_of, space_moves
 from evotrainer.agents.space import Parent, space
 from evotrainer.skills import SkillLibrary
@@ -60,8 +60,8 @@ def test_every_proposal_is_one_legal_knob_change_and_the_catalog_runs_dry():
     # every group (nothing to refill), samples without a filter and updates once per batch
     # (every ratio 1: the ratio-shaped losses are its own)
     conditional = {"dynamic_sampling", "token_level", "tis", "gspo", "cispo", "two_sided_clip"}
-    assert tried & set(CATALOG.names()) == set(CATALOG.names()) - {"binary_reward", "frontier_curriculum"} - conditional
-    assert tried - set(CATALOG.names()) == {p.intervention for p in space_moves(ctx([]))}  # then the space's
+    assert tried & set(INTERVENTIONS.names()) == set(INTERVENTIONS.names()) - {"binary_reward", "frontier_curriculum"} - conditional
+    assert tried - set(INTERVENTIONS.names()) == {p.intervention for p in space_moves(ctx([]))}  # then the space's
 
 
 def test_set_knob_keeps_comments_and_order():
@@ -82,7 +82,7 @@ def test_the_skill_library_reorders_the_rules_by_what_the_same_finding_led_to(tm
     p = propose(ctx([DEAD], skills=lib.skills(), task="arith"))
     assert p.intervention == "clip_higher"           # held before on this signature
     # the measured loser goes last, not out: with everything else tried it is still proposed
-    others = (set(CATALOG.names()) | {p.intervention for p in candidates(ctx([DEAD]))}) - {"partial_credit"}
+    others = (set(INTERVENTIONS.names()) | {p.intervention for p in candidates(ctx([DEAD]))}) - {"partial_credit"}
     assert propose(ctx([DEAD], tried=others - {"drop_dead"}, skills=lib.skills(), task="arith")).intervention \
         == "drop_dead"
     assert propose(ctx([DEAD], tried=others, skills=lib.skills(), task="arith")).intervention == "partial_credit"
@@ -142,10 +142,10 @@ def test_a_finding_leads_to_the_recipe_components_its_diagnostic_names(name, par
 def test_the_ratio_and_sampler_components_apply_only_where_they_change_the_update():
     on_policy, reused = REF, replace(REF, num_iterations=2)
     for name in ("gspo", "cispo", "two_sided_clip"):
-        assert CATALOG.get(name)(on_policy, 3) is None and CATALOG.get(name)(reused, 3) is not None
-    assert CATALOG.get("tis")(REF, 3) is None and CATALOG.get("tis")(replace(REF, top_p=0.9), 3).knobs == {"tis_cap": 2.0}
-    assert CATALOG.get("dynamic_sampling")(REF, 3) is None  # keep_all drops nothing, so nothing refills
-    assert CATALOG.get("dynamic_sampling")(replace(REF, group_filter="score_spread"), 3).knobs == {"refill_rounds": 3}
+        assert INTERVENTIONS.get(name)(on_policy, 3) is None and INTERVENTIONS.get(name)(reused, 3) is not None
+    assert INTERVENTIONS.get("tis")(REF, 3) is None and INTERVENTIONS.get("tis")(replace(REF, top_p=0.9), 3).knobs == {"tis_cap": 2.0}
+    assert INTERVENTIONS.get("dynamic_sampling")(REF, 3) is None  # keep_all drops nothing, so nothing refills
+    assert INTERVENTIONS.get("dynamic_sampling")(replace(REF, group_filter="score_spread"), 3).knobs == {"refill_rounds": 3}
     # the search space's swaps of the loss form wait for the same condition
     swaps = lambda k: {p.intervention for p in space(Parent(k, 3)) if p.intervention.startswith("policy_loss_")}  # noqa: E731
     assert swaps(on_policy) == set() and swaps(reused) >= {"policy_loss_gspo", "policy_loss_cispo"}

@@ -1,4 +1,4 @@
-"""Human gates: a run paused at design, backtest and completion waits for `evotrainer approve /
+"""Approval points: a run paused at design, backtest and completion waits for `evotrainer approve /
 revise / abort RUN TRIAL`, and each decision does what it says: approve goes on, revise sends
 the person's feedback to the agent for a new proposal under the same trial, abort ends the
 trial as `aborted` and the run goes on."""
@@ -9,7 +9,7 @@ import time
 import pytest
 import yaml
 
-from evotrainer.agents.catalog import CATALOG
+from evotrainer.agents.interventions import INTERVENTIONS
 from evotrainer.cli import main
 from evotrainer.config import config_from_dict
 from evotrainer.evolve.approval import waiting
@@ -17,7 +17,7 @@ from evotrainer.evolve.controller import Controller
 from evotrainer.evolve.status import status
 from evotrainer.evolve.view import RunView
 from evotrainer.lineage import LineageStore
-from evotrainer.lineage.events import GateDecided, GateWaiting
+from evotrainer.lineage.events import ApprovalDecided, ApprovalWaiting
 
 
 def start(tiny_run, agent, trials: int, on_event=None, **extra):
@@ -29,7 +29,7 @@ def start(tiny_run, agent, trials: int, on_event=None, **extra):
 
     def go():  # the controller owns its SQLite connection: built in the thread that uses it
         try:
-            Controller(config_from_dict(raw).validate(), run, on_event, agent=agent, gate_poll_s=0.05).run()
+            Controller(config_from_dict(raw).validate(), run, on_event, agent=agent, approval_poll_s=0.05).run()
         except BaseException as e:  # surfaced by the test, never swallowed
             errors.append(e)
     th = threading.Thread(target=go, daemon=True)
@@ -37,8 +37,8 @@ def start(tiny_run, agent, trials: int, on_event=None, **extra):
     return run, th, errors
 
 
-def next_gate(run, th, errors, timeout=240):
-    """The gate the run waits at now (None once the run has finished)."""
+def next_wait(run, th, errors, timeout=240):
+    """The approval the run waits for now (None once the run has finished)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         assert not errors, errors
@@ -51,7 +51,7 @@ def next_gate(run, th, errors, timeout=240):
         if not th.is_alive():
             return None
         time.sleep(0.05)
-    raise AssertionError("the run neither waited at a gate nor finished")
+    raise AssertionError("the run neither waited at an approval point nor finished")
 
 
 def decide(capsys, *args) -> int:
@@ -67,7 +67,7 @@ def test_approve_revise_and_abort_each_do_what_they_say(tiny_run, capsys):
     def agent(ctx):  # the rules agent's catalog, in a fixed order, told what a person said
         seen.append((ctx.trial, ctx.feedback, sorted(ctx.tried)))
         name = next(n for n in ["warmup", "lower_lr", "raise_temperature", "entropy_bonus"] if n not in ctx.tried)
-        return dataclasses.replace(CATALOG.get(name)(ctx.knobs, 1), agent="scripted",
+        return dataclasses.replace(INTERVENTIONS.get(name)(ctx.knobs, 1), agent="scripted",
                                    usage={"calls": 1, "prompt_tokens": 100, "completion_tokens": 10})
 
     run, th, errors = start(tiny_run, agent, trials=3, approval={"at": ["design", "backtest", "completion"]})
@@ -78,7 +78,7 @@ def test_approve_revise_and_abort_each_do_what_they_say(tiny_run, capsys):
             (2, "design", 0): ("abort",),
             (3, "design", 0): ("approve",), (3, "backtest", 0): ("approve",), (3, "completion", 0): ("abort",)}
     asked = []
-    while (g := next_gate(run, th, errors)) is not None:
+    while (g := next_wait(run, th, errors)) is not None:
         key = g.key
         asked.append(key)
         decision, *rest = plan[key]
@@ -97,13 +97,13 @@ def test_approve_revise_and_abort_each_do_what_they_say(tiny_run, capsys):
     assert t1.intervention == "lower_lr" and t1.version == "v1r1" and t1.label in ("kept", "discarded")
     assert "warmup" not in t1.patch and (run / "versions" / "v1r1").is_dir()
     # abort at design: recorded with its diff, never backtested or trained
-    assert t2.label == "aborted" and "design gate" in t2.reflection and t2.backtest == {}
+    assert t2.label == "aborted" and "design approval" in t2.reflection and t2.backtest == {}
     assert not (run / "versions" / t2.version).exists()
     # abort at completion: trained and measured, recorded as aborted, never a parent
-    assert t3.label == "aborted" and "completion gate" in t3.reflection and t3.fitness.gain is not None
+    assert t3.label == "aborted" and "completion approval" in t3.reflection and t3.fitness.gain is not None
     again = Controller(config_from_dict(yaml.safe_load((run / "config.yaml").read_text())), run)
     assert t3.version not in {s.version for s in RunView.read(again.store).states}  # never a parent, never the winner
-    decided = [(e.trial, e.point, e.decision) for e in store.events(GateDecided)]
+    decided = [(e.trial, e.point, e.decision) for e in store.events(ApprovalDecided)]
     assert decided[:2] == [(1, "design", "revise"), (1, "design", "approve")] and len(decided) == len(plan)
     # what proposing cost: trial 1's two rounds add up in its budgets, and status counts each once
     assert t1.budgets["agent"] == {"calls": 2, "prompt_tokens": 200, "completion_tokens": 20}
@@ -112,18 +112,18 @@ def test_approve_revise_and_abort_each_do_what_they_say(tiny_run, capsys):
 
 
 @pytest.mark.slow
-def test_failures_in_a_row_escalate_to_a_design_gate(tiny_run, capsys):
+def test_failures_in_a_row_escalate_to_a_design_approval(tiny_run, capsys):
     def agent(ctx):  # twice more training steps than the budget (illegal), then a legal idea
         if ctx.trial < 3:
-            return dataclasses.replace(CATALOG.get("warmup")(ctx.knobs, 1), knobs={"steps": 10_000},
+            return dataclasses.replace(INTERVENTIONS.get("warmup")(ctx.knobs, 1), knobs={"steps": 10_000},
                                        intervention=f"more_steps_{ctx.trial}", agent="scripted")
-        return dataclasses.replace(CATALOG.get("lower_lr")(ctx.knobs, 1), agent="scripted")
+        return dataclasses.replace(INTERVENTIONS.get("lower_lr")(ctx.knobs, 1), agent="scripted")
 
     run, th, errors = start(tiny_run, agent, trials=3, approval={"after_failures": 2})
-    g = next_gate(run, th, errors)
+    g = next_wait(run, th, errors)
     assert (g.trial, g.point) == (3, "design")  # trials 1 and 2 failed without asking anyone
     assert decide(capsys, "abort", run, 3) == 0
-    assert next_gate(run, th, errors) is None
+    assert next_wait(run, th, errors) is None
     th.join(timeout=60)
     store = LineageStore(run / "lineage.sqlite")
     assert [t.label for t in store.trials()[1:]] == ["illegal", "illegal", "aborted"]
@@ -134,16 +134,16 @@ def test_failures_in_a_row_escalate_to_a_design_gate(tiny_run, capsys):
 def test_gated_points_are_the_configured_ones_plus_design_after_enough_failures():
     from evotrainer.config import ApprovalConfig
     from evotrainer.evolve.approval import points
-    assert points(ApprovalConfig(("backtest",), 0), 5) == {"backtest"}                  # 0: never escalate to a gate
+    assert points(ApprovalConfig(("backtest",), 0), 5) == {"backtest"}                  # 0: never escalate to an approval
     assert points(ApprovalConfig(("backtest",), 2), 1) == {"backtest"}
     assert points(ApprovalConfig(("backtest",), 2), 2) == {"backtest", "design"}
     assert points(ApprovalConfig((), 3), 4) == {"design"}
 
 
 @pytest.mark.slow
-def test_a_run_killed_while_waiting_at_a_gate_resumes_waiting_and_takes_the_decision(tiny_run):
+def test_a_run_killed_while_waiting_for_approval_resumes_waiting_and_takes_the_decision(tiny_run):
     """SIGKILL while the run waits; the decision is sent while nothing runs; `resume` shows the
-    gate again, reads the decision, records it once and finishes the trial."""
+    approval again, reads the decision, records it once and finishes the trial."""
     import os
     import signal
     import subprocess
@@ -170,8 +170,8 @@ def test_a_run_killed_while_waiting_at_a_gate_resumes_waiting_and_takes_the_deci
     assert main(["approve", str(run), "1"]) == 0  # the lineage still says trial 1 waits
     r = subprocess.run([*cli, "resume", str(run)], capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "trial 1 waits at the design gate" in r.stderr and "design gate: approve" in r.stderr
+    assert "trial 1 waits for approval at design" in r.stderr and "design approval: approve" in r.stderr
     store = LineageStore(run / "lineage.sqlite")
-    assert [(e.trial, e.decision) for e in store.events(GateDecided)] == [(1, "approve")]
-    assert len(store.events(GateWaiting)) == 1 and store.trials()[1].label in ("kept", "discarded")
+    assert [(e.trial, e.decision) for e in store.events(ApprovalDecided)] == [(1, "approve")]
+    assert len(store.events(ApprovalWaiting)) == 1 and store.trials()[1].label in ("kept", "discarded")
     assert not (run / "approval" / "trial-1.json").exists()

@@ -101,12 +101,12 @@ def test_two_trials_in_flight_from_different_specialists_each_recorded_once(tiny
 
 
 def test_every_catalog_and_space_move_reaches_only_its_own_familys_surface():
-    from evotrainer.agents import CATALOG
+    from evotrainer.agents import INTERVENTIONS
     from evotrainer.agents.space import Parent, reach, space
     from evotrainer.harness import REFERENCE
     from evotrainer.harness.knobs import load_knobs
     k = load_knobs(REFERENCE / "knobs.yaml")
-    moves = [p for name in CATALOG.names() for p in [CATALOG.get(name)(k, 3)] if p] + \
+    moves = [p for name in INTERVENTIONS.names() for p in [INTERVENTIONS.get(name)(k, 3)] if p] + \
         space(Parent(k, 3, {"knobs.yaml": (REFERENCE / "knobs.yaml").read_text()}))
     assert len(moves) > 40
     for p in moves:  # so the rules and random agents leave exactly the families of a claimed surface
@@ -157,12 +157,12 @@ def test_an_agent_reads_the_surfaces_claimed_in_flight_and_the_outcomes_that_cam
 
 def _plan():
     """A plan of the catalog's partial_credit from a root state."""
-    from evotrainer.agents import CATALOG
+    from evotrainer.agents import INTERVENTIONS
     from evotrainer.evolve.plan import of_agent
     from evotrainer.harness import REFERENCE
     from evotrainer.harness.knobs import load_knobs
     from evotrainer.lineage.state import State
-    p = CATALOG.get("partial_credit")(load_knobs(REFERENCE / "knobs.yaml"), 2)
+    p = INTERVENTIONS.get("partial_credit")(load_knobs(REFERENCE / "knobs.yaml"), 2)
     return of_agent(State("v0", 1, {0: "x"}, {0: 0.1}, {0: 0.1}), "v1", 0, p)
 
 

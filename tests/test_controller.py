@@ -228,7 +228,7 @@ def test_a_sibling_that_would_train_the_same_is_recorded_equivalent_and_costs_no
     trained, and the budget still buys the trial after it."""
     import dataclasses
     import yaml
-    from evotrainer.agents.catalog import CATALOG
+    from evotrainer.agents.interventions import INTERVENTIONS
     from evotrainer.config import config_from_dict
     from evotrainer.evolve.controller import Controller
 
@@ -236,7 +236,7 @@ def test_a_sibling_that_would_train_the_same_is_recorded_equivalent_and_costs_no
 
     def scripted(ctx):
         name = next((n for n in order if n not in ctx.tried), None)
-        return name and dataclasses.replace(CATALOG.get(name)(ctx.knobs, 1), agent="scripted")
+        return name and dataclasses.replace(INTERVENTIONS.get(name)(ctx.knobs, 1), agent="scripted")
 
     cfg_path, run = tiny_run
     raw = yaml.safe_load(cfg_path.read_text())

@@ -77,7 +77,7 @@ def test_a_trl_environment_factorys_rows_split_by_the_held_out_hash_and_workers_
     task = get_task(f"trl-env:{FIXTURES / 'trl_envs.py'}:Calculator?data={rows}")
     val, test = {p.id for p in task.split("val")}, {p.id for p in task.split("test")}
     assert val and test and not val & test
-    view = task.train_view(tmp_path / "view")
+    view = task.train_spec(tmp_path / "view")
     worker = get_task(view)
     seen = [json.loads(line)["id"] for line in Path(view.split("data=")[1].split("&")[0]).read_text().splitlines()]
     assert not set(seen) & (val | test) and len(seen) == 400 - sum(task.held_out(task.row_problem(r)) for r in task.rows)
@@ -284,7 +284,7 @@ def test_an_openenv_dataset_splits_its_rows_and_json_actions_are_validated_as_th
     assert end.terminated and end.reward == 1.0
     named = get_task(openenv_spec("AddRows", f"data={rows}&text=question")).environment(p, None)
     assert named.reset(0) == f"What is {a}+{b}?"            # ?text=FIELD: that field only
-    view = get_task(task.train_view(tmp_path / "view"))     # a training worker: the training rows only
+    view = get_task(task.train_spec(tmp_path / "view"))     # a training worker: the training rows only
     assert not {str(r["id"]) for r in view.rows} & {q.id for q in task.split("val") + task.split("test")}
 
     walk = get_task(openenv_spec("Walk")).environment(get_task(openenv_spec("Walk")).split("val", n=1)[0], None)

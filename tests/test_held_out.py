@@ -53,7 +53,7 @@ def test_the_handed_training_data_is_the_same_under_any_key(spec, tmp_path):
     draws = [handed_draws(t, None, 7, STEPS) for t in tasks]
     assert draws[0] == draws[1] == draws[2] and all(len(ix) == 336 for ix in draws[0].values())
     # the view a worker gets (a JSONL task's file of train rows) is byte for byte the same
-    views = [t.train_view(tmp_path / f"view{n}") for n, t in enumerate(tasks)]
+    views = [t.train_spec(tmp_path / f"view{n}") for n, t in enumerate(tasks)]
     files = [sorted(p.read_bytes() for p in (tmp_path / f"view{n}").glob("*")) for n in range(len(tasks))]
     assert files[0] == files[1] == files[2]
     # ... and so are the problems the worker rebuilds from the indices, which it never checks

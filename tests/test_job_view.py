@@ -162,7 +162,7 @@ def test_a_checkpoint_a_job_planted_a_link_or_a_pickle_in_is_refused_with_a_labe
 def test_of_a_sys_path_entry_that_holds_the_runs_a_job_sees_only_the_modules(tmp_path, monkeypatch):
     """`python -m` or PYTHONPATH=. put the working directory on sys.path, and runs lie under it;
     a job sees the modules and packages Python would import from there, not the runs."""
-    from evotrainer.sandbox import view
+    from evotrainer.sandbox import root_contents
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     (project / "mytasks").mkdir(parents=True)
     (project / "mytasks" / "__init__.py").write_text("")
@@ -173,7 +173,7 @@ def test_of_a_sys_path_entry_that_holds_the_runs_a_job_sees_only_the_modules(tmp
     monkeypatch.syspath_prepend(str(project))
     for cwd in (project, elsewhere):  # the runs under the working directory, or only under the entry
         monkeypatch.chdir(cwd)
-        bound = {p for p, _ in view(read=(), write=(str(out),))["binds"]}
+        bound = {p for p, _ in root_contents(read=(), write=(str(out),))["binds"]}
         assert {str(project / "mytasks"), str(project / "helpers.py"), str(out)} <= bound
         assert not {str(project), str(project / "runs")} & bound
 
@@ -190,9 +190,9 @@ def test_a_library_directory_on_a_mount_of_its_own_is_bound_as_that_mount(tmp_pa
     monkeypatch.setattr(sys, "path", [*sys.path, str(usr)])  # an environment path: bound read-only
     monkeypatch.setenv("LD_LIBRARY_PATH", str(driver / "lib"))
     monkeypatch.setattr(launch, "mount_points", lambda: ["/", str(driver)])
-    seen = launch.view([], [])
+    seen = launch.root_contents([], [])
     binds = dict(seen["binds"])
     assert binds[str(usr)] == "ro" and binds[str(driver)] == "ro" and str(driver / "lib64") not in binds
     assert (str(driver / "lib"), "lib64") in seen["links"]
     monkeypatch.setattr(launch, "mount_points", lambda: ["/"])  # one filesystem: the /usr bind carries it
-    assert str(driver) not in dict(launch.view([], [])["binds"])
+    assert str(driver) not in dict(launch.root_contents([], [])["binds"])

@@ -179,7 +179,7 @@ JOB_READERS = {
     "evolve/progress.py:steps_done": "progress: counts lines, a FIFO counts none",
     "evolve/progress.py:seed_metrics": "curves for trackers and the report",
     "evolve/segment_cache.py:marked_key": "the controller's mark in a train directory",
-    "evolve/segment_cache.py:name_view": "run.json of a materialised directory",
+    "evolve/segment_cache.py:name_train_spec": "run.json of a materialised directory",
     "evolve/segment_cache.py:_job_files": "a parent checkpoint's files (tree_digest, job=True)",
     "evolve/segment_cache.py:SegmentCache.store": "copies a vetted directory into the cache",
     "evolve/training.py:Training.train": "vets each job, its run.json for the clock",

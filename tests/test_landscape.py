@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evotrainer.agents.catalog import Proposal
+from evotrainer.agents import Proposal
 from evotrainer.evolve.landscape import (BACKTESTS, ROWS, Config, Row, build, changed_knobs, content_key, read_backtests, read_rows,
                                          root_moves, write_harness)
 from evotrainer.evolve.simulate import Table, simulate

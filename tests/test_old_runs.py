@@ -77,3 +77,20 @@ def test_the_run_view_derives_what_the_old_controller_derived(run):
     # the revised trial: its latest start is its plan, with the person's words and the rejected idea
     assert view.plans[2].round == 1 and view.plans[2].feedback == "try another knob"
     assert view.next_trial == 3 and view.spent == 2 and view.final.winner == EXPECTED["status"]["final"]["winner"]
+
+
+def test_an_old_runs_gate_events_read_as_approvals(run):
+    """Before "gate" meant only the promotion test, a person's checkpoints were stored as
+    `gate_waiting` / `gate_decided`: they read as the approval events, and the run's approval
+    logic (which waits are decided) reads them as it reads new ones."""
+    from evotrainer.evolve.approval import waiting
+    from evotrainer.lineage.events import ApprovalDecided, ApprovalWaiting
+    store = LineageStore(run / "lineage.sqlite")
+    try:
+        asked, decided = store.events(ApprovalWaiting), store.events(ApprovalDecided)
+        kinds = {k for (k,) in store.db.execute("SELECT DISTINCT kind FROM events")}
+        assert {"gate_waiting", "gate_decided"} <= kinds and not {"approval_waiting", "approval_decided"} & kinds
+        assert asked and decided and {e.trial for e in asked} == {e.trial for e in decided}
+        assert waiting(store.events()) == []   # every old wait was decided
+    finally:
+        store.close()

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import readable, tiny_run_config
 from evotrainer.cli import main
-from test_approval import next_gate, start
+from test_approval import next_wait, start
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # a root's closed network refuses Chromium's own background connections: keep them off
@@ -21,18 +21,18 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "-
 
 @pytest.fixture(scope="module")
 def gated_run(tmp_path_factory, ckpt):
-    """A tiny run of one trial paused at its completion gate (reported there), then let finish:
+    """A tiny run of one trial paused at its completion approval (reported there), then let finish:
     a whole loop, so every test that reads it is marked slow."""
     d = readable(tmp_path_factory.mktemp("reported"))
     cfg, run = tiny_run_config(d, ckpt)
     events = []
     run, th, errors = start((cfg, run), None, trials=1, on_event=events.append,
-                            gates=["completion"], final_seeds=[100], tracking={"report_to": ["tensorboard", "mlflow"]})
-    gate = next_gate(run, th, errors)
+                            approval={"at": ["completion"]}, final_seeds=[100], tracking={"report_to": ["tensorboard", "mlflow"]})
+    gate = next_wait(run, th, errors)
     assert gate.trial == 1
     live = main(["report", str(run), "--out", str(d / "live.html"), "--engine", "svg"])
     assert live == 0
-    while (gate := next_gate(run, th, errors)) is not None:
+    while (gate := next_wait(run, th, errors)) is not None:
         assert main(["approve", str(run), str(gate.trial)]) == 0
     th.join()
     assert not errors, errors
@@ -193,7 +193,7 @@ def test_the_live_view_shows_each_stage_and_a_bar_per_training_worker(gated_run)
     from rich.console import Console
     from evotrainer.evolve.notices import Stage
     from evotrainer.evolve.progress import Progress
-    from evotrainer.live import LiveView
+    from evotrainer.live import LiveDisplay
     _, _, events = gated_run
     stages = [e.text for e in events if isinstance(e, Stage)]
     order = ["trial 0: the root harness v0 trains", "the evaluator scores v0", "trial 1: the rules agent proposes",
@@ -202,7 +202,7 @@ def test_the_live_view_shows_each_stage_and_a_bar_per_training_worker(gated_run)
     at = [next(i for i, s in enumerate(stages) if o in s) for o in order]
     assert at == sorted(at), stages
     console = Console(file=io.StringIO(), force_terminal=True, width=140)
-    view = LiveView(console)
+    view = LiveDisplay(console)
     seen = []
     with view:
         for e in events:

@@ -175,7 +175,7 @@ def test_a_job_reads_exactly_the_files_its_call_names_whatever_their_names(tmp_p
         d.mkdir()
         (d / "secret.txt").write_text("not the job's")
     task = get_task(canonical(f"jsonl:{data}", {}))
-    view = task.train_view(tmp_path / "lr=1e-5,x:y?z" / "train-data")
+    view = task.train_spec(tmp_path / "lr=1e-5,x:y?z" / "train-data")
     readable(tmp_path)
     assert task.files() == (str(data),) and task.files(view) == (str(tmp_path / "lr=1e-5,x:y?z" / "train-data" / "t.jsonl"),)
     others = [str(p) for p in (*siblings, data)]

@@ -7,7 +7,7 @@ import time
 import pytest
 import yaml
 
-from evotrainer.agents import CATALOG
+from evotrainer.agents import INTERVENTIONS
 from evotrainer.config import config_from_dict
 from evotrainer.evolve.controller import Controller, State
 from evotrainer.evolve.plan import of_agent
@@ -38,7 +38,7 @@ def ctl(tmp_path, ckpt):
 
 def add(c, n, parent: State, intervention, label, val=None, gain=None, trigger="none"):
     """Trial n from `parent`: the catalog's proposal, committed as a version, recorded with `label`."""
-    p = CATALOG.get(intervention)(load_knobs(c._harness_dir(parent.version) / "knobs.yaml"), 2)
+    p = INTERVENTIONS.get(intervention)(load_knobs(c._harness_dir(parent.version) / "knobs.yaml"), 2)
     plan = of_agent(parent, f"v{n}", 0, dataclasses.replace(p, trigger=trigger))
     c.store.begin_trial(TrialStarted.of(n, plan))
     c._candidate(parent.version, f"v{n}", p.knobs, p.files, p.hypothesis)
@@ -166,8 +166,8 @@ def test_greedy_selection_takes_the_best_open_state_and_population_the_best_pare
     assert yaml.safe_load((ctl.run_dir / "config.yaml").read_text())["search"]["selection"] == "population"
 
 
-def test_the_lineage_view_an_agent_reads_ranks_kept_versions_and_shows_the_best_path_and_children():
-    from evotrainer.evolve.history import view
+def test_the_leaderboard_an_agent_reads_ranks_kept_versions_and_shows_the_best_path_and_children():
+    from evotrainer.evolve.history import leaderboard
 
     def rec(n, parents, intervention, label, val=None, gain=None):
         fitness = {"val": {0: val}} if val is not None else {}
@@ -176,12 +176,12 @@ def test_the_lineage_view_an_agent_reads_ranks_kept_versions_and_shows_the_best_
     trials = [rec(0, [], "root", "kept", 0.10), rec(1, ["v0"], "partial_credit", "kept", 0.30, 0.2),
               rec(2, ["v0"], "raise_lr", "kept", 0.20, 0.1), rec(3, ["v1"], "drop_dead", "discarded", 0.25, -0.05),
               rec(4, ["v1"], "clip_higher", "kept", 0.35, 0.05), rec(5, ["v4"], "kl_anchor", "invalid", 0.5, 0.15)]
-    text = view(trials, top=3)
+    text = leaderboard(trials, top=3)
     board = text.split("\n\n")[0].splitlines()[1:]
     assert board == ["- v4 val 0.350: clip_higher", "- v1 val 0.300: partial_credit", "- v2 val 0.200: raise_lr"]
     assert "Path from the root to the best: v0 [root] -> v1 [partial_credit] -> v4 [clip_higher]" in text
     assert text.endswith("Children of v4:\n- trial 5 kl_anchor: invalid, gain +0.150; hypothesis 5")
-    assert view(trials[:0]) == ""
+    assert leaderboard(trials[:0]) == ""
 
 
 def test_a_free_text_intervention_counts_under_the_surface_its_proposal_recorded():
@@ -225,7 +225,7 @@ def test_the_wall_clock_budget_is_the_runs_over_its_sessions_so_a_resume_gets_wh
 
 def test_a_trial_redone_on_resume_reads_the_trials_finished_when_it_started_not_its_siblings_since(ctl):
     root = ctl.store.trials()[0].fitness.state
-    p = CATALOG.get("partial_credit")(REF, 2)
+    p = INTERVENTIONS.get("partial_credit")(REF, 2)
     ctl.store.begin_trial(TrialStarted.of(1, of_agent(root, "v1", 0, p)))  # in flight when the kill came
     add(ctl, 2, root, "clip_higher", "discarded", val=0.12, gain=0.01)      # its sibling, finished beside it
     ctl.store.append(ControlFinished(State("v0", 2, {0: "x"}, {0: 0.1}, {0: 0.1})))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import agent_context as ctx
-from evotrainer.agents import CATALOG, propose, propose_random, set_knob
+from evotrainer.agents import INTERVENTIONS, propose, propose_random, set_knob
 from evotrainer.agents.rules import FAMILY_ORDER, candidates, space_moves
 from evotrainer.agents.space import (COMPOSED, RANGES, Parent, RewardSpec, Term, composed, render, space)
 from evotrainer.harness import REFERENCE
@@ -62,7 +62,7 @@ def test_every_move_changes_one_variable_to_a_valid_value_in_its_range(knobs):
                                                                                      for k in p.knobs if len(p.knobs) == 1}
     g = ms["group_size_x0.5"].knobs
     assert g["group_size"] * g["prompts_per_step"] == knobs.group_size * knobs.prompts_per_step
-    assert not set(ms) & set(CATALOG.names())                          # its own names
+    assert not set(ms) & set(INTERVENTIONS.names())                          # its own names
 
 
 def test_perturbation_math_clamps_and_never_reverses():
@@ -180,14 +180,14 @@ def test_the_rules_agent_leads_with_the_catalog_then_the_space_within_the_findin
     assert names[:3] == ["partial_credit", "mix_score1_partial0p5", "mix_score1_format0p2"]
     assert cands[1].files["reward.py"] and cands[1].trigger == "dead_group_ratio:critical"
     # then every other family's catalog moves, and only then the space's
-    in_catalog = [n in CATALOG.names() for n in names[3:]]
+    in_catalog = [n in INTERVENTIONS.names() for n in names[3:]]
     assert in_catalog == sorted(in_catalog, reverse=True) and any(in_catalog) and not all(in_catalog)
     assert len(names) == len(set(names))                                 # finite, each move once
 
 
 def test_the_random_agent_reaches_the_space_with_its_seed():
     drawn = {propose_random(ctx([DEAD], seed=s)).intervention for s in range(40)}
-    assert drawn - set(CATALOG.names()) and drawn & set(CATALOG.names())
+    assert drawn - set(INTERVENTIONS.names()) and drawn & set(INTERVENTIONS.names())
     assert propose_random(ctx([], seed=5)) == propose_random(ctx([], seed=5))
     p = propose_random(ctx([], seed=5))
     knobs_from_dict({**Knobs().to_dict(), **p.knobs})

@@ -158,7 +158,7 @@ def test_jsonl_keyed_split_and_the_workers_train_view(tmp_path):
     assert held == public and set(ids(task.split("val"))) != public_val and task.data_files() == (str(path),)
     # the worker's file holds the training rows and nothing else; with handed indices it
     # trains on exactly the controller's problems
-    spec = task.train_view(tmp_path / "view")
+    spec = task.train_spec(tmp_path / "view")
     assert "rows=train" in spec and str(path) not in spec
     worker = get_task(spec)
     assert worker.spec == spec and worker.max_new_tokens == task.max_new_tokens

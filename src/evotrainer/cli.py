@@ -226,11 +226,11 @@ def _run_loop(cfg, out: Path) -> dict:
     from evotrainer.evolve.progress import Progress
     from evotrainer.evolve.status import status
     from evotrainer.lineage import TrialRecord
-    from evotrainer.lineage.events import (Escalated, FinalFinished, FinalStarted, GateDecided, GateWaiting, Stopped,
+    from evotrainer.lineage.events import (Escalated, FinalFinished, FinalStarted, ApprovalDecided, ApprovalWaiting, Stopped,
                                            TrackerFailed, TrialResumed, TrialStarted)
-    from evotrainer.live import LiveView
+    from evotrainer.live import LiveDisplay
     from evotrainer.trainer.pretrain import SftProgress
-    view = LiveView()
+    view = LiveDisplay()
     say = view.say
 
     def show(e):
@@ -260,13 +260,13 @@ def _run_loop(cfg, out: Path) -> dict:
                 f"and the reference, retrained from the base on fresh seeds {e.seeds}")
         elif isinstance(e, FinalFinished):
             say(e.table)
-        elif isinstance(e, GateWaiting):
-            view.set_stage(f"trial {e.trial} waits at the {e.point} gate")
-            say(f"trial {e.trial} waits at the {e.point} gate: {e.intervention}: {e.hypothesis}\n"
+        elif isinstance(e, ApprovalWaiting):
+            view.set_stage(f"trial {e.trial} waits for approval at {e.point}")
+            say(f"trial {e.trial} waits for approval at {e.point}: {e.intervention}: {e.hypothesis}\n"
                 f"  decide with: evotrainer approve {out} {e.trial} | evotrainer revise {out} {e.trial} "
                 f"--feedback TEXT | evotrainer abort {out} {e.trial}")
-        elif isinstance(e, GateDecided):
-            say(f"trial {e.trial} {e.point} gate: {e.decision} {e.feedback}")
+        elif isinstance(e, ApprovalDecided):
+            say(f"trial {e.trial} {e.point} approval: {e.decision} {e.feedback}")
     try:
         with view:
             Controller(cfg, out, on_event=show).run()
@@ -333,7 +333,7 @@ def cmd_status(args) -> dict:
 
 
 def cmd_decide(args) -> dict:
-    """approve / revise / abort: the decision for the gate a trial waits at."""
+    """approve / revise / abort: the decision a trial waits for at an approval point."""
     from evotrainer.evolve.approval import submit
     from evotrainer.evolve.status import open_run
     store = open_run(args.run)
@@ -518,9 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("run", type=Path)
     sp.add_argument("--json", action="store_true", help="one JSON line on stdout instead of the text")
     sp.set_defaults(fn=cmd_status)
-    for name, what in (("approve", "go on with the trial waiting at a gate"),
+    for name, what in (("approve", "go on with the trial waiting at an approval point"),
                        ("revise", "send the proposal back to the agent with feedback (same trial)"),
-                       ("abort", "end the trial waiting at a gate, labelled aborted; the run goes on")):
+                       ("abort", "end the trial waiting at an approval point, labelled aborted; the run goes on")):
         sp = sub.add_parser(name, help=what)
         sp.add_argument("run", type=Path)
         sp.add_argument("trial", type=int)

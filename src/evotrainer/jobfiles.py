@@ -11,7 +11,7 @@ that trial (`bad_output`), never an error of the run.
 
 The directory itself (`root`) is the caller's: it made it, and a job cannot replace its own
 mount point. What the controller writes into a job's directory (a cache key, a run.json that
-names this run's view) is written as a new file renamed into place under the directory's
+names this run's train spec) is written as a new file renamed into place under the directory's
 descriptor, so a link planted at that name is replaced, never written through.
 """
 from __future__ import annotations

@@ -29,7 +29,7 @@ class Label(enum.StrEnum):
     SYNTAX_ERROR = "syntax_error"                 # the agent's edited harness code does not parse
     AGENT_TIMEOUT = "agent_timeout"               # the agent ran past its time limit
     AGENT_ERROR = "agent_error"                   # the agent itself failed (a wrong URL, key or model; a bug)
-    ABORTED = "aborted"                           # a person ended it at a gate, or revised it with nothing left
+    ABORTED = "aborted"                           # a person ended it at an approval point, or revised it with nothing left
     DIAGNOSTIC_REJECTED = "diagnostic_rejected"   # a new diagnostic that does not separate failed from held-up
 
 

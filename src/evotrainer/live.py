@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 
-class LiveView:
+class LiveDisplay:
     def __init__(self, console: Console | None = None):
         self.console = console or Console(stderr=True)
         self.stage = Text("starting", style="bold")
@@ -30,7 +30,7 @@ class LiveView:
         self.title: str | None = None
         self.jobs: dict[str, int] = {}     # job name -> its bar
 
-    def __enter__(self) -> "LiveView":
+    def __enter__(self) -> "LiveDisplay":
         self.live.__enter__()
         return self
 

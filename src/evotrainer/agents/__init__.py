@@ -1,14 +1,15 @@
 """Trainer agents: they read evidence and propose one single-variable intervention."""
 from __future__ import annotations
 
-from evotrainer.agents.catalog import CATALOG, AgentFailed, Proposal, set_knob
-from evotrainer.agents.rules import AgentContext, Escalation, propose, propose_random
+from evotrainer.agents.interface import Agent, AgentContext, AgentFailed, Escalation, Proposal
+from evotrainer.agents.interventions import INTERVENTIONS, set_knob
+from evotrainer.agents.rules import propose, propose_random
 
 AGENTS = {"rules": propose, "random": propose_random}
 
 
-def make_agent(cfg):
-    """The config's agent as a callable `AgentContext -> Proposal | AgentFailed | None`; the
+def make_agent(cfg) -> Agent:
+    """The config's agent (agents/interface.py: `AgentContext -> Proposal | AgentFailed | None`); the
     llm and command agents check their settings here, before any work."""
     if cfg.agent == "llm":
         from evotrainer.agents.llm import LLMAgent
@@ -19,5 +20,5 @@ def make_agent(cfg):
     return AGENTS[cfg.agent]
 
 
-__all__ = ["AGENTS", "AgentContext", "AgentFailed", "CATALOG", "Escalation", "Proposal", "make_agent", "propose",
-           "propose_random", "set_knob"]
+__all__ = ["AGENTS", "INTERVENTIONS", "Agent", "AgentContext", "AgentFailed", "Escalation", "Proposal", "make_agent",
+           "propose", "propose_random", "set_knob"]

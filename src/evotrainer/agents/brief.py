@@ -9,7 +9,8 @@ from pathlib import Path
 from string import Template
 
 from evotrainer.agents.edits import harness_files
-from evotrainer.agents.rules import AgentContext, family_of
+from evotrainer.agents.interface import AgentContext
+from evotrainer.agents.rules import family_of
 from evotrainer.skills import Conditions, matching, standing
 
 PROMPTS = Path(__file__).resolve().parent / "prompts"

@@ -20,9 +20,8 @@ import time
 from pathlib import Path
 
 from evotrainer.agents.brief import brief, specialist_for, system_prompt
-from evotrainer.agents.catalog import AgentFailed, Proposal
+from evotrainer.agents.interface import AgentContext, AgentFailed, Proposal
 from evotrainer.agents.edits import ReplyError, check_changed, harness_files
-from evotrainer.agents.rules import AgentContext
 from evotrainer.config import CommandConfig
 from evotrainer.skills import signature
 from evotrainer.harness.versions import HarnessRepo

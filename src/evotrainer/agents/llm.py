@@ -17,9 +17,8 @@ import os
 import time
 
 from evotrainer.agents.brief import brief, specialist_for, system_prompt
-from evotrainer.agents.catalog import AgentFailed, Proposal
+from evotrainer.agents.interface import AgentContext, AgentFailed, Proposal
 from evotrainer.agents.edits import ReplyError, apply_edits, check_changed, harness_files, parse_reply
-from evotrainer.agents.rules import AgentContext
 from evotrainer.config import LLMConfig
 from evotrainer.errors import UsageError
 from evotrainer.skills import signature

@@ -18,59 +18,17 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Mapping, Sequence
 
-from evotrainer.agents.catalog import CATALOG, FAMILY, Proposal, revert
+from evotrainer.agents.interface import AgentContext, Proposal
+from evotrainer.agents.interventions import FAMILY, INTERVENTIONS, revert
 from evotrainer.agents.edits import harness_files
 from evotrainer.agents.space import Parent, reach, space
-from evotrainer.skills import Conditions, Skill, rank, signature
-from evotrainer.harness.knobs import Knobs
+from evotrainer.skills import Conditions, rank, signature
 
 FAMILY_ORDER = ("reward_hacking", "reward", "group_filter", "signal", "curriculum", "exploration",
                 "optimisation", "efficiency")
-
-
-@dataclass(frozen=True)
-class Escalation:
-    """What three failures in a row change (EvoTrainer): leave the layers that failed, prefer
-    subtracting a change over adding one, ignore findings from diagnostics whose replay did
-    not separate failed versions from those that held up. The controller also rolls the
-    parent back to the last kept version."""
-    avoid: frozenset[str] = frozenset()     # intervention families of the failures
-    ignore: frozenset[str] = frozenset()    # diagnostics judged not to measure what they claim
-    subtract: bool = True
-
-
-@dataclass(frozen=True)
-class AgentContext:
-    """Everything a trainer agent is shown about the parent it improves."""
-    findings: Sequence[Mapping]             # the parent's health-report findings, worst first
-    knobs: Knobs                            # the parent's knobs
-    root_knobs: Knobs                       # the root harness's knobs (what subtracting returns to)
-    target_level: int
-    task: str = ""                          # the task's name as the skill library records it ("arith", "rg:chain_sum")
-    tried: frozenset[str] = frozenset()     # interventions already tried from this parent
-    skills: Sequence[Skill] = ()            # the skill library's entries (ranked by the findings)
-    escalation: Escalation | None = None
-    seed: int = 0                           # for agents that draw at random
-    # what agents that read and write code are shown besides (llm, command)
-    parent: str = "v0"                      # the parent's version
-    harness_dir: Path | None = None         # the parent's harness files (read only)
-    lineage: str = ""                       # leaderboard, path to the best, the best's children
-    feedback: str = ""                      # a person's words from a gate (`evotrainer revise`)
-    trial: int = 0
-    workdir: Path | None = None             # where the agent may keep its transcript and worktree
-    # an evolving search controller's weights per intervention family (evolve/search_policy.py;
-    # none: every family alike, the fixed order)
-    family_weights: Mapping[str, float] = field(default_factory=dict)
-    # families another trial in flight is changing from the same parent (search.concurrency > 1):
-    # a proposal from here leaves them to that trial's specialist (evolve/specialists.py)
-    closed: frozenset[str] = frozenset()
-    # the rest of the conditions the skill library weighs its evidence by (skills.Conditions)
-    reference_acc: float | None = None      # the root's validation accuracy (the reference recipe's)
-    backend: str | None = None
 
 
 def family_of(suggestion: str) -> str | None:
@@ -139,7 +97,7 @@ def named_at(finding: Mapping | None, p: Proposal) -> float:
 
 def catalog_moves(ctx: AgentContext) -> list[Proposal]:
     """Every catalog entry that applies to the parent, tried or not, in the catalog's order."""
-    return [p for name in FAMILY if (p := CATALOG.get(name)(ctx.knobs, ctx.target_level)) is not None]
+    return [p for name in FAMILY if (p := INTERVENTIONS.get(name)(ctx.knobs, ctx.target_level)) is not None]
 
 
 def space_moves(ctx: AgentContext) -> list[Proposal]:

@@ -1,6 +1,6 @@
 """The search space beside the catalog: parametric, structural and composed-reward moves.
 
-The catalog (agents/catalog.py) holds named, literature-backed changes. This module adds
+The catalog (agents/interventions.py) holds named, literature-backed changes. This module adds
 the room around them, as pure functions of the parent (its knobs, target level, slot
 files and a seed) that each return `Proposal`s changing one variable:
 
@@ -52,7 +52,8 @@ from typing import Callable, Mapping
 
 import yaml
 
-from evotrainer.agents.catalog import Proposal, one_knob
+from evotrainer.agents.interface import Proposal
+from evotrainer.agents.interventions import one_knob
 from evotrainer.errors import UsageError
 from evotrainer.harness.knobs import Knobs
 from evotrainer.harness.load import SLOTS

@@ -7,7 +7,7 @@ is a seed (`seeded_problem`), and the first observation is what `reset` returns 
 that plays it. An environment with a dataset has rows (`RowsMixin`): a JSONL file, one row a
 problem, its id the row's `id` or a hash of the row; the held-out pool is the task's public
 hash rule (tasks/base.py), and a training worker is handed a file of the training rows only
-(`train_view`), so nothing held out reaches a process that runs harness code.
+(`train_spec`), so nothing held out reaches a process that runs harness code.
 
 The environment's code (its `reset`, its tools, its reward) runs only where episodes are
 played: training and evaluation jobs, both in the sandbox (docs/sandbox.md). The controller
@@ -110,7 +110,7 @@ class RowsMixin:
     def data_files(self) -> tuple[str, ...]:
         return (str(self.data_path),) if self.rows else ()
 
-    def train_view(self, directory: Path) -> str:
+    def train_spec(self, directory: Path) -> str:
         """The spec a training worker gets: with rows, one naming a file of the training rows only."""
         if not self.rows:
             return self.spec

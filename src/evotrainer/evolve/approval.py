@@ -2,10 +2,10 @@
 
 Points: `design` (the proposal's legal diff, before the backtest), `backtest` (before any
 training), `completion` (the trained child and the promotion gate's verdict, before it is
-recorded). The controller records `gate_waiting` and polls for a decision file; `evotrainer
+recorded). The controller records `approval_waiting` and polls for a decision file; `evotrainer
 approve | revise | abort RUN TRIAL` writes that file (aside, then linked into place, so it is
 read whole and of two decisions sent at once only one lands), and the controller records
-`gate_decided` before it deletes the file: the lineage keeps one writer, and a run killed
+`approval_decided` before it deletes the file: the lineage keeps one writer, and a run killed
 at any moment that resumes finds its recorded decisions and does not ask again.
 
     approve   go on as proposed (or as the promotion gate decided)
@@ -24,14 +24,14 @@ from typing import Sequence
 from evotrainer.config import ApprovalConfig
 from evotrainer.errors import UsageError
 from evotrainer.lineage import LineageStore
-from evotrainer.lineage.events import Event, GateDecided, GateWaiting
+from evotrainer.lineage.events import Event, ApprovalDecided, ApprovalWaiting
 from evotrainer.evolve.notices import OnEvent
 
 DECISIONS = ("approve", "revise", "abort")
 
 
 class Revise(Exception):
-    """A person asked at a gate for another proposal, with this feedback."""
+    """A person asked at an approval point for another proposal, with this feedback."""
 
     def __init__(self, feedback: str):
         self.feedback = feedback
@@ -49,25 +49,25 @@ def decision_file(run_dir: Path, trial: int) -> Path:
     return Path(run_dir) / "approval" / f"trial-{trial}.json"
 
 
-def waiting(events: Sequence[Event]) -> list[GateWaiting]:
-    """`gate_waiting` events not yet decided, oldest first (normally one)."""
-    decided = {e.key for e in events if isinstance(e, GateDecided)}
-    return [e for e in events if isinstance(e, GateWaiting) and e.key not in decided]
+def waiting(events: Sequence[Event]) -> list[ApprovalWaiting]:
+    """`approval_waiting` events not yet decided, oldest first (normally one)."""
+    decided = {e.key for e in events if isinstance(e, ApprovalDecided)}
+    return [e for e in events if isinstance(e, ApprovalWaiting) and e.key not in decided]
 
 
 def submit(run_dir: Path, events: Sequence[Event], trial: int, decision: str, feedback: str = "") -> dict:
-    """The CLI's side: a decision for the gate trial `trial` is waiting at, or a clear refusal."""
+    """The CLI's side: a decision for the approval point trial `trial` waits at, or a clear refusal."""
     if decision not in DECISIONS:
         raise UsageError(f"unknown decision '{decision}'; valid choices: {', '.join(DECISIONS)}")
     if decision == "revise" and not feedback.strip():
         raise UsageError("revise needs --feedback TEXT: what the agent should change")
     open_ = waiting(events)
-    gate = next((e for e in open_ if e.trial == trial), None)
-    if gate is None:
+    asked = next((e for e in open_ if e.trial == trial), None)
+    if asked is None:
         now = ", ".join(f"trial {e.trial} at {e.point}" for e in open_) or "none"
-        raise UsageError(f"trial {trial} is not waiting at a gate; waiting now: {now}")
+        raise UsageError(f"trial {trial} is not waiting at an approval point; waiting now: {now}")
     f = decision_file(run_dir, trial)
-    out = {"trial": trial, "point": gate.point, "round": gate.round, "decision": decision,
+    out = {"trial": trial, "point": asked.point, "round": asked.round, "decision": decision,
            "feedback": feedback.strip()}
     tmp = f.with_name(f"{f.stem}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(out))
@@ -80,22 +80,22 @@ def submit(run_dir: Path, events: Sequence[Event], trial: int, decision: str, fe
     return out
 
 
-def ask(store: LineageStore, run_dir: Path, asked: GateWaiting, on_event: OnEvent,
-        poll_s: float) -> GateDecided:
-    """The controller's side: the decision for this gate, recorded in the lineage. One recorded
-    before a kill is reused; else `gate_waiting` is recorded (once) and the run waits. (The
-    store is read here, not from the trial's view of the run: the gate's own events land
+def ask(store: LineageStore, run_dir: Path, asked: ApprovalWaiting, on_event: OnEvent,
+        poll_s: float) -> ApprovalDecided:
+    """The controller's side: the decision for this approval point, recorded in the lineage. One recorded
+    before a kill is reused; else `approval_waiting` is recorded (once) and the run waits. (The
+    store is read here, not from the trial's view of the run: the approval's own events land
     while the trial runs.)"""
     f = decision_file(run_dir, asked.trial)
-    done = [e for e in store.events(GateDecided) if e.key == asked.key]
+    done = [e for e in store.events(ApprovalDecided) if e.key == asked.key]
     if done:  # decided before a kill: the file may still be there, and is spent
         f.unlink(missing_ok=True)
         return done[-1]
-    if not any(e.key == asked.key for e in store.events(GateWaiting)):
+    if not any(e.key == asked.key for e in store.events(ApprovalWaiting)):
         f.parent.mkdir(exist_ok=True)
         store.append(asked)
     on_event(asked)
-    d = GateDecided(asked.trial, asked.point, asked.round, **wait_for(run_dir, asked.trial, asked.point,
+    d = ApprovalDecided(asked.trial, asked.point, asked.round, **wait_for(run_dir, asked.trial, asked.point,
                                                                       asked.round, poll_s))
     store.append(d)
     f.unlink()  # recorded first: a kill in between finds the decision in the lineage
@@ -104,8 +104,8 @@ def ask(store: LineageStore, run_dir: Path, asked: GateWaiting, on_event: OnEven
 
 
 def wait_for(run_dir: Path, trial: int, point: str, round_: int, poll_s: float = 1.0) -> dict:
-    """Block until the decision file for this gate arrives (the caller deletes it once recorded).
-    A file for another gate (stale, or malformed) is set aside (renamed), never acted on."""
+    """Block until the decision file for this approval point arrives (the caller deletes it once recorded).
+    A file for another approval point (stale, or malformed) is set aside (renamed), never acted on."""
     f = decision_file(run_dir, trial)
     while True:
         if f.exists():

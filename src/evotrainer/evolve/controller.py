@@ -68,7 +68,7 @@ from evotrainer.harness.versions import HarnessRepo
 from evotrainer.trainer.backends import check_backend
 from evotrainer.labels import AGENT_FAILED, Label
 from evotrainer.lineage import Fitness, LineageStore, TrialRecord
-from evotrainer.lineage.events import (Event, FinalFinished, GateDecided, GateWaiting, ParentExhausted, RunFinished,
+from evotrainer.lineage.events import (Event, FinalFinished, ApprovalDecided, ApprovalWaiting, ParentExhausted, RunFinished,
                                        RunStarted, SessionStarted, Stopped, TrackerFailed, TrialResumed, TrialStarted,
                                        new_run_id)
 from evotrainer.policy.model import resolve_model
@@ -128,15 +128,15 @@ def beside(in_flight: dict[int, TrialPlan], reached: Callable[[TrialPlan], froze
 class Controller:
     def __init__(self, cfg: RunConfig, run_dir: Path | str, on_event: OnEvent | None = None,
                  agent: Callable[[AgentContext], Proposal | AgentFailed | None] | None = None,
-                 run_backtests: bool = True, gate_poll_s: float = 1.0, backend: type[Training] = Training):
+                 run_backtests: bool = True, approval_poll_s: float = 1.0, backend: type[Training] = Training):
         """`agent(context)` proposes (default: the config's agent); `run_backtests=False` lets a
         test show that the gate alone still stops what a backtest would have caught;
-        `gate_poll_s` is how often a run paused at a human gate looks for the decision;
+        `approval_poll_s` is how often a run paused at a human gate looks for the decision;
         `backend` trains and reads segments (the search simulator's draws them from a table)."""
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.agent, self.run_backtests = agent or make_agent(cfg), run_backtests
         self.backend = backend
-        self.gate_poll_s = gate_poll_s
+        self.approval_poll_s = approval_poll_s
         self.initial_policy = ControllerPolicy.initial(cfg.search)  # the search's policy until revised
         self.task = get_task(cfg.task, cfg.level)
         self.runtime = cfg.runtime().validate(here=cfg.executor == "local")
@@ -393,7 +393,7 @@ class Controller:
     def _propose(self, n: int, parent: State, feedback: str = "", rejected: tuple[str, ...] = (),
                  round_: int = 0) -> TrialPlan | None:
         """The agent's plan for trial `n` from `parent` (round > 0: a revision a person asked
-        for at a gate, with their feedback, the rejected interventions counted as tried)."""
+        for at an approval point, with their feedback, the rejected interventions counted as tried)."""
         self.stage(f"trial {n}: the {self.cfg.agent} agent proposes a change to {parent.version}")
         findings = self._findings(parent)
         trials, in_flight = self.view.trials, self.view.in_flight
@@ -403,7 +403,7 @@ class Controller:
         closed = specialists.closed_families(specialists.claimed(in_flight, parent.version, knobs))
         # what an llm or command agent reads of the lineage; with trials in flight, also their
         # claims and the outcomes that came in while they ran
-        shown = history.view(trials) + beside(in_flight,
+        shown = history.leaderboard(trials) + beside(in_flight,
                                               lambda p: specialists.reached(p, self._knobs(p.parent.version)))
         if self.cfg.search.concurrency > 1:
             shown += history.latest(trials)
@@ -553,8 +553,8 @@ class Controller:
                 fut.set_exception(e)
         return fut.result()
 
-    def _ask(self, asked: GateWaiting) -> GateDecided:
-        return approval.ask(self.store, self.run_dir, asked, self.on_event, self.gate_poll_s)
+    def _ask(self, asked: ApprovalWaiting) -> ApprovalDecided:
+        return approval.ask(self.store, self.run_dir, asked, self.on_event, self.approval_poll_s)
 
     def _candidate(self, parent: str, version: str, knobs: dict, files: dict, hypothesis: str) -> Candidate:
         """`version`: `parent`'s harness with `knobs` set and `files` replaced, committed and vetted

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
-from evotrainer.agents.catalog import FAMILY
+from evotrainer.agents.interventions import FAMILY
 from evotrainer.evolve.population import Child
 from evotrainer.labels import AGENT_FAILED, CRASHED, FAILED, Label
 from evotrainer.lineage.plan import TrialPlan
@@ -161,7 +161,7 @@ def _gain(t) -> str:
     return "" if t.fitness.gain is None else f", gain {t.fitness.gain:+.3f}"
 
 
-def view(trials: Sequence, top: int = 5) -> str:
+def leaderboard(trials: Sequence, top: int = 5) -> str:
     """What an agent is shown of the lineage: a leaderboard of kept versions by validation
     accuracy, the path from the root to the best, and every child of the best with its label."""
     kept = [t for t in trials if t.label == Label.KEPT and t.fitness.val]

@@ -26,9 +26,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from evotrainer.agents.catalog import FAMILY, Proposal, set_knob
+from evotrainer.agents.interface import AgentContext, Proposal
+from evotrainer.agents.interventions import FAMILY, set_knob
 from evotrainer.backtest import backtest
-from evotrainer.agents.rules import AgentContext, candidates
+from evotrainer.agents.rules import candidates
 from evotrainer.catalog import get_task
 from evotrainer.config import RunConfig
 from evotrainer.errors import UsageError

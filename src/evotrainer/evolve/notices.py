@@ -2,7 +2,7 @@
 object per notice, never a (kind, dict) pair.
 
 A notice is one of:
-- a lineage event (lineage/events.py) as it is recorded: `RunStarted`, `GateWaiting`,
+- a lineage event (lineage/events.py) as it is recorded: `RunStarted`, `ApprovalWaiting`,
   `FinalFinished`, ...; also `TrialStarted` as a trial begins;
 - a finished trial's `TrialRecord`, with its typed fitness;
 - `Progress` (evolve/progress.py): training steps of the jobs in flight;

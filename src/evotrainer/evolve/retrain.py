@@ -22,7 +22,7 @@ from evotrainer.config import EvalConfig
 from evotrainer.evaluate.greedy import evaluate_checkpoints, load_error
 from evotrainer.evolve.progress import Job, Progress, Watcher
 from evotrainer.evolve.segment_cache import (SegmentCache, cached_scores, chain_keys, checkpoint_identity,
-                                             draws_digest, name_view, numbers, score_inputs, start_identity,
+                                             draws_digest, name_train_spec, numbers, score_inputs, start_identity,
                                              task_identity, tree_digest)
 from evotrainer.executors import Call, Executor, LocalPool
 from evotrainer.runtime import Runtime
@@ -80,13 +80,13 @@ def retrain(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int]
     executor = executor or LocalPool(workers)
     runtime = (runtime or Runtime()).on_base(base)  # every checkpoint loads on the base's config and tokenizer
     jobs = []  # (arm, seed, out, train_schedule's arguments)
-    view = task.train_view(Path(out_root) / "train-data")
+    train_spec = task.train_spec(Path(out_root) / "train-data")
     for name, arm in arms.items():
         for seed in seeds:
             out = Path(out_root) / name / f"seed-{seed}"
             draws = [handed_draws(task, h, segment_seed(seed, d), arm.steps) for d, h in enumerate(arm.harnesses, 1)]
             jobs.append((name, seed, out, dict(
-                task=view, level=task.target_level, base=base, out=str(out), harnesses=list(arm.harnesses),
+                task=train_spec, level=task.target_level, base=base, out=str(out), harnesses=list(arm.harnesses),
                 seed=seed, steps=arm.steps, runtime=runtime.to_dict(), draws=draws, eval_every=evaluation.every)))
     local, task_id = isinstance(executor, LocalPool), task_identity(task.spec, task.data_files()) if cache else ""
     base_id = start_identity(Path(base)) if cache else ""
@@ -100,10 +100,10 @@ def retrain(task: Task, base: str, arms: Mapping[str, Arm], seeds: Sequence[int]
         if keys and all(cache.lookup(k) for k in keys) and \
                 all(cache.materialise(k, out / f"segment-{d}") for d, k in enumerate(keys, 1)):
             for d in range(1, len(keys) + 1):
-                name_view(out / f"segment-{d}", view)
+                name_train_spec(out / f"segment-{d}", train_spec)
             continue
         calls.append(Call(train_schedule, args, writes=(str(out),), clean=True,  # a kill mid-way: starts clean
-                          reads=(base, *task.files(view), *args["harnesses"], *runtime.policy.reads())))
+                          reads=(base, *task.files(train_spec), *args["harnesses"], *runtime.policy.reads())))
         trained.append((name, seed, out, keys))
     where = [(name, seed, out / f"segment-{len(arms[name].harnesses)}") for name, seed, out, _ in jobs]
     watch = Watcher(f"retraining {', '.join(arms)} on seeds {list(seeds)}", [

@@ -366,12 +366,12 @@ class SegmentCache:
         return self.root / "scores" / key[:2] / f"{key}.json"
 
 
-def name_view(out: Path, view: str) -> None:
-    """A materialised directory's run.json names this run's train view (a JSONL task's file
+def name_train_spec(out: Path, train_spec: str) -> None:
+    """A materialised directory's run.json names this run's train train_spec (a JSONL task's file
     lives in the run that trained the entry; its rows are the same, the task's identity says)."""
     meta = jobfiles.read_json(out, "run.json")
-    if meta.get("task") != view:  # a new file: the entry's, linked here, stays as it was
-        jobfiles.write_text(out, "run.json", json.dumps(meta | {"task": view}, indent=2))
+    if meta.get("task") != train_spec:  # a new file: the entry's, linked here, stays as it was
+        jobfiles.write_text(out, "run.json", json.dumps(meta | {"task": train_spec}, indent=2))
 
 
 def _same(entry: Path, out: Path) -> bool:

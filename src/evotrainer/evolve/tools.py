@@ -15,7 +15,7 @@ from evotrainer.evolve.view import RunView
 from evotrainer.harness.candidate import Candidate
 from evotrainer.harness.versions import HarnessRepo
 from evotrainer.lineage import TrialRecord
-from evotrainer.lineage.events import Event, GateDecided, GateWaiting
+from evotrainer.lineage.events import Event, ApprovalDecided, ApprovalWaiting
 from evotrainer.evolve.notices import OnEvent
 
 
@@ -32,7 +32,7 @@ class TrialTools:
     findings: Callable[[State], list[dict]]           # a state's worst findings (read once per state)
     read_later: Callable[[str, dict[int, str]], None]  # start reading a state's findings in a thread
     record: Callable[[Event], None]      # an event into the lineage, and shown
-    ask: Callable[[GateWaiting], GateDecided]          # a person's decision at a gate (approval.ask)
+    ask: Callable[[ApprovalWaiting], ApprovalDecided]          # a person's decision at an approval point (approval.ask)
     finish: Callable[[TrialRecord, State | None], None]  # the trial's record, and the state it keeps
     stage: Callable[[str], None]         # what the run does now (shown, never stored)
     show: OnEvent                        # a notice shown live and not stored

@@ -28,7 +28,7 @@ from evotrainer.evolve.diagnosis import worst_findings
 from evotrainer.evolve.progress import Job, Progress, Watcher
 from evotrainer.evolve.retrain import RetrainFailed, evaluate
 from evotrainer.evolve.segment_cache import (SegmentCache, SegmentInputs, cached_scores, checkpoint_identity,
-                                             draws_digest, name_view, numbers, score_inputs, segment_key,
+                                             draws_digest, name_train_spec, numbers, score_inputs, segment_key,
                                              start_identity, task_identity, tree_digest)
 from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.evolve.stats import average_last
@@ -80,10 +80,10 @@ class Training:
         SegmentFailed; the others as States at their depth. `read(segment, dirs)` hears each
         segment that trained on every seed before they are scored, so the caller can start
         reading their evidence beside the evaluator (whose start-up leaves a core idle)."""
-        with self._lock:  # trials in flight train at once: the view is written once
-            if self._view is None:  # the task without its held-out rows (a JSONL task writes a file: once a run)
-                self._view = self.task.train_view(self.run_dir / "train-data")
-        view = self._view
+        with self._lock:  # trials in flight train at once: the training spec is written once
+            if self._train_spec is None:  # the task without its held-out rows (a JSONL task writes a file: once a run)
+                self._train_spec = self.task.train_spec(self.run_dir / "train-data")
+        train_spec = self._train_spec
         jobs = []  # (segment index, seed, out, train_segment's arguments)
         for i, sg in enumerate(segments):
             for seed in sg.seeds or self.cfg.seeds:
@@ -94,7 +94,7 @@ class Training:
                 seg_seed = segment_seed(seed, 1 if self.restart else sg.depth) + sg.data_offset
                 harness = str(self.harness_dir(sg.version))
                 jobs.append((i, seed, out, dict(
-                    task=view, level=self.task.target_level, runtime=self.runtime.to_dict(), harness=harness,
+                    task=train_spec, level=self.task.target_level, runtime=self.runtime.to_dict(), harness=harness,
                     base=sg.start.checkpoint(seed) if sg.start.dirs else self.base, out=str(out),
                     seed=seg_seed, steps=self.segment_steps,
                     draws=handed_draws(self.task, harness, seg_seed, self.segment_steps),
@@ -103,10 +103,11 @@ class Training:
         keys = [self._key(args, len(jobs)) if self.cache else None for *_, args in jobs]
         for (i, seed, out, args), key in zip(jobs, keys):
             if key is not None and self.cache.materialise(key, out):
-                self._reused(out, key, view)
+                self._reused(out, key, train_spec)
                 continue
             calls.append(Call(train_segment, args, writes=(str(out),), clean=True,  # a resumed segment starts clean
-                              reads=(args["harness"], *self.task.files(view), args["base"], *self.runtime.policy.reads())))
+                              reads=(args["harness"], *self.task.files(train_spec), args["base"],
+                                     *self.runtime.policy.reads())))
             where.append((i, seed, out, key))
         names = list(dict.fromkeys(sg.out_root.name for sg in segments))  # v1, v0-d2 (a control), replica-1
         watch = Watcher(
@@ -145,7 +146,7 @@ class Training:
                                   else State(sg.version, sg.depth, dirs[i], *scores[i]))
                 for i, sg in enumerate(segments)]
 
-    _view: str | None = field(default=None, init=False, repr=False)  # the workers' task spec (train)
+    _train_spec: str | None = field(default=None, init=False, repr=False)  # the workers' task spec (train)
     _base_id: str | None = field(default=None, init=False, repr=False)  # the base's digest, once a run
     _task_id: str | None = field(default=None, init=False, repr=False)  # the task's identity, once a run
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -173,10 +174,10 @@ class Training:
     def _local(self) -> bool:
         return isinstance(self.jobs, LocalPool)
 
-    def _reused(self, out: Path, key: str, view: str) -> None:
-        """A segment materialised from the cache: its log says so; run.json names this run's view."""
+    def _reused(self, out: Path, key: str, train_spec: str) -> None:
+        """A segment materialised from the cache: its log says so; run.json names this run's train_spec."""
         keep_log(out, f"reused from the segment cache: {self.cache.entry(key)}\n")
-        name_view(out, view)
+        name_train_spec(out, train_spec)
 
     def findings(self, dirs: dict[int, str], harness_dir: Path) -> list[dict]:
         """A state's findings over its seeds' evidence, as its own harness reads them."""

@@ -1,10 +1,10 @@
 """One attempt at a trial: its plan taken through stages, any of which may end it.
 
-    plan (the agent failed?) -> candidate: commit, legality, this run's backend -> design gate
+    plan (the agent failed?) -> candidate: commit, legality, this run's backend -> design approval
     -> diagnostic replay (a change to diagnostics.py alone is kept here, untrained)
-    -> backtest on the parent's rollouts, and the equivalent-twin check -> backtest gate
+    -> backtest on the parent's rollouts, and the equivalent-twin check -> backtest approval
     -> train against the control -> promotion gate (gate.gate; an inconclusive but promising
-    child trains more seed pairs, one at a time) -> completion gate -> record
+    child trains more seed pairs, one at a time) -> completion approval -> record
 
 A stage returns what the next one needs, or an Outcome that ends the trial; `record` turns
 whichever outcome came into the trial's lineage row, so every exit is written one way. At
@@ -35,7 +35,7 @@ from evotrainer.evolve.tools import TrialTools
 from evotrainer.harness.versions import PatchError
 from evotrainer.labels import Label
 from evotrainer.lineage import Decision, Fitness, TrialRecord
-from evotrainer.lineage.events import ControlFinished, GateWaiting, PairControlFinished, TrialStarted
+from evotrainer.lineage.events import ControlFinished, ApprovalWaiting, PairControlFinished, TrialStarted
 
 
 
@@ -96,7 +96,7 @@ class Trial:
         if again is not None:
             return again
         if self.ask("design", patch=patch) == "abort":
-            return Outcome(Label.ABORTED, "aborted by a person at the design gate", patch)
+            return Outcome(Label.ABORTED, "aborted by a person at the design approval", patch)
         replays = self.replay_diagnostics()
         rejected = [r for r in replays if not r.kept]
         if rejected:  # a diagnostic is kept only if it separates (EvoTrainer)
@@ -109,7 +109,7 @@ class Trial:
         if isinstance(screened, Outcome):
             return screened
         if self.ask("backtest", backtest=screened.to_json()) == "abort":
-            return Outcome(Label.ABORTED, "aborted by a person at the backtest gate", patch, screened)
+            return Outcome(Label.ABORTED, "aborted by a person at the backtest approval", patch, screened)
         self.stage(f"trains {self.version} beside its control, then the evaluator scores both")
         trained = self.train(patch, screened)
         if isinstance(trained, Outcome):
@@ -156,7 +156,7 @@ class Trial:
         parent's checkpoints, so the next proposals from it read the new diagnostic."""
         screened = Screened(tuple(replays))
         if self.ask("completion", label=Label.KEPT, diagnostics=[r.to_json() for r in replays]) == "abort":
-            return Outcome(Label.ABORTED, "aborted by a person at the completion gate", patch, screened)
+            return Outcome(Label.ABORTED, "aborted by a person at the completion approval", patch, screened)
         state = dataclasses.replace(self.parent, version=self.version)
         why = "; ".join(f"{r.diagnostic} separates failed from held-up versions (AUC {r.auc})" for r in replays)
         return Outcome(Label.KEPT, why + "; kept without training", patch, screened, fitness=Fitness.measured(state),
@@ -310,7 +310,7 @@ class Trial:
 
     def judge(self, patch: str, screened: Screened, control: State, child: State) -> Outcome:
         """The promotion gate (paired gain over the control beyond the noise floor, no blocking
-        finding), then a person at the completion gate where there is one: an abort there is
+        finding), then a person at the completion approval where there is one: an abort there is
         measured and recorded, never kept."""
         findings = self.tools.findings(child)
         blocking = [f"{f['diagnostic']} = {f['value']:g}" for f in findings if f["blocking"]]
@@ -328,7 +328,7 @@ class Trial:
         if self.ask("completion", label=decision.label, gain=decision.gain, val=child.val,
                     control_val=control.val) == "abort":
             return dataclasses.replace(judged, label=Label.ABORTED, state=None, reflection=(
-                f"aborted by a person at the completion gate (the gate said {decision.label})"))
+                f"aborted by a person at the completion approval (the gate said {decision.label})"))
         return judged
 
     def record(self, o: Outcome) -> None:
@@ -354,7 +354,7 @@ class Trial:
         streak = len(history.failures_in_a_row(tools.view.trials))
         if point not in approval.points(tools.cfg.approval, streak):
             return "approve"
-        d = tools.ask(GateWaiting(self.n, point, self.plan.round or 0, self.plan.intervention, self.plan.hypothesis,
+        d = tools.ask(ApprovalWaiting(self.n, point, self.plan.round or 0, self.plan.intervention, self.plan.hypothesis,
                                 shown))
         if d.decision == "revise":
             raise approval.Revise(d.feedback)

@@ -21,11 +21,13 @@ E = TypeVar("E", bound="Event")
 KINDS: dict[str, type["Event"]] = {}  # kind -> its class (filled by `stored_as`)
 
 
-def stored_as(name: str):
-    """Register an event class under the kind its rows carry."""
+def stored_as(name: str, was: tuple[str, ...] = ()):
+    """Register an event class under the kind its rows carry; `was`: the kinds older runs
+    stored it under, read as it (never written)."""
     def register(cls: type[E]) -> type[E]:
-        cls.KIND = name
-        KINDS[name] = cls
+        cls.KIND, cls.STORED = name, (name, *was)
+        for n in cls.STORED:
+            KINDS[n] = cls
         return cls
     return register
 
@@ -33,6 +35,7 @@ def stored_as(name: str):
 @dataclass(frozen=True)
 class Event:
     KIND: ClassVar[str] = ""
+    STORED: ClassVar[tuple[str, ...]] = ()   # KIND, and the kinds older runs stored the class under
     READ: ClassVar[dict[str, Callable]] = {}  # field -> how its JSON value is read (a nested record)
 
     @property
@@ -252,12 +255,12 @@ class DiagnosticReplayFailed(Event):
     error: str
 
 
-# ---------------------------------------------------------------------- human gates
+# ---------------------------------------------------------------------- a person's approval
 
-@stored_as("gate_waiting")
+@stored_as("approval_waiting", was=("gate_waiting",))
 @dataclass(frozen=True)
-class GateWaiting(Event):
-    """A trial paused at a gate for a person's decision. `shown` is what the point shows
+class ApprovalWaiting(Event):
+    """A trial paused at an approval point for a person's decision. `shown` is what the point shows
     besides the proposal (the patch, the backtest, the gate's verdict), stored beside it."""
     trial: int
     point: str                           # design | backtest | completion
@@ -271,7 +274,7 @@ class GateWaiting(Event):
                 "hypothesis": self.hypothesis} | self.shown
 
     @classmethod
-    def from_json(cls, data: Mapping, trial: int | None = None) -> "GateWaiting":
+    def from_json(cls, data: Mapping, trial: int | None = None) -> "ApprovalWaiting":
         own = {"point", "round", "intervention", "hypothesis"}
         return cls(trial, data["point"], data["round"], data["intervention"], data["hypothesis"],
                    {k: v for k, v in data.items() if k not in own})
@@ -281,9 +284,9 @@ class GateWaiting(Event):
         return (self.trial, self.point, self.round)
 
 
-@stored_as("gate_decided")
+@stored_as("approval_decided", was=("gate_decided",))
 @dataclass(frozen=True)
-class GateDecided(Event):
+class ApprovalDecided(Event):
     trial: int
     point: str
     round: int

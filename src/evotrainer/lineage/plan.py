@@ -33,7 +33,7 @@ class Failure:
 class TrialPlan:
     parent: State                        # the state the child trains on from
     version: str | None                  # the version it commits ("v7", a revision "v7r1"); None: nothing to commit
-    round: int | None                    # 0, or the revision a person asked for at a gate; None: a crossover
+    round: int | None                    # 0, or the revision a person asked for at an approval point; None: a crossover
     intervention: str                    # catalog name, or an agent's own name for its change
     family: str                          # the harness surface it touches (a specialist's role for llm agents)
     hypothesis: str                      # "changing X improves Y because Z"
@@ -48,7 +48,7 @@ class TrialPlan:
     usage: dict | None                   # what proposing cost, every round together (llm: calls, tokens, seconds)
     mate: State | None = None            # a crossover's second parent
     failed: Failure | None = None        # never runs: recorded with this label
-    rejected: tuple[str, ...] | None = None   # interventions a person turned down at a gate, this trial
+    rejected: tuple[str, ...] | None = None   # interventions a person turned down at an approval point, this trial
     feedback: str | None = None          # that person's words
     beside: tuple[int, ...] | None = None  # trials in flight when it was proposed (search.concurrency > 1)
     saw: tuple[int, ...] | None = None   # the finished trials its proposal read (search.concurrency > 1)
@@ -89,16 +89,16 @@ class TrialPlan:
                    saw=None if d.get("saw") is None else tuple(d["saw"]),
                    merged=None if d.get("merged") is None else tuple(d["merged"]))
 
-    # ------------------------------------------------------------------ revising at a gate
+    # ------------------------------------------------------------------ revising at an approval point
 
     def revision(self, proposed: "TrialPlan | None", feedback: str) -> "TrialPlan":
-        """The plan after a person asked at a gate for another proposal: `proposed`, the agent's
+        """The plan after a person asked at an approval point for another proposal: `proposed`, the agent's
         next (asked with `rejected_so_far` counted as tried), or this plan withdrawn (labelled
         aborted) where the agent had nothing else. Either carries the interventions turned down
         and the person's words; proposing costs add up over the rounds, so the trial's budgets
         hold the whole bill."""
         new = proposed or dataclasses.replace(self, round=self.next_round, usage={}, failed=Failure(
-            Label.ABORTED, f"revised at a gate, and the agent has nothing else to propose from {self.parent.version}"))
+            Label.ABORTED, f"revised at an approval point, and the agent has nothing else to propose from {self.parent.version}"))
         return dataclasses.replace(new, rejected=self.rejected_so_far, feedback=feedback,
                                    usage=add_usage(self.usage, new.usage))
 
@@ -108,7 +108,7 @@ class TrialPlan:
 
     @property
     def rejected_so_far(self) -> tuple[str, ...]:
-        """The interventions turned down at a gate this trial, this one included (the agent counts them tried)."""
+        """The interventions turned down at an approval point this trial, this one included (the agent counts them tried)."""
         return tuple(dict.fromkeys([*(self.rejected or ()), self.intervention]))
 
 

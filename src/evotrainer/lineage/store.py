@@ -202,7 +202,7 @@ class LineageStore:
 
     def log(self, *kinds: type[Event]) -> list[Logged]:
         """Events of these kinds (every kind: none named) in the order they were recorded, with when."""
-        names = [k.KIND for k in kinds]
+        names = [n for k in kinds for n in k.STORED]
         sql = ("SELECT id, t, trial, kind, data FROM events"
                + (f" WHERE kind IN ({', '.join('?' * len(names))})" if names else "") + " ORDER BY id")
         return [Logged(i, t, decode(k, json.loads(d), tr)) for i, t, tr, k, d in self.db.execute(sql, names)]

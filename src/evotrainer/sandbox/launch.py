@@ -8,7 +8,7 @@ Isolation levels, probed once per process (`probe()`):
 
     namespaces  util-linux `unshare`: new mount, network, PID, IPC and UTS namespaces (plus a
                 user namespace when we are not root). The job's filesystem is a fresh root
-                built for it (`view()`): the Python environment, the system's own files,
+                built for it (`root_contents()`): the Python environment, the system's own files,
                 its declared inputs read-only, its declared outputs writable, a private /tmp
                 and nothing else (no home, no working directory, no other run, no other
                 version of this run). An unprivileged user (a uid of its own when we are
@@ -309,7 +309,7 @@ def _owner_map(path: str, user: int | None) -> list[int] | None:
     return [st.st_uid, st.st_gid, user, user]
 
 
-def view(read, write=(), user: int | None = None, cwd: Path | None = None) -> dict:
+def root_contents(read, write=(), user: int | None = None, cwd: Path | None = None) -> dict:
     """What a job's root holds besides its tmpfs mounts: binds [[path, how], ...] (how: "rw",
     "ro", or [uid, gid, job uid, job gid]: read-only, idmapped so that this owner reads as the
     job's `user`), the links on the way to them, and the devices: the system's files, the
@@ -413,7 +413,7 @@ def prepare(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: P
     spec = {"argv": argv, "env": env, "cwd": str(cwd), "tmp_mb": jail.limits.tmp_mb, "limits": limits,
             "uid": user, "gid": user, "setpriv": shutil.which("setpriv"), "mounts": mounts, "mask": _masks(jail)}
     if mounts:
-        spec |= view(jail.read, write, user, cwd)
+        spec |= root_contents(jail.read, write, user, cwd)
     fd = os.open(job_dir / "sandbox.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with open(fd, "w") as f:
         json.dump(spec, f)

@@ -150,7 +150,7 @@ class Task(ABC):
         """A worker's task: train only on these indices (per level), drawn by the controller."""
         self._draws = {int(lv): list(ix) for lv, ix in draws.items()}
 
-    def train_view(self, directory: Path) -> str:
+    def train_spec(self, directory: Path) -> str:
         """The spec a training worker gets: this one (a generator holds no held-out data; a
         task whose file does writes its training rows under `directory`, see jsonl.py)."""
         return self.spec
@@ -161,7 +161,7 @@ class Task(ABC):
 
     def files(self, spec: str | None = None) -> tuple[str, ...]:
         """The files a job that rebuilds this task from `spec` reads (this task's own spec, or
-        a train view of it): those the spec names as paths (tasks/spec.py `spec_files`: a
+        a train spec of it): those the spec names as paths (tasks/spec.py `spec_files`: a
         JSONL file, a factory's .py file, an environment's rows), what the job's Call
         declares in `reads`. The spec itself is never handed to the sandbox: a string cut
         at its punctuation would name a directory beside the file, or no file at all."""

@@ -16,7 +16,7 @@ guarantee. The task's `name` is the file's stem, not its path: moving the file k
 splits; editing a row's prompt or id moves only that row.
 
 A training worker never reads the user's file (the sandbox hides it): the controller writes
-the train rows to a file of their own (`train_view`) and the worker's spec names that file
+the train rows to a file of their own (`train_spec`) and the worker's spec names that file
 with `rows=train`, which makes every row a training row.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from evotrainer.tasks.verifiers import VERIFIERS, answer_problem
 
 ROW_SPLITS = ("train",) + SPLITS
 QUERY_KEYS = ("verifier", "rows")
-ROWS = ("all", "train")  # rows=train: a training worker's file of train rows only (train_view)
+ROWS = ("all", "train")  # rows=train: a training worker's file of train rows only (train_spec)
 
 
 @dataclass
@@ -51,7 +51,7 @@ class JsonlConfig:
     verifier: str = "exact"
     level: int | None = None   # target level; None: the highest level in the file
     split_size: int = 500      # cap on each of validation and test
-    rows: str = "all"          # "train": every row trains (a worker's train_view file), no val/test
+    rows: str = "all"          # "train": every row trains (a worker's train_spec file), no val/test
 
     def validate(self) -> None:
         if self.verifier not in VERIFIERS:
@@ -98,7 +98,7 @@ class JsonlTask(Task):
     def data_files(self) -> tuple[str, ...]:
         return (str(self.config.path),)
 
-    def train_view(self, directory: Path) -> str:
+    def train_spec(self, directory: Path) -> str:
         """Write the train rows (every level, file order) to DIRECTORY/<stem>.jsonl; the spec
         a training worker gets: it rebuilds the same training problems and no other."""
         directory.mkdir(parents=True, exist_ok=True)
@@ -116,7 +116,7 @@ class JsonlTask(Task):
         """The target level needs rows to train on and to validate and test with."""
         lv = self.target_level
         if self.config.rows == "train":
-            return  # a worker's train_view: validation and test live only in the controller
+            return  # a worker's train_spec: validation and test live only in the controller
         if not self._rows["train"].get(lv):
             raise UsageError(f"{path}: no train rows at level {lv} (all of them are held out or pinned "
                              f"to val/test); add rows or pin some with \"split\": \"train\"")

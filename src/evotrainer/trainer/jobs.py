@@ -4,7 +4,7 @@ caller hands them and reads back.
 `train_segment` runs in a worker process (it loads, and so runs, the harness's code; it
 holds no validation or test data and cannot derive them: the controller hands it its
 training problems as indices, `handed_draws`, and the task's view without held-out rows,
-`Task.train_view`): it trains, and writes to OUT run.json (task, seed,
+`Task.train_spec`): it trains, and writes to OUT run.json (task, seed,
 group size and token budget the evidence was sampled under), checkpoint/ (Hugging Face
 format, plus optimizer.pt: AdamW's state, which the next segment continues), checkpoints/step-N
 every `eval_every` steps (the run's schedule: outputs.scheduled_checkpoints), metrics.jsonl (one line per step),
@@ -52,7 +52,7 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
                   steps: int, runtime: dict | None = None, draws: dict | None = None,
                   eval_every: int = 25, replica: int = 0) -> dict:
     """Worker entry point: plain arguments in, a plain dict out. `task` is the spec of the
-    task's train view; `draws` the handed-in training indices (None: the worker draws from
+    task's train spec; `draws` the handed-in training indices (None: the worker draws from
     the public, unkeyed pool: library use outside a run); `runtime`
     (evotrainer.runtime.Runtime as a dict) names the backend, device and precision.
     `seed` draws the data; the sampling seed is `sampling_seed(seed, harness, replica)`.

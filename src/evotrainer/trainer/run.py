@@ -64,13 +64,13 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     follow = _metrics_follower(out, on_step) if on_step else None
     level = task.target_level  # the spec and this level rebuild the same task in every process
     harness = str(harness_dir or REFERENCE)
-    view = task.train_view(out.with_name(out.name + ".train-data"))
+    train_spec = task.train_spec(out.with_name(out.name + ".train-data"))
     result = run_in_worker(train_segment, dict(
-        task=view, level=level, harness=harness,
+        task=train_spec, level=level, harness=harness,
         base=str(base), out=str(out), seed=seed, steps=steps, runtime=runtime.to_dict(),
         draws=handed_draws(task, harness, seed, steps), eval_every=eval_every),
         timeout_s=timeout_s, memory_mb=memory_mb, on_poll=follow, writes=(str(out),),
-        reads=(harness, str(base), *task.files(view), *runtime.policy.reads()))
+        reads=(harness, str(base), *task.files(train_spec), *runtime.policy.reads()))
     keep_log(out, result.log_tail)
     if not result.ok:
         raise TrainingFailed(result, out)

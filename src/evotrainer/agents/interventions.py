@@ -8,50 +8,23 @@ intervention family a diagnostic finding suggests (`reward`, `group_filter`, ...
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields, replace
 from typing import Callable
 
+from evotrainer.agents.interface import Proposal
 from evotrainer.harness.knobs import Knobs
 from evotrainer.harness.registry import Registry
 
 
-@dataclass(frozen=True)
-class Proposal:
-    intervention: str              # catalog name
-    family: str                    # reward | group_filter | optimisation | exploration | efficiency | curriculum | signal
-    hypothesis: str                # "changing X improves Y because Z"
-    frozen: str                    # what stays as it is
-    success_criterion: str
-    rollback: str
-    knobs: dict = field(default_factory=dict)   # knob -> new value (the one variable)
-    files: dict = field(default_factory=dict)   # slot file -> its new source (a slot the knob names)
-    agent: str = "rules"
-    trigger: str = "none"                       # the finding it answers ("diagnostic:severity"), for skills
-    expected: str = ""                          # the expected effect, where the agent states it apart
-    usage: dict = field(default_factory=dict)   # what proposing cost (llm: calls, tokens, seconds)
-
-
-@dataclass(frozen=True)
-class AgentFailed:
-    """An agent that could not produce a usable proposal: the trial is recorded with `label`
-    (unparseable, patch_failed, syntax_error, agent_timeout, agent_error) and the run goes on."""
-    label: str
-    reason: str
-    agent: str
-    intervention: str = "agent_failed"
-    hypothesis: str = "-"
-    usage: dict = field(default_factory=dict)
-
-
 Intervention = Callable[[Knobs, int], "Proposal | None"]
-CATALOG: Registry[Intervention] = Registry("intervention")
+INTERVENTIONS: Registry[Intervention] = Registry("intervention")
 FAMILY: dict[str, str] = {}
 
 
 def intervention(family: str):
     def deco(fn: Intervention) -> Intervention:
         FAMILY[fn.__name__] = family
-        return CATALOG.register()(fn)
+        return INTERVENTIONS.register()(fn)
     return deco
 
 
