@@ -235,3 +235,18 @@ def test_a_trial_redone_on_resume_reads_the_trials_finished_when_it_started_not_
     assert [t.id for t in then.trials] == [0] and then.events == now.events  # the control is still found
     assert then.control("v0", 2) is not None
     assert [t.id for t in now.as_started(3).trials] == [0, 2]  # a trial not started: everything finished
+
+
+@pytest.mark.parametrize("label", ["discarded", "invalid"])
+def test_a_move_that_hacked_the_reward_above_a_parent_is_not_proposed_again_below_it(ctl, label):
+    """partial_credit hacked the reward from the root (`invalid`); from a kept child of the root
+    it would set the same reward again. A move merely discarded above is proposed again (its
+    gain may differ from another parent); one labelled invalid is counted as tried."""
+    from evotrainer.evolve import history
+    root = ctl.store.trials()[0].fitness.state
+    add(ctl, 1, root, "partial_credit", label, val=0.30, gain=0.1)
+    v2 = add(ctl, 2, root, "drop_dead", "kept", val=0.20, gain=0.05)
+    look(ctl)
+    first = ctl._propose(3, v2).intervention
+    assert history.hacked_above(ctl.view.trials, "v2") == ({"partial_credit"} if label == "invalid" else set())
+    assert (first == "partial_credit") == (label == "discarded"), first

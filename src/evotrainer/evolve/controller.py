@@ -398,7 +398,7 @@ class Controller:
         findings = self._findings(parent)
         trials, in_flight = self.view.trials, self.view.in_flight
         tried = {t.intervention for t in trials if t.parents[:1] == [parent.version]} | set(rejected) | \
-            specialists.in_flight_from(in_flight, parent.version)
+            specialists.in_flight_from(in_flight, parent.version) | history.hacked_above(trials, parent.version)
         knobs = self._knobs(parent.version)
         closed = specialists.closed_families(specialists.claimed(in_flight, parent.version, knobs))
         # what an llm or command agent reads of the lineage; with trials in flight, also their

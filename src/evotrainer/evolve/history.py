@@ -62,6 +62,15 @@ def ancestors(trials: Iterable, v: str) -> list[str]:
     return out
 
 
+def hacked_above(trials: Iterable, v: str) -> set[str]:
+    """Interventions labelled `invalid` (a blocking finding: the reward rose while the score did
+    not, or paid for length) from `v` or a version it descends from. Proposed again lower in the
+    same line they set the same reward, and hack it again: a trial spent on a known verdict."""
+    trials = list(trials)
+    line = set(ancestors(trials, v))
+    return {t.intervention for t in trials if t.label == Label.INVALID and t.parents[:1] and t.parents[0] in line}
+
+
 def common_ancestor(trials: Iterable, a: str, b: str) -> str:
     """The nearest version both `a` and `b` descend from (first parents and crossover mates)."""
     trials = list(trials)
