@@ -50,16 +50,17 @@ def _task(args):
     return get_task(args.task, args.level)
 
 
-def _base(args, task):
-    from evotrainer.trainer.pretrain import PretrainConfig, announce, pretrain, stages_to_build
+def _base(args, task, cfg):
+    """The base checkpoint: the user's model, or the built-in one SFT'd as the run config's `base` says."""
+    from evotrainer.trainer.pretrain import announce, pretrain, stages_to_build
     if getattr(args, "model", None):
         from evotrainer.policy.model import resolve_model
         from evotrainer.tasks.keys import split_key
         path = Path(resolve_model(args.model))  # fails early, in one line, if it is no causal LM
         task.use_key(split_key(f"model:{path}|{task.name}/{task.target_level}", args.cache_dir))
         return path, None
-    cfg = PretrainConfig(target_acc=args.target_acc, seed=args.base_seed, warm_start=args.warm_start)
-    stages = stages_to_build(task, cfg, args.cache_dir)
+    sft = cfg.base.pretrain_config()
+    stages = stages_to_build(task, sft, args.cache_dir)
     if stages:  # said before SFT starts: what it builds, and how long that took when measured
         print(announce(stages), file=sys.stderr)
     with _progress() as prog:
@@ -70,7 +71,7 @@ def _base(args, task):
                 bars[p.stage] = prog.add_task(f"SFT {p.stage}", total=p.total, info="")
             prog.update(bars[p.stage], completed=p.step, total=p.total,
                         info=f"loss {p.loss:.3f} probe {p.probe_acc:.2f} of {p.target:.2f}")
-        path, meta = pretrain(task, cfg, args.cache_dir, progress=show)
+        path, meta = pretrain(task, sft, args.cache_dir, progress=show)
         for bar in bars.values():  # each stage stopped at its target: its bar full
             prog.update(bar, total=prog.tasks[bar].completed)
     return path, meta
@@ -78,19 +79,57 @@ def _base(args, task):
 
 def cmd_pretrain(args) -> dict:
     task = _task(args)
-    path, meta = _base(args, task)
+    path, meta = _base(args, task, _run_config(args))
     return {"base": str(path), **{k: meta[k] for k in ("steps", "probe_acc", "seconds", "params")}}
 
 
-def _runtime(args):
-    from evotrainer.policy.config import PolicyConfig
-    from evotrainer.runtime import Runtime
-    from evotrainer.policy.adapters import LoraSpec
-    lora = LoraSpec(args.lora_rank, 2.0 * args.lora_rank) if getattr(args, "lora_rank", 0) else None
-    policy = PolicyConfig(args.dtype, args.device, not args.no_chat_template, getattr(args, "weights", "fp32"), lora)
-    return Runtime(args.backend, policy, args.micro_batch_size,
-                   gradient_checkpointing=getattr(args, "gradient_checkpointing", False),
-                   data_parallel=getattr(args, "data_parallel", 1)).validate()
+def _config_flags(sp, flags: dict[str, str | None]) -> None:
+    """A flag per run-config key in `flags` (key -> the flag's name where it is not the key's
+    own), its default, type, choices and help the key's field's (config.py): one source, so a
+    flag cannot drift from the key it sets. A true-by-default switch is turned off by `--no-KEY`."""
+    from evotrainer.config import key_field, optional, shown
+    known = dict(sp.get_default("config_flags") or {})
+    for key, flag in flags.items():
+        f, hint = key_field(key)
+        kind, _ = optional(hint)
+        flag = flag or "--" + key.rpartition(".")[2].replace("_", "-")
+        dest = flag[2:].replace("-", "_")
+        text = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
+        if kind is bool and f.default:
+            flag = "--no-" + flag[2:]
+            sp.add_argument(flag, dest=dest, action="store_false", help=f"turn {key} off: {text}")
+        elif kind is bool:
+            sp.add_argument(flag, dest=dest, action="store_true", help=text)
+        else:
+            default = "" if f.default is None else f" (default: {shown(f.default)})"
+            sp.add_argument(flag, dest=dest, type=kind, default=f.default, choices=f.metadata["choices"] or None,
+                            help=text + default)
+        known[dest] = (key, flag)
+    sp.set_defaults(config_flags=known)
+
+
+def _run_config(args):
+    """The run config the command's flags spell, every other key at its default, checked as a
+    config file is; a bad value is named by the flag the user typed."""
+    from evotrainer.config import config_from_dict
+    raw = {"task": args.task}
+    for dest, (key, _) in args.config_flags.items():
+        *sections, name = key.split(".")
+        at = raw
+        for s in sections:
+            at = at.setdefault(s, {})
+        at[name] = getattr(args, dest)
+    if getattr(args, "lora_rank", None):  # a LoRA of rank R: alpha 2R, every other lora key at its default
+        raw["lora"] = {"rank": args.lora_rank, "alpha": 2.0 * args.lora_rank}
+    try:
+        cfg = config_from_dict(raw)
+        cfg.runtime().validate()  # its lines name the setting as the flags do ("device must be ...")
+        return cfg.validate()
+    except UsageError as e:
+        msg = str(e)
+        for key, flag in args.config_flags.values():
+            msg = msg.replace(f"config: '{key}'", flag)
+        raise UsageError(msg) from None
 
 
 def cmd_train(args) -> dict:
@@ -98,15 +137,14 @@ def cmd_train(args) -> dict:
     from evotrainer.trainer.backends import check_backend
     from evotrainer.trainer.run import TrainingFailed, train_run
     task = _task(args)
-    runtime = _runtime(args)
+    cfg = _run_config(args)
+    runtime = cfg.runtime()
     knobs = inspect_harness(args.harness)  # bad knobs or slot names fail here, before any work
     check_backend(runtime, knobs, str(args.harness or "the reference harness"), task)
     steps = knobs.steps if args.steps is None else args.steps
     if steps < 0:
         raise UsageError(f"--steps must be >= 0, got {steps}")
-    if args.eval_every < 0:
-        raise UsageError(f"--eval-every must be >= 0 (0: only at the end), got {args.eval_every}")
-    base, _ = _base(args, task)  # keys the task's held-out pool (tasks/keys.py)
+    base, _ = _base(args, task, cfg)  # keys the task's held-out pool (tasks/keys.py)
     from evotrainer.sandbox import conceal
     from evotrainer.tasks.keys import key_dir
     conceal(key_dir(args.cache_dir), *task.data_files())
@@ -119,7 +157,7 @@ def cmd_train(args) -> dict:
         try:
             summary = train_run(task, args.harness, base, Path(args.out), seed=args.seed, steps=steps,
                                 timeout_s=args.timeout, on_step=on_step, runtime=runtime,
-                                memory_mb=args.memory_mb, eval_every=args.eval_every)
+                                memory_mb=cfg.worker_memory_mb, eval_every=cfg.evaluation.every)
         except TrainingFailed as e:
             raise RunFailed(str(e)) from None
     keys = ("task", "level", "seed", "steps", "backend", "base_val", "val", "base_test", "test", "reward_first",
@@ -139,7 +177,8 @@ def cmd_evaluate(args) -> dict:
                          f"{task.name} has val and test")
     if args.samples < 0 or any(k < 1 or k > max(args.samples, 1) for k in args.k):
         raise UsageError(f"--k values must be in 1..--samples ({args.samples}), got {args.k}")
-    key, started, policy = None, None, _runtime(args).policy
+    cfg = _run_config(args)
+    key, started, policy = None, None, cfg.runtime().policy
     if args.run is not None:  # that run's held-out problems (its split key)
         from evotrainer.evolve.status import open_run
         from evotrainer.lineage.events import RunStarted
@@ -164,7 +203,7 @@ def cmd_evaluate(args) -> dict:
     r = run_in_worker(evaluate_sampled, dict(
         task=task.spec, level=task.target_level, checkpoint=model, split=args.split, samples=args.samples,
         ks=list(args.k), temperature=args.temperature, policy=policy.to_dict(), key=key),
-        timeout_s=args.timeout, memory_mb=args.memory_mb, reveal=task.data_files(),
+        timeout_s=args.timeout, memory_mb=cfg.worker_memory_mb, reveal=task.data_files(),
         reads=(model, *task.files(), *task.data_files(), *policy.reads()))
     if not r.ok:
         raise RunFailed(f"evaluation {r.label}: {r.error}")
@@ -394,7 +433,7 @@ def cmd_skills_show(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from evotrainer.trainer.pretrain import DEFAULT_CACHE, PretrainConfig
+    from evotrainer.trainer.pretrain import DEFAULT_CACHE
     p = _Parser(prog="evotrainer", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -402,16 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--task", default="arith",
                         help="task spec: arith (default), rg:<reasoning-gym family>, jsonl:PATH[?verifier=exact|numeric|"
                              "math], package.module:Factory, file.py:Factory, or an evotrainer.tasks entry point")
-        sp.add_argument("--level", type=int, default=None, help="target difficulty (arith: digits, default 3)")
         sp.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where base checkpoints are cached")
-        sp.add_argument("--target-acc", type=float, default=PretrainConfig().target_acc,
-                        help="the cached base's SFT stops at this accuracy on a train-stream probe (greedy; "
-                             "sampled for vault); 0: the task's own (0.25; vault 0.1)")
-        sp.add_argument("--base-seed", type=int, default=PretrainConfig().seed,
-                        help="seed of the cached base's SFT (initialisation and data order)")
-        sp.add_argument("--warm-start", type=int, default=None, metavar="LEVEL",
-                        help="continue SFT from the default base for this lower level (0: from scratch; "
-                             "default: the task's own, arith from the level below from 3 digits up)")
+        _config_flags(sp, {"level": None, "base.target_acc": None, "base.seed": "--base-seed", "base.warm_start": None})
 
     sp = sub.add_parser("pretrain", help="build (or reuse) the cached SFT base checkpoint")
     common(sp)
@@ -420,26 +451,15 @@ def build_parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("--model", default=None, help="any Hugging Face causal LM (a directory, or a hub id in the "
                     "local cache), or a checkpoint of ours (default: the built-in tiny model's cached SFT base)")
-    sp.add_argument("--backend", default="embedded", help="embedded (our GRPO trainer, default) or trl")
-    sp.add_argument("--dtype", default="auto", help="auto, fp32, bf16 or fp16: autocast precision of the passes")
-    sp.add_argument("--weights", default="fp32", help="fp32 or bf16: the dtype the weights are held in")
-    sp.add_argument("--lora-rank", type=int, default=0, metavar="R", help="train LoRA adapters of rank R "
+    # the run config's keys, spelled as flags; --memory-mb and --eval-every kept their short names
+    _config_flags(sp, {"backend": None, "dtype": None, "weights": None, "gradient_checkpointing": None,
+                       "data_parallel": None, "device": None, "chat_template": None, "micro_batch_size": None,
+                       "worker_memory_mb": "--memory-mb", "evaluation.every": "--eval-every"})
+    # the lora section in one number (its default, None, is the key's: full fine-tuning)
+    sp.add_argument("--lora-rank", type=int, default=None, metavar="R", help="train LoRA adapters of rank R "
                     "(alpha 2R, every linear layer; 0: full fine-tuning); pip install 'evotrainer[peft]'")
-    sp.add_argument("--gradient-checkpointing", action="store_true",
-                    help="recompute activations in the backward pass (less memory, more compute)")
-    sp.add_argument("--data-parallel", type=int, default=1, metavar="N",
-                    help="training processes, each a share of every step's prompts (one per GPU; gloo on a CPU)")
-    sp.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
-    sp.add_argument("--no-chat-template", action="store_true", help="prompt with plain text even if the "
-                    "tokenizer has a chat template")
-    sp.add_argument("--micro-batch-size", type=int, default=0, help="rollouts per forward/backward, gradients "
-                    "accumulated over the batch (0: all at once)")
-    sp.add_argument("--memory-mb", type=int, default=8192, help="resident memory past which a worker is killed")
     sp.add_argument("--harness", type=Path, default=None, help="harness directory (default: the reference)")
     sp.add_argument("--steps", type=int, default=None, help="training steps (default: the harness's knob)")
-    sp.add_argument("--eval-every", type=int, default=25, metavar="N",
-                    help="save a checkpoint for the evaluator every N steps (0: only at the end); the "
-                         "checkpoint schedule is the caller's, never the harness's")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--out", type=Path, required=True)
     sp.add_argument("--timeout", type=float, default=3600.0, help="seconds before the training worker is killed")
@@ -447,7 +467,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("evaluate", help="greedy accuracy and pass@k of a checkpoint on a task's split")
     sp.add_argument("--task", default="arith", help="task spec (codegen, humaneval, arith, rg:FAMILY, jsonl:PATH, ...)")
-    sp.add_argument("--level", type=int, default=None, help="task level (default: the task's target level)")
     sp.add_argument("--model", required=True, help="checkpoint directory, or any Hugging Face causal LM")
     sp.add_argument("--split", default="test", choices=("val", "test", "all"),
                     help="which problems ('all': every problem of an evaluation set such as humaneval)")
@@ -456,13 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--temperature", type=float, default=0.8, help="sampling temperature for pass@k")
     sp.add_argument("--run", type=Path, default=None, help="use this run's held-out problems (its split key); "
                     "without it, the public split of the task")
-    sp.add_argument("--backend", default="embedded", help=argparse.SUPPRESS)
-    sp.add_argument("--dtype", default="auto", help="auto, fp32, bf16 or fp16")
-    sp.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
-    sp.add_argument("--no-chat-template", action="store_true", help="prompt with plain text")
-    sp.add_argument("--micro-batch-size", type=int, default=0, help=argparse.SUPPRESS)
+    _config_flags(sp, {"level": None, "dtype": None, "device": None, "chat_template": None,
+                       "worker_memory_mb": "--memory-mb"})
     sp.add_argument("--timeout", type=float, default=3600.0, help="seconds before the evaluator is stopped")
-    sp.add_argument("--memory-mb", type=int, default=8192, help="resident memory past which it is killed")
     sp.set_defaults(fn=cmd_evaluate)
     sp = sub.add_parser("diagnose", help="health report (health.md, health.json) of a train or run directory")
     sp.add_argument("dir", type=Path, help="a train directory, or a directory of them (one per version)")

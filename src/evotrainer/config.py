@@ -1,125 +1,9 @@
 """The run configuration of `evotrainer run`: typed, loaded from YAML, validated before any work.
 
-    task: arith                  # required: a task spec (evotrainer.tasks.get_task): arith, rg:<family>,
-                                 # jsonl:PATH?verifier=exact|numeric|math, package.module:Factory,
-                                 # file.py:Factory, or an `evotrainer.tasks` entry-point name
-    level: 3                     # the task's target level (arith: digits)
-    model: null                  # the policy: a Hugging Face causal LM (a directory, or a hub id already
-                                 # in the local cache); null: the built-in tiny model, SFT'd as `base:` says
-    backend: embedded            # who trains a segment: embedded (our GRPO trainer) or trl (TRL's GRPOTrainer)
-    dtype: auto                  # auto | fp32 | bf16 | fp16: autocast precision of the passes
-    weights: fp32                # fp32 | bf16: the dtype the weights (and AdamW's moments) are held in
-    lora: null                   # LoRA adapters instead of full fine-tuning (pip install 'evotrainer[peft]'):
-                                 # {rank: 16, alpha: 32, dropout: 0.0, target_modules: all-linear}; each
-                                 # checkpoint holds the adapter only, on the run's model (policy/adapters.py)
-    gradient_checkpointing: false  # recompute activations in the backward pass: less memory, more compute
-    data_parallel: 1             # training processes per segment (one per GPU; gloo on a CPU), each a
-                                 # share of every step's prompts, gradients summed: the one-process update
-    device: auto                 # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
-    chat_template: true          # wrap prompts in the tokenizer's chat template when it has one
-    micro_batch_size: 0          # rollouts per forward/backward, gradients accumulated (0: all at once)
-    worker_memory_mb: 8192       # a training or evaluation worker is killed (oom) past this resident memory
-    sandbox: auto                # isolation of every worker that runs untrusted code (evotrainer.sandbox):
-                                 # auto (namespaces where the machine allows them, else process limits,
-                                 # said loudly in every report) | namespaces | limits | none (opt out)
-    trl:                         # backend: trl only
-      use_vllm: false            # sample with vLLM (pip install vllm) instead of transformers' generate
-      vllm_mode: colocate        # colocate (in the training process) or server (`trl vllm-serve`)
-    harness: null                # root harness directory (default: the reference)
-    seeds: [0, 1]                # training seeds, paired across versions
-    final_seeds: [100, 101, 102, 103, 104]  # fresh seeds of the final comparison (never used by the
-                                 # search); 5: a t interval over 3 has 2 df and misses most real gains
-    cache: run                   # trained segments and their scores, reused instead of training again
-                                 # (evolve/segment_cache.py): run (RUN/cache, this run's own) | off |
-                                 # an absolute directory that several runs or benchmark arms share
-    workers: 0                   # training workers at once (0: one per core, at most one per job)
-    executor: local              # where training and evaluation jobs run: local (a pool of `workers`
-                                 # on this machine) | ray (each job a Ray task, sandboxed on its node)
-    ray:                         # executor: ray (pip install 'evotrainer[ray]'; docs/scaling.md)
-      address: local             # local (a one-machine cluster started here) | auto (the cluster this
-                                 # machine belongs to) | HOST:PORT (a head node) | ray://HOST:PORT (Ray Client)
-      num_cpus: 1                # CPUs a job asks for (also its torch threads)
-      num_gpus: null             # GPUs a job asks for; null: data_parallel where `device` is cuda, or auto on a
-                                 # cluster with GPUs, else 0 (0.5: two jobs share a GPU)
-      memory_mb: 0               # memory a job reserves in Ray's scheduler (0: none reserved;
-                                 # worker_memory_mb still kills a job past it)
-      retries: 2                 # a job lost with its worker or node runs again at most this often
-    agent: rules                 # rules (offline, deterministic), random (the baseline), llm or command
-    llm:                         # agent: llm, any OpenAI-compatible chat endpoint (hosted, vLLM, Ollama)
-      base_url: null             # null: the SDK's OPENAI_BASE_URL, else api.openai.com
-      model: null                # null: $OPENAI_MODEL
-      api_key_env: OPENAI_API_KEY  # the variable the key is read from (a local server needs none)
-      timeout_s: 120             # one request; past it the SDK retries with backoff
-      max_retries: 2
-      repair_turns: 2            # replies that fail to parse, apply or pass legality, sent back to fix
-      temperature: 0.2
-      max_tokens: 4096
-      token_limit: max_tokens    # the request field max_tokens is sent as: max_tokens (vLLM, Ollama,
-                                 # llama.cpp) or max_completion_tokens (OpenAI's reasoning models)
-      json_mode: true            # ask for response_format json_object (turn off for servers without it)
-    command:                     # agent: command, an external coding agent run in a worktree of the parent
-      run: null                  # e.g. "my-agent --brief {brief}"; the brief also arrives on stdin
-      timeout_s: 900
-    approval:                    # a person in the loop (evolve/approval.py)
-      at: []                     # pause for `evotrainer approve/revise/abort RUN TRIAL` at: design,
-                                 # backtest, completion
-      after_failures: 0          # N > 0: after N failures in a row, pause at the next design too
-    search:
-      mode: continue             # continue: a version trains on from its parent's checkpoint
-                                 # restart: every version retrains from the base (published protocol)
-      selection: population      # population (GEAR-style elites) or greedy (keep-or-revert on the best)
-      population: 4              # elites kept
-      crossover: true            # merge two elites' harness changes when none happened lately
-      escalation: true           # after 3 failures in a row: subtract, switch layer, roll back
-      controller: fixed          # fixed: the search's policy as above, all run long; evolving: revised
-                                 # every revise_every trials from the lineage (evolve/search_policy.py)
-      revise_every: 3
-      winner: trained            # what the final comparison retrains: trained, the best validated
-                                 # of every version trained, kept or discarded, as a sweep picks (the
-                                 # gate on 2 seeds discards real gains; the final comparison's fresh
-                                 # seeds judge the pick); kept: the best validated the gate kept
-      seed: null                 # the search's own draws (a random agent's choices, the population's
-                                 # parent draws): null follows the run's first seed; another value
-                                 # explores differently on the same training seeds
-      concurrency: 1             # trials in flight at once, each from a specialist for one surface
-                                 # (reward, data, optimisation, exploration, diagnostics); two in flight
-                                 # never change one surface of one parent (evolve/specialists.py)
-      skills: ~/.local/share/evotrainer/skills.sqlite   # the skill library (null: none; the
-                                 # default follows $XDG_DATA_HOME where it is set)
-    base:                        # the built-in tiny model's SFT base (when no `model` is given)
-      target_acc: 0              # the cached base's SFT stops here (0: the task's own, 0.25; vault 0.1)
-      seed: 0
-      warm_start: null           # 0: SFT from scratch; N: continue from the level-N base; null: the
-                                 # task's own (arith: the level below, from 3 digits up)
-      max_steps: 0               # SFT steps at most (0: the task's own, 1500; swe-mini 250)
-      batch_size: 0              # SFT batch (0: the task's own, 128; swe-mini 32: long episodes)
-      require_target: null       # false: keep the base SFT reached in max_steps, short of target_acc
-                                 # or not; null: the task's own (true; swe-mini false)
-    budget:
-      trials: 8                  # versions proposed, whatever becomes of them
-      steps_per_segment: 50      # training steps a version adds (continue mode)
-      total_steps: 300           # the reference recipe's training budget (and restart mode's)
-      wall_clock_s: 3600         # no trial starts past this (over all sessions: a resume gets what is left)
-      trial_timeout_s: 900       # a segment's worker is killed past this
-    tracking:                    # experiment trackers (each an optional extra, imported only when named)
-      report_to: []              # tensorboard | wandb | mlflow | trackio: per-step training metrics,
-                                 # trial outcomes, the final table; the TRL backend gets the same list
-      project: evotrainer        # the W&B / MLflow / trackio project
-      wandb_mode: offline        # offline (RUN/trackers/wandb; `wandb sync` later) | online
-      mlflow_uri: null           # null: a SQLite store, RUN/trackers/mlflow/mlflow.db
-    evaluation:                  # what the evaluator measures and when: the run's, never a harness's
-      every: 25                  # a segment saves a checkpoint for greedy validation every this many
-                                 # steps (0: only at its end)
-      last_k: 2                  # a segment's fitness: the mean of its last k evaluations, never one number
-    promotion:                   # the promotion gate (evolve/gate.py), a sequential test
-      alpha: 0.025               # the rate at which a child with no effect is kept, all looks together
-      min_gain: 0.01             # the gain's lower confidence bound must clear this (about 2x the
-                                 # sampling error of 500 problems)
-      replicas: 2                # re-runs of the root segment on the same problems with other sampling
-                                 # seeds: they measure the null (the spread of a difference when nothing
-                                 # changed); 0: the seeds' own spread alone (2+ seeds; little power)
-      extra_pairs: 2             # an inconclusive but promising child trains this many more paired
-                                 # seeds, one at a time, before it is decided (0: decide on `seeds` alone)
+Each key is a field below, and its default, allowed values and meaning are written there once
+(`knob`, `section`). The loader reads them, so do the `train` command's flags (cli.py), and so
+does the reference, docs/config.md, which `reference()` writes (scripts/config_reference.py);
+a test keeps that page equal to what the fields say now.
 
 Every key is checked: an unknown one, a wrong type or a negative budget is one line naming
 the key and what is allowed, raised before anything runs. A key that moved (`policy`, `gate`,
@@ -142,9 +26,10 @@ import yaml
 from evotrainer.errors import UsageError
 from evotrainer.paths import DATA
 from evotrainer.policy.adapters import LoraSpec
-from evotrainer.policy.config import PolicyConfig
-from evotrainer.runtime import Runtime
+from evotrainer.policy.config import DTYPES, WEIGHT_DTYPES, PolicyConfig
+from evotrainer.runtime import BACKEND_NAMES, VLLM_MODES, Runtime
 from evotrainer.sandbox import CHOICES as SANDBOXES
+from evotrainer.trackers import TRACKERS, WANDB_MODES, check as check_trackers
 
 MODES = ("continue", "restart")
 AGENTS = ("rules", "random", "llm", "command")
@@ -170,14 +55,49 @@ MOVED = {  # keys that only moved (one name, one meaning): still read, with one 
 }
 
 
+def knob(default=dataclasses.MISSING, help: str = "", choices: tuple[str, ...] = ()):
+    """A key of the run config: its default (none: the key is required), what it does, and the
+    names it may take; the loader, the `train` flags and docs/config.md all read these."""
+    return field(default=default, metadata={"help": help, "choices": tuple(choices)})
+
+
+def section(cls, help: str):
+    """A mapping of keys (the dataclass `cls`), each at its default unless the config sets it."""
+    return field(default_factory=cls, metadata={"help": help, "choices": ()})
+
+
+def shown(value) -> str:
+    """A value as a YAML config spells it. A path under the data directory is shown under
+    $XDG_DATA_HOME, so the reference reads the same on every machine."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (tuple, list)):
+        return f"[{', '.join(shown(v) for v in value)}]"
+    if isinstance(value, str) and value.startswith(str(DATA)):
+        return "$XDG_DATA_HOME/evotrainer" + value[len(str(DATA)):]
+    return str(value)
+
+
+# the runtime's own defaults (runtime.py, policy/): written once, there, and read here
+_RUNTIME, _POLICY, _LORA = Runtime(), PolicyConfig(), LoraSpec()
+_LORA_KEYS = ", ".join(f"{k}: {shown(getattr(_LORA, k))}" for k in ("rank", "alpha", "dropout", "target_modules"))
+
+
 @dataclass(frozen=True)
 class BaseConfig:
-    target_acc: float = 0.0
-    seed: int = 0
-    warm_start: int | None = None
-    max_steps: int = 0
-    batch_size: int = 0
-    require_target: bool | None = None
+    target_acc: float = knob(0.0, "the base's SFT stops at this accuracy on a probe drawn from the train stream "
+                             "(greedy; sampled for vault); 0: the task's own (0.25; vault 0.1)")
+    seed: int = knob(0, "seed of the base's SFT (initialisation and data order)")
+    warm_start: int | None = knob(None, "0: SFT from scratch; N: continue from the base of the lower level N; "
+                                  "null: the task's own (arith: from the level below, from 3 digits up)")
+    max_steps: int = knob(0, "SFT steps at most (0: the task's own, 1500; swe-mini 250)")
+    batch_size: int = knob(0, "SFT batch (0: the task's own, 128; swe-mini 32: long episodes)")
+    require_target: bool | None = knob(None, "false: keep the base SFT reached in max_steps, short of target_acc "
+                                       "or not; null: the task's own (true; swe-mini false)")
 
     def pretrain_config(self):
         """The PretrainConfig this section asks for (0 and None: the task's own, pretrain.resolved)."""
@@ -188,63 +108,86 @@ class BaseConfig:
 
 @dataclass(frozen=True)
 class TRLConfig:
-    use_vllm: bool = False
-    vllm_mode: str = "colocate"
+    use_vllm: bool = knob(_RUNTIME.use_vllm, "sample with vLLM (pip install vllm) instead of transformers' generate")
+    vllm_mode: str = knob(_RUNTIME.vllm_mode, "colocate: in the training process, sharing its GPU; server: a "
+                          "`trl vllm-serve` process", VLLM_MODES)
 
 
 @dataclass(frozen=True)
 class Budget:
-    trials: int = 8
-    steps_per_segment: int = 50
-    total_steps: int = 300
-    wall_clock_s: float = 3600.0
-    trial_timeout_s: float = 900.0
+    trials: int = knob(8, "versions proposed, whatever becomes of them")
+    steps_per_segment: int = knob(50, "training steps a version adds (continue mode); at most total_steps")
+    total_steps: int = knob(300, "the reference recipe's training budget (and restart mode's)")
+    wall_clock_s: float = knob(3600.0, "no trial starts past this many seconds (over all sessions: a resume "
+                               "gets what is left)")
+    trial_timeout_s: float = knob(900.0, "a segment's worker is killed past this many seconds")
 
 
 @dataclass(frozen=True)
 class PromotionConfig:
-    alpha: float = 0.025
-    min_gain: float = 0.01
-    replicas: int = 2
-    extra_pairs: int = 2
+    alpha: float = knob(0.025, "the rate at which a child with no effect is kept, all looks together")
+    min_gain: float = knob(0.01, "the gain's lower confidence bound must clear this (about 2x the sampling "
+                           "error of 500 problems)")
+    replicas: int = knob(2, "re-runs of the root segment on the same problems with other sampling seeds: they "
+                         "measure the null (the spread of a difference when nothing changed); 0: the seeds' own "
+                         "spread alone (2+ seeds; little power)")
+    extra_pairs: int = knob(2, "an inconclusive but promising child trains this many more paired seeds, one at "
+                            "a time, before it is decided (0: decide on `seeds` alone)")
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    every: int = 25
-    last_k: int = 2
+    every: int = knob(25, "a segment saves a checkpoint for greedy validation every this many steps (0: only "
+                      "at its end); the schedule is the run's, never a harness's")
+    last_k: int = knob(2, "a segment's fitness: the mean of its last k evaluations, never one number")
 
 
 @dataclass(frozen=True)
 class TrackingConfig:
-    report_to: tuple[str, ...] = ()
-    project: str = "evotrainer"
-    wandb_mode: str = "offline"
-    mlflow_uri: str | None = None
+    report_to: tuple[str, ...] = knob(_RUNTIME.report_to, "per-step training metrics, trial outcomes and the final "
+                                      "table go to each tracker named; the TRL backend gets the same list", TRACKERS)
+    project: str = knob("evotrainer", "the W&B / MLflow / trackio project")
+    wandb_mode: str = knob("offline", "offline: RUN/trackers/wandb, `wandb sync` later; online", WANDB_MODES)
+    mlflow_uri: str | None = knob(None, "null: a SQLite store, RUN/trackers/mlflow/mlflow.db")
 
 
 @dataclass(frozen=True)
 class RayConfig:
-    address: str = "local"
-    num_cpus: float = 1.0
-    num_gpus: float | None = None
-    memory_mb: int = 0
-    retries: int = 2
+    address: str = knob("local", "local (a one-machine cluster started here), auto (the cluster this machine "
+                        "belongs to), HOST:PORT (a head node) or ray://HOST:PORT (Ray Client)")
+    num_cpus: float = knob(1.0, "CPUs a job asks for (also its torch threads)")
+    num_gpus: float | None = knob(None, "GPUs a job asks for; null: data_parallel where `device` is cuda, or auto "
+                                  "on a cluster with GPUs, else 0 (0.5: two jobs share a GPU)")
+    memory_mb: int = knob(0, "memory a job reserves in Ray's scheduler (0: none reserved; worker_memory_mb still "
+                          "kills a job past it)")
+    retries: int = knob(2, "a job lost with its worker or node runs again at most this often")
 
 
 @dataclass(frozen=True)
 class SearchConfig:
-    mode: str = "continue"
-    selection: str = "population"
-    population: int = 4
-    crossover: bool = True
-    escalation: bool = True
-    skills: str | None = DEFAULT_SKILLS
-    controller: str = "fixed"    # the search's own policy: fixed, or evolving (evolve/search_policy.py)
-    revise_every: int = 3        # an evolving controller's trials between revisions
-    concurrency: int = 1         # trials in flight at once (evolve/specialists.py)
-    seed: int | None = None      # the search's own draws; None: the run's first seed
-    winner: str = "trained"      # the final comparison's pick among every trained version, or kept ones
+    mode: str = knob("continue", "continue: a version trains on from its parent's checkpoint; restart: every "
+                     "version retrains from the base (the published protocol)", MODES)
+    selection: str = knob("population", "population: GEAR-style elites; greedy: keep-or-revert on the best",
+                          SELECTIONS)
+    population: int = knob(4, "elites kept")
+    crossover: bool = knob(True, "merge two elites' harness changes when none happened lately")
+    escalation: bool = knob(True, "after 3 failures in a row: subtract, switch layer, roll back")
+    skills: str | None = knob(DEFAULT_SKILLS, "the skill library (null: none); $XDG_DATA_HOME is "
+                              "~/.local/share where it is not set")
+    controller: str = knob("fixed", "the search's own policy: fixed, the search as set here, all run long; "
+                           "evolving: revised every revise_every trials from the lineage (evolve/search_policy.py)",
+                           CONTROLLERS)
+    revise_every: int = knob(3, "an evolving controller's trials between revisions")
+    concurrency: int = knob(1, "trials in flight at once, each from a specialist for one surface (reward, data, "
+                            "optimisation, exploration, diagnostics); two in flight never change one surface of "
+                            "one parent (evolve/specialists.py)")
+    seed: int | None = knob(None, "the search's own draws (a random agent's choices, the population's parent "
+                            "draws): null follows the run's first seed; another value explores differently on the "
+                            "same training seeds")
+    winner: str = knob("trained", "what the final comparison retrains. trained: the best validated of every "
+                       "version trained, kept or discarded, as a sweep picks (the gate on 2 seeds discards real "
+                       "gains; the final comparison's fresh seeds judge the pick); kept: the best validated the "
+                       "gate kept", WINNERS)
 
     @property
     def restarts(self) -> bool:
@@ -254,74 +197,100 @@ class SearchConfig:
 
 @dataclass(frozen=True)
 class ApprovalConfig:
-    at: tuple[str, ...] = ()
-    after_failures: int = 0
+    at: tuple[str, ...] = knob((), "pause for `evotrainer approve/revise/abort RUN TRIAL` at these points",
+                               APPROVAL_POINTS)
+    after_failures: int = knob(0, "N > 0: after N failures in a row, pause at the next design too")
 
 
 @dataclass(frozen=True)
 class LLMConfig:
-    """The `llm` agent's endpoint: the official openai SDK, so any server that speaks the
-    chat-completions protocol works (OpenAI, vLLM, SGLang, Ollama, llama.cpp)."""
-    base_url: str | None = None
-    model: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
-    timeout_s: float = 120.0
-    max_retries: int = 2
-    repair_turns: int = 2
-    temperature: float = 0.2
-    max_tokens: int = 4096
-    token_limit: str = "max_tokens"
-    json_mode: bool = True
+    base_url: str | None = knob(None, "null: the SDK's OPENAI_BASE_URL, else api.openai.com")
+    model: str | None = knob(None, "null: $OPENAI_MODEL")
+    api_key_env: str = knob("OPENAI_API_KEY", "the variable the key is read from (a local server needs none)")
+    timeout_s: float = knob(120.0, "seconds for one request; past it the SDK retries with backoff")
+    max_retries: int = knob(2, "retries of a request that failed or timed out (the SDK's own)")
+    repair_turns: int = knob(2, "replies that fail to parse, apply or pass legality, sent back to fix")
+    temperature: float = knob(0.2, "sampling temperature of the agent's replies, in [0, 2]")
+    max_tokens: int = knob(4096, "the longest reply asked for, in tokens")
+    token_limit: str = knob("max_tokens", "the request field max_tokens is sent as: max_tokens (vLLM, Ollama, "
+                            "llama.cpp) or max_completion_tokens (OpenAI's reasoning models)", TOKEN_LIMITS)
+    json_mode: bool = knob(True, "ask for response_format json_object (turn off for servers without it)")
 
 
 @dataclass(frozen=True)
 class CommandConfig:
-    """The `command` agent: `run` is a shell command line; {brief}, {worktree} and {proposal}
-    in it are replaced by the brief file, the worktree and where it may write its proposal."""
-    run: str | None = None
-    timeout_s: float = 900.0
+    run: str | None = knob(None, "the agent's shell command line, e.g. \"my-agent --brief {brief}\": {brief}, "
+                           "{worktree} and {proposal} in it are replaced by the brief file, the worktree and where "
+                           "it may write its proposal; the brief also arrives on stdin")
+    timeout_s: float = knob(900.0, "the agent's process group is killed past this many seconds")
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    task: str
-    level: int | None = None
-    model: str | None = None
-    backend: str = "embedded"
-    dtype: str = "auto"
-    weights: str = "fp32"
-    lora: dict | None = None
-    gradient_checkpointing: bool = False
-    data_parallel: int = 1
-    device: str = "auto"
-    chat_template: bool = True
-    micro_batch_size: int = 0
-    worker_memory_mb: int = 8192
-    sandbox: str = "auto"
-    trl: TRLConfig = field(default_factory=TRLConfig)
-    harness: str | None = None
-    seeds: tuple[int, ...] = (0, 1)
-    final_seeds: tuple[int, ...] = (100, 101, 102, 103, 104)
-    cache: str = "run"
-    workers: int = 0
-    executor: str = "local"
-    ray: RayConfig = field(default_factory=RayConfig)
-    agent: str = "rules"
-    llm: LLMConfig = field(default_factory=LLMConfig)
-    command: CommandConfig = field(default_factory=CommandConfig)
-    approval: ApprovalConfig = field(default_factory=ApprovalConfig)
-    search: SearchConfig = field(default_factory=SearchConfig)
-    base: BaseConfig = field(default_factory=BaseConfig)
-    budget: Budget = field(default_factory=Budget)
-    evaluation: EvalConfig = field(default_factory=EvalConfig)
-    promotion: PromotionConfig = field(default_factory=PromotionConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    task: str = knob(help="a task spec (evotrainer.catalog.get_task): arith, rg:FAMILY, "
+                     "jsonl:PATH?verifier=exact|numeric|math, package.module:Factory, file.py:Factory, or an "
+                     "`evotrainer.tasks` entry-point name")
+    level: int | None = knob(None, "the task's target difficulty (arith: digits); null: the task's own (arith 3)")
+    model: str | None = knob(None, "the policy: a Hugging Face causal LM (a directory, or a hub id already in the "
+                             "local cache); null: the built-in tiny model, SFT'd as `base` says")
+    backend: str = knob(_RUNTIME.backend, "who trains a segment: embedded, our GRPO trainer; trl, TRL's GRPOTrainer",
+                        BACKEND_NAMES)
+    dtype: str = knob(_POLICY.dtype, "autocast precision of the forward and backward passes (auto: bf16 on a CUDA "
+                      "device that supports it, else fp32)", DTYPES)
+    weights: str = knob(_POLICY.weights, "the dtype the weights (and AdamW's moments) are held in", WEIGHT_DTYPES)
+    lora: dict | None = knob(None, "LoRA adapters instead of full fine-tuning (pip install 'evotrainer[peft]'): "
+                             f"a mapping {{{_LORA_KEYS}}}, each key at that default where left out; each checkpoint "
+                             "holds the adapter only, on the run's model (policy/adapters.py)")
+    gradient_checkpointing: bool = knob(_RUNTIME.gradient_checkpointing, "recompute activations in the backward "
+                                        "pass: less memory, more compute")
+    data_parallel: int = knob(_RUNTIME.data_parallel, "training processes per segment (one per GPU; gloo on a CPU), "
+                              "each a share of every step's prompts, gradients summed: the one-process update")
+    device: str = knob(_POLICY.device, "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    chat_template: bool = knob(_POLICY.chat_template, "wrap prompts in the tokenizer's chat template when it has "
+                               "one (off: plain text)")
+    micro_batch_size: int = knob(_RUNTIME.micro_batch_size, "rollouts per forward/backward, gradients accumulated "
+                                 "over the batch (0: all at once)")
+    worker_memory_mb: int = knob(8192, "a training or evaluation worker is killed (oom) past this resident memory "
+                                 "in MB (0: no limit)")
+    sandbox: str = knob("auto", "isolation of every worker that runs untrusted code (evotrainer.sandbox): auto "
+                        "(namespaces where the machine allows them, else process limits, said loudly in every "
+                        "report), namespaces, limits, or none (opt out)", SANDBOXES)
+    trl: TRLConfig = section(TRLConfig, "Read only with `backend: trl`")
+    harness: str | None = knob(None, "root harness directory (null: the reference); a relative one is looked for "
+                               "beside the config file first")
+    seeds: tuple[int, ...] = knob((0, 1), "training seeds, paired across versions")
+    final_seeds: tuple[int, ...] = knob((100, 101, 102, 103, 104), "fresh seeds of the final comparison (never "
+                                        "used by the search); 5: a t interval over 3 has 2 df and misses most "
+                                        "real gains")
+    cache: str = knob("run", "trained segments and their scores, reused instead of training again "
+                      "(evolve/segment_cache.py): run (RUN/cache, this run's own), off, or an absolute directory "
+                      "that several runs or benchmark arms share")
+    workers: int = knob(0, "training workers at once (0: one per core, at most one per job)")
+    executor: str = knob("local", "where training and evaluation jobs run: local, a pool of `workers` on this "
+                         "machine; ray, each job a Ray task, sandboxed on its node", EXECUTORS)
+    ray: RayConfig = section(RayConfig, "Read only with `executor: ray` (pip install 'evotrainer[ray]'; see "
+                             "scaling.md)")
+    agent: str = knob("rules", "who proposes interventions: rules (offline, deterministic), random (the "
+                      "baseline), llm or command", AGENTS)
+    llm: LLMConfig = section(LLMConfig, "Read with `agent: llm`: any OpenAI-compatible chat endpoint, through the "
+                             "official openai SDK (hosted OpenAI, vLLM, SGLang, Ollama, llama.cpp)")
+    command: CommandConfig = section(CommandConfig, "Read with `agent: command`: an external coding agent, run in a "
+                                     "worktree of the parent")
+    approval: ApprovalConfig = section(ApprovalConfig, "A person in the loop (evolve/approval.py)")
+    search: SearchConfig = section(SearchConfig, "How versions are proposed, kept and picked")
+    base: BaseConfig = section(BaseConfig, "The built-in tiny model's SFT base (when no `model` is given)")
+    budget: Budget = section(Budget, "What the search may spend")
+    evaluation: EvalConfig = section(EvalConfig, "What the evaluator measures and when: the run's, never a "
+                                     "harness's")
+    promotion: PromotionConfig = section(PromotionConfig, "The promotion gate (evolve/gate.py), a sequential test")
+    tracking: TrackingConfig = section(TrackingConfig, "Experiment trackers, each an optional extra imported only "
+                                       "when named")
 
     def validate(self) -> "RunConfig":
         def need(ok: bool, key: str, msg: str):
             if not ok:
                 raise UsageError(f"config: '{key}' {msg}")
-        need(bool(self.task), "task", "must name a task (arith, rg:<family>, jsonl:PATH, module:Factory, ...)")
+        need(bool(self.task), "task", "must name a task (arith, rg:FAMILY, jsonl:PATH, module:Factory, ...)")
         need(self.worker_memory_mb >= 0, "worker_memory_mb", f"must be >= 0 (0: no limit), got {self.worker_memory_mb}")
         try:
             self.runtime().validate(here=self.executor == "local")
@@ -401,9 +370,8 @@ class RunConfig:
         need(g.extra_pairs >= 0, "promotion.extra_pairs", f"must be >= 0, got {g.extra_pairs}")
         need(self.evaluation.every >= 0, "evaluation.every", f"must be >= 0 (0: only at the end), got {self.evaluation.every}")
         need(self.evaluation.last_k >= 1, "evaluation.last_k", f"must be >= 1, got {self.evaluation.last_k}")
-        from evotrainer.trackers import WANDB_MODES, check
         try:
-            check(self.tracking.report_to)
+            check_trackers(self.tracking.report_to)
         except UsageError as e:
             raise UsageError(f"config: 'tracking.report_to': {e}") from None
         need(self.tracking.wandb_mode in WANDB_MODES, "tracking.wandb_mode",
@@ -497,15 +465,21 @@ def config_from_dict(raw, cls=RunConfig, prefix: str = ""):
     return cls(**{k: _coerce(v, hints[k], f"{prefix}{k}") for k, v in raw.items()})
 
 
+def optional(hint) -> tuple[typing.Any, bool]:
+    """A key's type without its None, and whether it may be null: `int | None` -> (int, True)."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return hint, False
+
+
 def _coerce(value, hint, key: str):
     if dataclasses.is_dataclass(hint):
         return config_from_dict(value, hint, f"{key}.")
+    hint, nullable = optional(hint)
+    if value is None and nullable:
+        return None
     args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        hint = next(a for a in args if a is not type(None))
-        args = typing.get_args(hint)
     if typing.get_origin(hint) is tuple:
         item = args[0]
         if not isinstance(value, list) or not all(type(v) is item for v in value):
@@ -516,3 +490,82 @@ def _coerce(value, hint, key: str):
     if not ok:
         raise UsageError(f"config: '{key}' must be {hint.__name__}, got {value!r}")
     return hint(value)
+
+
+def config_keys(cls=RunConfig, prefix: str = ""):
+    """Every key of `cls` in order, a section followed by its own keys: (dotted key, field, type)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        yield f"{prefix}{f.name}", f, hints[f.name]
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from config_keys(hints[f.name], f"{prefix}{f.name}.")
+
+
+def key_field(key: str) -> tuple[dataclasses.Field, typing.Any]:
+    """The field of a dotted key (`evaluation.every`) and its type."""
+    found = {k: (f, hint) for k, f, hint in config_keys()}
+    if key not in found:
+        raise KeyError(f"the run config has no key '{key}'")
+    return found[key]
+
+
+REFERENCE_HEAD = """\
+# The run config
+
+<!-- Generated from the fields of src/evotrainer/config.py by `python scripts/config_reference.py`:
+edit those, not this page (tests/test_config_reference.py fails while the two differ). -->
+
+A run config is the YAML file that `evotrainer run CONFIG --out RUN` reads. Only `task` is
+required; every other key keeps the default below. A section is a mapping of its keys:
+
+```yaml
+task: arith
+budget:
+  trials: 4
+```
+
+Every key is checked: an unknown one, a wrong type or a negative budget is one line naming
+the key and what is allowed, raised before anything runs. `evotrainer train` takes some of
+these keys as flags (`evotrainer train --help`), with the same defaults.
+"""
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _takes(hint, choices: tuple[str, ...]) -> str:
+    """What a key accepts, in words: its names where it has them, else its type."""
+    hint, nullable = optional(hint)
+    names = [f"`{c}`" for c in choices]
+    if typing.get_origin(hint) is tuple:
+        kind = "integers" if typing.get_args(hint)[0] is int else "names"
+        return f"a list of names among {', '.join(names)}" if names else f"a list of {kind}"
+    words = names or {bool: ["true", "false"], int: ["an integer"], float: ["a number"], str: ["text"],
+                      dict: ["a mapping"]}[hint]
+    words = words + ["null"] * nullable
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
+
+
+def _tables(cls, prefix: str = "") -> list[str]:
+    """A table of `cls`'s keys, then a heading and table per section in it."""
+    rows, sections = ["| key | default | takes | what it does |", "|---|---|---|---|"], []
+    for f in dataclasses.fields(cls):
+        hint = typing.get_type_hints(cls)[f.name]
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hint):
+            sections += ["", f"## `{key}`", "", f"{f.metadata['help']}.", "", *_tables(hint, f"{key}.")]
+            continue
+        default = "required" if f.default is dataclasses.MISSING else f"`{shown(f.default)}`"
+        rows.append(f"| `{key}` | {default} | {_cell(_takes(hint, f.metadata['choices']))} | "
+                    f"{_cell(f.metadata['help'])} |")
+    return rows + sections
+
+
+def reference() -> str:
+    """docs/config.md: every key with its default, what it takes and what it does, from the fields."""
+    moved = [f"| `{old}` | read as `{new}`, with one line on stderr |" for old, new in MOVED.items()]
+    moved += [f"| `{old}` | refused: {_cell(why)} |" for old, why in RENAMED.items()]
+    return "\n".join([REFERENCE_HEAD, "## Top-level keys", "", *_tables(RunConfig), "", "## Keys that moved", "",
+                      "A config written for an older evotrainer may use these names.", "",
+                      "| key | now |", "|---|---|", *moved]) + "\n"
