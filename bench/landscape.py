@@ -185,8 +185,9 @@ def headroom(name: str, training: Training, rows: dict[str, Row], seeds: list[in
                         ("sweep", "move"))
     best = best_by_val(rows, ("move", "sweep", "combo", "reached"))
     arms = {n: Arm((str(out / "harnesses" / n),), training.cfg.budget.total_steps) for n in {"root", tuned, best}}
-    rep = retrain(training.task, training.base, arms, seeds, out / "fresh", training.cfg.evaluation,
-                  training.cfg.budget.trial_timeout_s, 2, training.runtime, cache=training.cache)
+    rep = retrain(training.task, training.base, arms, seeds, out / "fresh", evaluation=training.cfg.evaluation,
+                  timeout_s=training.cfg.budget.trial_timeout_s, workers=2, runtime=training.runtime,
+                  cache=training.cache)
     test = {n: {s: 100 * v["test"] for s, v in by_seed.items()} for n, by_seed in rep.scores.items()}
     lines = [f"Headroom on fresh seeds {seeds} (test %, paired by seed; 95% t):", "",
              "| recipe | chosen as | test % | − default |", "|---|---|---|---|",
@@ -262,8 +263,8 @@ def trainer(name: str, workers: int = 2) -> tuple[dict, Training, Path]:
         (out / KEY).write_text(task.key.hex() + "\n")
     root = Path(cfg.harness or REFERENCE)
     runtime = cfg.runtime().validate(here=True).on_base(base)
-    training = Training(cfg, task, runtime, base, out, lambda v: root, executor=LocalPool(workers),
-                        cache=SegmentCache((out / "segment-cache").resolve()))
+    training = Training(cfg=cfg, task=task, runtime=runtime, base=base, run_dir=out, harness_dir=lambda v: root,
+                        executor=LocalPool(workers), cache=SegmentCache((out / "segment-cache").resolve()))
     return raw, training, root
 
 

@@ -137,8 +137,8 @@ def null_finals(ctl: Controller, harness: Path, finals: int, steps: int, out: Pa
     todo = [s for s in seeds if s not in done]
     if todo:
         arms = {"reference": Arm((str(harness),), steps), "copy": Arm((str(copy),), steps)}
-        rep = retrain(ctl.task, ctl.base, arms, todo, out / "finals", ctl.cfg.evaluation, 3600, 0, ctl.runtime,
-                      ctl.cfg.worker_memory_mb)
+        rep = retrain(ctl.task, ctl.base, arms, todo, out / "finals", evaluation=ctl.cfg.evaluation, timeout_s=3600,
+                      runtime=ctl.runtime, memory_mb=ctl.cfg.worker_memory_mb)
         done |= {s: rep.scores["copy"][s]["test"] - rep.scores["reference"][s]["test"] for s in todo}
         record.write_text(json.dumps({str(s): d for s, d in sorted(done.items())}))
     return {s: done[s] for s in seeds}

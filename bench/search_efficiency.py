@@ -123,8 +123,8 @@ def replays(cfg, arms: dict[str, Arm], base: str, seeds: list[int], out: Path, c
         print(f"  replaying {len(todo)} schedules on seeds {seeds}", flush=True)
         task = get_task(cfg.task, cfg.level)
         task.use_key(split_key(Path(base).name))  # the runs' held-out pool: their base's key
-        rep = retrain(task, base, todo, seeds, out / "replays", cfg.evaluation,
-                      cfg.budget.trial_timeout_s, cfg.workers, cache=cache)
+        rep = retrain(task, base, todo, seeds, out / "replays", evaluation=cfg.evaluation,
+                      timeout_s=cfg.budget.trial_timeout_s, workers=cfg.workers, cache=cache)
         for key, s in rep.scores.items():
             (out / "replays" / key / "scores.json").write_text(json.dumps(s, indent=2))
             scores[key] = s

@@ -64,22 +64,22 @@ def test_restart_mode_trains_every_version_from_the_base_against_its_parent(tiny
 
     from evotrainer.config import config_from_dict
     from evotrainer.evolve.controller import Controller
-    from evotrainer.evolve.training import Training
+    from evotrainer.evolve.segments import Segments
     cfg_path, run = tiny_run
     raw = yaml.safe_load(cfg_path.read_text()) | {"final_seeds": []}
     raw["search"] |= {"mode": "restart"}
     raw["budget"] |= {"trials": 2}
     ctl = Controller(config_from_dict(raw).validate(), run)
-    scored, reading, evaluate = [], [], Training._evaluate
+    scored, reading, score = [], [], Segments.score
 
     def read():
         return {d for key in ctl._findings_of for _, d in key[1:]}  # key: version, (seed, dir), ...
 
-    def spy(self, dir_sets, clock):  # what is scored, and whose findings are being read by then
-        scored.append({d for dirs in dir_sets.values() for d in dirs.values() if "/noise/" not in d})
+    def spy(self, jobs, last, clock, also=()):  # what is scored, and whose findings are being read by then
+        scored.append({str(job.out) for job in jobs if "/noise/" not in str(job.out)})
         reading.append(read())
-        return evaluate(self, dir_sets, clock)
-    monkeypatch.setattr(Training, "_evaluate", spy)
+        return score(self, jobs, last, clock, also)
+    monkeypatch.setattr(Segments, "score", spy)
     ctl.run()
     trials = ctl.store.trials()
     # a trained state's findings are read beside its scoring; a noise replica's never are

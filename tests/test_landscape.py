@@ -290,8 +290,8 @@ def test_an_extra_seed_pair_draws_a_pool_seed_the_run_does_not_use(tmp_path):
     from evotrainer.runtime import Runtime
     table = Table.load(synthetic(tmp_path, {}))
     cfg = config_from_dict({**CONFIG, "seeds": [1, 3]}).validate()
-    tr = TableTraining(cfg, get_task("arith", 3), Runtime(), "", tmp_path, lambda v: tmp_path / "harnesses" / "root",
-                       table=table)
+    tr = TableTraining(cfg=cfg, task=get_task("arith", 3), runtime=Runtime(), base="", run_dir=tmp_path,
+                       harness_dir=lambda v: tmp_path / "harnesses" / "root", table=table)
     start = State("v0", 0, {}, {}, {})
     (first,) = tr.train([Segment("v0", start, 1, tmp_path / "p1", data_offset=EXTRA_PAIR_DATA + 1, seeds=(1,))], Clock())
     (second,) = tr.train([Segment("v0", start, 1, tmp_path / "p2", data_offset=EXTRA_PAIR_DATA + 2, seeds=(3,))], Clock())

@@ -267,8 +267,8 @@ def _training(tmp_path: Path, ckpt: Path, cache: Path | None, harness: Path):
     cfg = config_from_dict({"task": "arith", "level": 1, "seeds": [0], "final_seeds": [],
                             "budget": {"steps_per_segment": 2, "total_steps": 6, "trial_timeout_s": 120},
                             "evaluation": {"every": 1}}).validate()
-    return Training(cfg, get_task("arith", 1), Runtime(), str(ckpt), tmp_path, lambda v: harness,
-                    cache=None if cache is None else SegmentCache(cache))
+    return Training(cfg=cfg, task=get_task("arith", 1), runtime=Runtime(), base=str(ckpt), run_dir=tmp_path,
+                    harness_dir=lambda v: harness, cache=None if cache is None else SegmentCache(cache))
 
 
 def _first_and_again(tmp_path: Path, ckpt: Path):
@@ -364,7 +364,8 @@ def test_a_second_arm_that_repeats_a_harness_reuses_it(tmp_path, ckpt):
     one, two = (Arm((str(write_harness(tmp_path / f"h{t}", temperature=t)),), 2) for t in (0.7, 0.8))
 
     def arms(out: str, **named):  # a benchmark arm's final comparison: the reference and its own winner
-        return retrain(task, str(ckpt), named, [100], tmp_path / out, EvalConfig(every=1), 120, cache=cache)
+        return retrain(task, str(ckpt), named, [100], tmp_path / out, evaluation=EvalConfig(every=1), timeout_s=120,
+                       cache=cache)
     first = arms("one", reference=same, evolved=one)
     assert (first.trained, first.reused) == (2, 0)
     second = arms("two", reference=same, evolved=two)

@@ -131,7 +131,7 @@ def test_a_schedule_of_segments_carries_the_optimizer_from_one_to_the_next(tmp_p
     from evotrainer.trainer.jobs import OPTIMIZER_FILE, train_schedule
     assert not (ckpt / OPTIMIZER_FILE).exists()  # the base starts a fresh AdamW
     h = load_harness(write_harness(tmp_path / "h", prompts_per_step=2, group_size=2))
-    train_schedule("arith", 1, [str(h.path)] * 2, str(ckpt), str(tmp_path / "out"), seed=0, steps=2)
+    train_schedule("arith", 1, [str(h.path)] * 2, str(ckpt), str(tmp_path / "out"), seeds=[1, 2], steps=2)
     for d, steps in ((1, 2), (2, 4)):
         state = torch.load(tmp_path / "out" / f"segment-{d}" / "checkpoint" / OPTIMIZER_FILE, weights_only=True)
         assert state["steps"] == steps

@@ -334,9 +334,10 @@ class Controller:
             search_policy.write_files(self.run_dir / "controller", self.initial_policy,
                                       RunView.read(self.store).revisions)
         cache = self.cfg.cache_dir(self.run_dir)
-        self.training = self.backend(self.cfg, self.task, self.runtime, self.base, self.run_dir, self._harness_dir,
-                                 self._progress, self.stage, self.jobs, SegmentCache(cache) if cache else None,
-                                 self._cancel)
+        self.training = self.backend(cfg=self.cfg, task=self.task, runtime=self.runtime, base=self.base,
+                                     run_dir=self.run_dir, harness_dir=self._harness_dir, on_progress=self._progress,
+                                     on_stage=self.stage, executor=self.jobs,
+                                     cache=SegmentCache(cache) if cache else None, cancel=self._cancel)
 
     # ------------------------------------------------------------------ states and proposals
 

@@ -40,10 +40,11 @@ def run_final(view: RunView, training: Training, max_depth: int, record: Callabl
                           f"{list(cfg.final_seeds)}, then the evaluator scores them")
     arms = {"reference": Arm((str(training.harness_dir("v0")),), cfg.budget.total_steps), "evolved": arm}
     try:
-        rep = retrain(training.task, training.base, arms, cfg.final_seeds, run_dir / "final", cfg.evaluation,
-                      cfg.budget.trial_timeout_s, cfg.workers, training.runtime, cfg.worker_memory_mb,
-                      training.on_progress, training.jobs,  # the executor every training and evaluation job runs on
-                      training.cache)
+        rep = retrain(training.task, training.base, arms, cfg.final_seeds, run_dir / "final",
+                      evaluation=cfg.evaluation, timeout_s=cfg.budget.trial_timeout_s, workers=cfg.workers,
+                      runtime=training.runtime, memory_mb=cfg.worker_memory_mb, on_progress=training.on_progress,
+                      executor=training.jobs,  # the executor every training and evaluation job runs on
+                      cache=training.cache)
     except RetrainFailed as e:
         raise ControlFailed(f"the final comparison: {e}") from None
     comparison = compare(rep.scores["reference"], rep.scores["evolved"])

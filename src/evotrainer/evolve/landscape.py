@@ -284,8 +284,8 @@ def screen(cfg: RunConfig, out: Path, moves: str = "catalog",
     cache = cfg.cache_dir(out)
     jobs = cfg.job_executor()
     jobs.start()
-    training = Training(cfg, task, runtime.on_base(started.base), started.base, out, lambda v: root, executor=jobs,
-                        cache=SegmentCache(cache) if cache else None)
+    training = Training(cfg=cfg, task=task, runtime=runtime.on_base(started.base), base=started.base, run_dir=out,
+                        harness_dir=lambda v: root, executor=jobs, cache=SegmentCache(cache) if cache else None)
     rows = build(training, root, configs, cfg.seeds, out, on_row=on_row)
     table = table_md(rows)
     (out / "screen.md").write_text(f"# Screen: {task.spec}, {cfg.budget.total_steps} steps, seeds {cfg.seeds}\n\n"

@@ -137,15 +137,16 @@ def segment_key(inputs: SegmentInputs) -> str:
     return digest(inputs)
 
 
-def chain_keys(start: str, harnesses: list[str], seeds: list[int], draws: list[str],
-               **same) -> list[str]:
-    """The keys of a schedule of segments, each from the last one's checkpoint: one per
-    harness digest, with its segment seed and draws digest (`same`: the other SegmentInputs)."""
-    keys = []
+def chain_inputs(start: str, harnesses: list[str], seeds: list[int], draws: list[str],
+                 **same) -> list[SegmentInputs]:
+    """The inputs of a schedule of segments, each from the last one's checkpoint (named by its
+    key): one per harness digest, with its segment seed and draws digest (`same`: the other
+    SegmentInputs). A search segment is a schedule of length one."""
+    out = []
     for harness, seed, d in zip(harnesses, seeds, draws):
-        keys.append(segment_key(SegmentInputs(start=start, harness=harness, seed=seed, draws=d, **same)))
-        start = f"segment:{keys[-1]}"
-    return keys
+        out.append(SegmentInputs(start=start, harness=harness, seed=seed, draws=d, **same))
+        start = f"segment:{segment_key(out[-1])}"
+    return out
 
 
 def checkpoint_identity(checkpoint: Path) -> str | None:

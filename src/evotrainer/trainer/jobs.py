@@ -156,16 +156,17 @@ def segment_seed(seed: int, depth: int) -> int:
     return 1000 * seed + depth
 
 
-def train_schedule(task: str, level: int | None, harnesses: list[str], base: str, out: str, seed: int,
+def train_schedule(task: str, level: int | None, harnesses: list[str], base: str, out: str, *, seeds: list[int],
                    steps: int, runtime: dict | None = None, draws: list[dict] | None = None,
-                   eval_every: int = 25) -> dict:
+                   eval_every: int = 25, replica: int = 0) -> dict:
     """Worker entry point: one segment of `steps` per harness, each from the last one's
-    checkpoint, in OUT/segment-1, segment-2, ... (segment d seeded by `segment_seed(seed, d)`,
-    as in the search; `draws[d-1]` its handed-in problems). The last segment's directory holds the result."""
+    checkpoint, in OUT/segment-1, segment-2, ... (segment d seeded by `seeds[d-1]`, which the
+    caller chose: `segment_seed(seed, d)`, as in the search; `draws[d-1]` its handed-in
+    problems). The last segment's directory holds the result."""
     start = base
-    for d, harness in enumerate(harnesses, 1):
+    for d, (harness, seed) in enumerate(zip(harnesses, seeds, strict=True), 1):
         seg = Path(out) / f"segment-{d}"
-        train_segment(task, level, harness, start, str(seg), segment_seed(seed, d), steps, runtime,
-                      None if draws is None else draws[d - 1], eval_every)
+        train_segment(task, level, harness, start, str(seg), seed, steps, runtime,
+                      None if draws is None else draws[d - 1], eval_every, replica)
         start = str(seg / "checkpoint")
     return {"last": str(Path(out) / f"segment-{len(harnesses)}")}
