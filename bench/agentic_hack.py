@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from evotrainer.backtest.run import backtest  # noqa: E402
 from evotrainer.diagnostics.health import diagnose  # noqa: E402
-from evotrainer.evolve.gate import gate  # noqa: E402
+from evotrainer.evolve.stats.gate import gate  # noqa: E402
 from evotrainer.trainer.pretrain import PretrainConfig, pretrain  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.trainer.run import train_run  # noqa: E402

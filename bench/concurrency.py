@@ -48,7 +48,7 @@ from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve import setup  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
-from evotrainer.evolve.retrain import Arm  # noqa: E402
+from evotrainer.evolve.segments.retrain import Arm  # noqa: E402
 from evotrainer.lineage import TrialRecord  # noqa: E402
 from evotrainer.report.gather import gather  # noqa: E402
 from evotrainer.report.timeline import overlaps  # noqa: E402

@@ -47,10 +47,10 @@ from evotrainer.diagnostics.evidence_view import spearman  # noqa: E402
 from evotrainer.evolve import setup  # noqa: E402
 from evotrainer.evolve.landscape import (BACKTESTS, ROWS, Config, Row, backtests, build, read_backtests, read_rows,
                                         root_moves, table_md)  # noqa: E402
-from evotrainer.evolve.segment_cache import SegmentCache, file_digest, start_identity  # noqa: E402
-from evotrainer.evolve.retrain import Arm, retrain  # noqa: E402
-from evotrainer.evolve.stats import paired_differences, t_interval  # noqa: E402
-from evotrainer.evolve.training import Training  # noqa: E402
+from evotrainer.evolve.segments.cache import SegmentCache, file_digest, start_identity  # noqa: E402
+from evotrainer.evolve.segments.retrain import Arm, retrain  # noqa: E402
+from evotrainer.evolve.stats.paired import paired_differences, t_interval  # noqa: E402
+from evotrainer.evolve.segments.training import Training  # noqa: E402
 from evotrainer.executors import LocalPool  # noqa: E402
 from evotrainer.harness import REFERENCE  # noqa: E402
 from evotrainer.harness.knobs import load_knobs  # noqa: E402

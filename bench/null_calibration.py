@@ -52,10 +52,10 @@ for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
 
 from evotrainer.agents import Proposal  # noqa: E402
 from evotrainer.config import PromotionConfig, config_from_dict  # noqa: E402
-from evotrainer.evolve.calibration import Rate, old_gate_keeps, simulate_gate, simulate_interval, subset_rate  # noqa: E402
+from calibration import Rate, old_gate_keeps, simulate_gate, simulate_interval, subset_rate  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
-from evotrainer.evolve.retrain import Arm, retrain  # noqa: E402
-from evotrainer.evolve.stats import bootstrap_ci, null_differences, paired_differences, t_interval  # noqa: E402
+from evotrainer.evolve.segments.retrain import Arm, retrain  # noqa: E402
+from evotrainer.evolve.stats.paired import bootstrap_ci, null_differences, paired_differences, t_interval  # noqa: E402
 from evotrainer.labels import Label  # noqa: E402
 from evotrainer.lineage import LineageStore, TrialRecord  # noqa: E402
 

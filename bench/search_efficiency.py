@@ -45,12 +45,12 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.evolve.controller import Controller  # noqa: E402
-from evotrainer.evolve.retrain import Arm, retrain  # noqa: E402
+from evotrainer.evolve.segments.retrain import Arm, retrain  # noqa: E402
 from evotrainer.lineage import TrialRecord  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.tasks.keys import split_key  # noqa: E402
 from evotrainer.skills import SkillLibrary  # noqa: E402
-from evotrainer.evolve.stats import crossed_t_interval  # noqa: E402
+from evotrainer.evolve.stats.paired import crossed_t_interval  # noqa: E402
 
 NO_SKILLS = {"crossover": False, "escalation": False, "skills": None}
 METHODS = {

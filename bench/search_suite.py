@@ -79,15 +79,15 @@ from evotrainer.agents import set_knob  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.config import config_from_dict, load_config  # noqa: E402
 from evotrainer.evolve.controller import Controller, learn  # noqa: E402
-from evotrainer.evolve.view import RunView  # noqa: E402
+from evotrainer.evolve.search.view import RunView  # noqa: E402
 from evotrainer.lineage import LineageStore, TrialRecord  # noqa: E402
 from evotrainer.lineage.events import RunStarted  # noqa: E402
 from evotrainer.tasks.keys import key_digest, split_key  # noqa: E402
 from evotrainer.skills import SkillLibrary  # noqa: E402
 from evotrainer.evolve import setup  # noqa: E402
-from evotrainer.evolve.retrain import Arm  # noqa: E402
-from evotrainer.evolve.segment_cache import SegmentCache  # noqa: E402
-from evotrainer.evolve.stats import crossed_t_interval, null_differences, t_interval  # noqa: E402
+from evotrainer.evolve.segments.retrain import Arm  # noqa: E402
+from evotrainer.evolve.segments.cache import SegmentCache  # noqa: E402
+from evotrainer.evolve.stats.paired import crossed_t_interval, null_differences, t_interval  # noqa: E402
 from evotrainer.harness import REFERENCE  # noqa: E402
 from evotrainer.harness.knobs import load_knobs  # noqa: E402
 from search_efficiency import _ci, _ms, arm_key, replays  # noqa: E402

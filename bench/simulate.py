@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from evotrainer.evolve.simulate import Replicate, Table, draw, simulate  # noqa: E402
-from evotrainer.evolve.stats import t_interval  # noqa: E402
+from evotrainer.evolve.stats.paired import t_interval  # noqa: E402
 from landscape import OUT as TABLES, trainer  # noqa: E402
 from search_suite import STRATEGIES  # noqa: E402
 

@@ -28,8 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from evotrainer.evolve import stats  # noqa: E402
-from evotrainer.evolve.stats import clustered_t_interval  # noqa: E402
+from evotrainer.evolve.stats import paired as stats  # noqa: E402
+from evotrainer.evolve.stats.paired import clustered_t_interval  # noqa: E402
 from evotrainer.evaluate.sampled import evaluate_sampled  # noqa: E402
 from evotrainer.executors.worker import run_in_worker  # noqa: E402
 from evotrainer.trainer.pretrain import PretrainConfig, pretrain  # noqa: E402

@@ -51,7 +51,7 @@ import torch  # noqa: E402
 
 from peers import StampLog, plain_trl, reference_harness, steady_rate  # noqa: E402
 from evotrainer.evaluate.greedy import evaluate_checkpoints  # noqa: E402
-from evotrainer.evolve.stats import bootstrap_ci  # noqa: E402
+from evotrainer.evolve.stats.paired import bootstrap_ci  # noqa: E402
 from evotrainer.harness import load_harness  # noqa: E402
 from evotrainer.trainer.backends import run_embedded  # noqa: E402
 from evotrainer.policy import load_policy  # noqa: E402

@@ -11,7 +11,7 @@ from evotrainer.agents.interventions import INTERVENTIONS
 from evotrainer.config import config_from_dict
 from evotrainer.diagnostics.replay import revised_diagnostics
 from evotrainer.evolve.controller import Controller, State
-from evotrainer.evolve.view import RunView
+from evotrainer.evolve.search.view import RunView
 
 HEADER = "from evotrainer.diagnostics.spec import diagnostic\n\n\n"
 # the same on every version: cannot tell a failed version from one that held up (AUC 0.5)

@@ -14,8 +14,8 @@ from evotrainer.cli import main
 from evotrainer.config import config_from_dict
 from evotrainer.evolve.approval import waiting
 from evotrainer.evolve.controller import Controller
+from evotrainer.evolve.search.view import RunView
 from evotrainer.evolve.status import status
-from evotrainer.evolve.view import RunView
 from evotrainer.lineage import LineageStore
 from evotrainer.lineage.events import ApprovalDecided, ApprovalWaiting
 

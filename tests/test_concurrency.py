@@ -9,14 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
-
 import worker_targets
+import yaml
+from helpers import agent_context, cli, start_cli
+
 from evotrainer.agents.rules import candidates
-from evotrainer.evolve import specialists
+from evotrainer.evolve.search import specialists
 from evotrainer.lineage import LineageStore
 from evotrainer.lineage.events import ControlFinished, TrialResumed, TrialStarted
-from helpers import agent_context, cli, start_cli
 
 HERE = Path(__file__).resolve().parent
 
@@ -137,8 +137,8 @@ def test_an_agents_edit_claims_every_surface_it_reaches_not_only_the_role_it_was
 
 
 def test_an_agent_reads_the_surfaces_claimed_in_flight_and_the_outcomes_that_came_in_meanwhile():
-    from evotrainer.evolve import history
     from evotrainer.evolve.controller import beside
+    from evotrainer.evolve.search import history
     from evotrainer.lineage import TrialRecord
     claim = {3: _plan()}
     text = beside(claim, lambda p: frozenset({"reward", "optimisation"}))  # what the claim's change reached
@@ -158,7 +158,7 @@ def test_an_agent_reads_the_surfaces_claimed_in_flight_and_the_outcomes_that_cam
 def _plan():
     """A plan of the catalog's partial_credit from a root state."""
     from evotrainer.agents import INTERVENTIONS
-    from evotrainer.evolve.plan import of_agent
+    from evotrainer.evolve.search.plans import of_agent
     from evotrainer.harness import REFERENCE
     from evotrainer.harness.knobs import load_knobs
     from evotrainer.lineage.state import State

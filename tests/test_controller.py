@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import readable, start_cli, write_harness
 
 from evotrainer.cli import main
+from evotrainer.evolve.search.view import RunView
 from evotrainer.harness.versions import HarnessRepo
-from evotrainer.evolve.view import RunView
 from evotrainer.lineage import LineageStore
 from evotrainer.lineage.events import TrialResumed
-from helpers import readable, start_cli, write_harness
 
 
 @pytest.mark.slow
@@ -64,7 +64,7 @@ def test_restart_mode_trains_every_version_from_the_base_against_its_parent(tiny
 
     from evotrainer.config import config_from_dict
     from evotrainer.evolve.controller import Controller
-    from evotrainer.evolve.segments import Segments
+    from evotrainer.evolve.segments.pipeline import Segments
     cfg_path, run = tiny_run
     raw = yaml.safe_load(cfg_path.read_text()) | {"final_seeds": []}
     raw["search"] |= {"mode": "restart"}
@@ -138,6 +138,7 @@ def fixed_keys():
     the unplanted hack's 30 steps were a new draw each time, and 1 session in about 9 did not
     show it.)"""
     import types
+
     from evotrainer.tasks import keys
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(keys, "secrets", types.SimpleNamespace(token_hex=lambda n: "5e" * n))
@@ -227,7 +228,9 @@ def test_a_sibling_that_would_train_the_same_is_recorded_equivalent_and_costs_no
     the reward): the second is recognised from its backtest on the parent's rollouts and never
     trained, and the budget still buys the trial after it."""
     import dataclasses
+
     import yaml
+
     from evotrainer.agents.interventions import INTERVENTIONS
     from evotrainer.config import config_from_dict
     from evotrainer.evolve.controller import Controller

@@ -4,9 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from evidence_factory import write_train_dir
 from helpers import write_harness
+
 from evotrainer.cli import main
 from evotrainer.diagnostics import Evidence, findings, measure
 from evotrainer.diagnostics.evidence_view import quantile, spearman
@@ -322,7 +322,7 @@ def test_findings_a_harness_worker_returns_are_checked_never_trusted(monkeypatch
     """A harness's diagnostics run in a worker, which runs its code: what comes back is data to
     check. An unknown severity or a malformed report is one blocking finding, never an error
     of the run (it used to raise in the controller and end the run)."""
-    from evotrainer.evolve import diagnosis
+    from evotrainer.evolve.segments import findings as diagnosis
     good = {"diagnostic": "dead_group_ratio", "layer": "signal", "severity": "warning", "blocking": False,
             "value": 0.4, "evidence": "e", "suggest": "s", "thresholds": "warning > 0.3"}
     for returned in ([{"findings": [good | {"severity": "apocalyptic"}]}], [{"findings": "none"}], [], [{}],

@@ -7,12 +7,12 @@ import shutil
 
 import pytest
 import torch
+from helpers import readable, write_harness
 from safetensors.torch import load_file, save_file
 
-from helpers import readable, write_harness
-from evotrainer.evaluate.greedy import accuracy, evaluate_checkpoints
 from evotrainer.catalog import get_task
-from evotrainer.evolve.segment_cache import numbers
+from evotrainer.evaluate.greedy import accuracy, evaluate_checkpoints
+from evotrainer.evolve.segments.cache import numbers
 from evotrainer.policy import load_policy, save_policy
 from evotrainer.policy.adapters import LoraSpec
 from evotrainer.policy.config import PolicyConfig
@@ -88,6 +88,7 @@ def other_tokenizer(base) -> str:
     """Another tokenizer's tokenizer.json (the Qwen's for the built-in model, and the other way
     round): its ids name other strings."""
     from tiny_hf import build_tokenizer as qwen_tokenizer
+
     from evotrainer.policy import build_tokenizer
     qwen = (base / "chat_template.jinja").is_file() or "chat_template" in (base / "tokenizer_config.json").read_text()
     return (build_tokenizer() if qwen else qwen_tokenizer()).backend_tokenizer.to_str()

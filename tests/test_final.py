@@ -4,7 +4,7 @@ from types import SimpleNamespace as T
 
 import pytest
 
-from evotrainer.evolve.final import compare, extend, schedule, table, winner, verdict
+from evotrainer.evolve.stats.final import compare, extend, schedule, table, verdict, winner
 
 
 def trial(version, depth, parent=None):

@@ -10,10 +10,21 @@ from pathlib import Path
 import pytest
 
 from evotrainer.agents import Proposal
-from evotrainer.evolve.landscape import (BACKTESTS, ROWS, Config, Row, build, changed_knobs, content_key, read_backtests, read_rows,
-                                         root_moves, write_harness)
+from evotrainer.evolve.landscape import (
+    BACKTESTS,
+    ROWS,
+    Config,
+    Row,
+    build,
+    changed_knobs,
+    content_key,
+    read_backtests,
+    read_rows,
+    root_moves,
+    write_harness,
+)
+from evotrainer.evolve.segments.state import SegmentFailed, State
 from evotrainer.evolve.simulate import Table, simulate
-from evotrainer.evolve.state import SegmentFailed, State
 from evotrainer.harness import REFERENCE
 
 ROOT = Path(REFERENCE)
@@ -254,7 +265,8 @@ def test_a_version_off_the_table_is_predicted_as_its_best_move_or_missed(tmp_pat
 
 
 def test_screen_trains_each_change_from_the_base_and_goes_on_after_a_stop(tmp_path, ckpt, capsys):
-    from helpers import run_cli, write_harness as small_harness
+    from helpers import run_cli
+    from helpers import write_harness as small_harness
     root = small_harness(tmp_path / "root")
     cfg = tmp_path / "run.yaml"
     cfg.write_text(f"task: arith\nlevel: 1\nharness: {root}\nseeds: [0, 1]\nmodel: {ckpt}\n"
@@ -285,8 +297,8 @@ def test_screen_trains_each_change_from_the_base_and_goes_on_after_a_stop(tmp_pa
 def test_an_extra_seed_pair_draws_a_pool_seed_the_run_does_not_use(tmp_path):
     from evotrainer.catalog import get_task
     from evotrainer.config import config_from_dict
+    from evotrainer.evolve.segments.state import EXTRA_PAIR_DATA, Clock, Segment
     from evotrainer.evolve.simulate import TableTraining
-    from evotrainer.evolve.state import EXTRA_PAIR_DATA, Clock, Segment
     from evotrainer.runtime import Runtime
     table = Table.load(synthetic(tmp_path, {}))
     cfg = config_from_dict({**CONFIG, "seeds": [1, 3]}).validate()

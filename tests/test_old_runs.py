@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from evotrainer.cli import main
-from evotrainer.evolve.final import extend, schedule, winner
-from evotrainer.evolve.population import SelectionConfig
+from evotrainer.evolve.search.population import SelectionConfig
+from evotrainer.evolve.search.view import RunView
+from evotrainer.evolve.stats.final import extend, schedule, winner
 from evotrainer.evolve.status import lineage_tree, status
-from evotrainer.evolve.view import RunView
 from evotrainer.lineage import SCHEMA_VERSION, LineageStore
 from evotrainer.lineage.events import KINDS, decode
 

@@ -3,8 +3,19 @@ import math
 
 import pytest
 
-from evotrainer.evolve.population import (Child, Elite, SelectionConfig, crossover_due, mates, merge,
-                                          parent_scores, promote, roles, select_parent, usage)
+from evotrainer.evolve.search.population import (
+    Child,
+    Elite,
+    SelectionConfig,
+    crossover_due,
+    mates,
+    merge,
+    parent_scores,
+    promote,
+    roles,
+    select_parent,
+    usage,
+)
 
 CFG = SelectionConfig(capacity=3, replace_margin=0.01, near_tie=0.01)
 

@@ -1,7 +1,7 @@
 """The live progress of training workers, read from their metrics files."""
 from pathlib import Path
 
-from evotrainer.evolve.progress import Job, Watcher, steps_done
+from evotrainer.evolve.segments.progress import Job, Watcher, steps_done
 
 
 def test_steps_are_counted_from_metrics_lines_and_reported_when_they_move(tmp_path: Path):
@@ -37,7 +37,7 @@ def test_a_watcher_reads_the_files_at_most_once_per_interval(tmp_path: Path):
 
 
 def test_a_seeds_steps_follow_its_segments_and_a_half_written_line_is_skipped(tmp_path: Path):
-    from evotrainer.evolve.progress import seed_metrics
+    from evotrainer.evolve.segments.progress import seed_metrics
     seed = tmp_path / "evolved" / "seed-100"
     for d, body in ((1, '{"step": 1, "r": 0.1}\n{"step": 2, "r": 0.2}\n'),
                     (2, '{"step": 1, "r": 0.3}\n{"step": 2, "r": 0.4}\n{"step": 3, "r"')):  # segment 2 in flight

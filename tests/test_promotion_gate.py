@@ -1,13 +1,37 @@
-"""The gate and its statistics on hand-made numbers."""
+"""The gate and its statistics on hand-made numbers; the simulations of bench/calibration.py
+(what bench/null_calibration.py reports) on the real gate."""
+import importlib.util
 import math
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
 from evotrainer.config import PromotionConfig
-from evotrainer.evolve.gate import gate
-from evotrainer.evolve.stats import (average_last, bootstrap_ci, clustered_t_interval, crossed_t_interval, mean_se,
-                                     paired_differences, pooled_test, t_interval)
+from evotrainer.evolve.stats.gate import gate
+from evotrainer.evolve.stats.paired import (
+    average_last,
+    bootstrap_ci,
+    clustered_t_interval,
+    crossed_t_interval,
+    mean_se,
+    paired_differences,
+    pooled_test,
+    t_interval,
+)
+
+
+def _bench_calibration():
+    spec = importlib.util.spec_from_file_location(
+        "calibration", Path(__file__).resolve().parents[1] / "bench" / "calibration.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["calibration"] = mod   # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+calibration = _bench_calibration()
 
 
 def test_statistics():
@@ -84,7 +108,7 @@ def test_blocking_finding_makes_it_invalid_however_well_it_scores():
 
 def test_the_gate_keeps_a_null_child_no_more_often_than_alpha_and_keeps_real_gains():
     """The simulated mode of bench/null_calibration.py: the real gate on normal noise."""
-    from evotrainer.evolve.calibration import simulate_gate
+    simulate_gate = calibration.simulate_gate
     null = simulate_gate(0.0, trials=4000, seed=1)
     assert null["new"].ci[0] <= CFG.alpha and null["new"].rate <= CFG.alpha
     assert null["old"].rate > 0.03  # the old rule's rate, for the record: over its ~2.3%
@@ -95,7 +119,7 @@ def test_the_gate_keeps_a_null_child_no_more_often_than_alpha_and_keeps_real_gai
 
 
 def test_the_t_interval_holds_its_level_where_the_bootstrap_did_not():
-    from evotrainer.evolve.calibration import simulate_interval
+    simulate_interval = calibration.simulate_interval
     r = simulate_interval(3, trials=1500, seed=4, n_boot=400)
     lo, hi = r["t_miss"].ci
     assert lo <= 0.05 <= hi
@@ -107,7 +131,7 @@ def test_the_t_interval_holds_its_level_where_the_bootstrap_did_not():
 
 def test_subset_rate_is_the_rate_over_every_subset_with_a_leave_one_seed_out_error():
     from itertools import combinations
-    from evotrainer.evolve.calibration import subset_rate
+    subset_rate = calibration.subset_rate
     values = [1.0, 1.0, 1.0, 1.0, -1.0, -1.0]
     r = subset_rate(values, 3, lambda xs: min(xs) > 0)
     assert r.subsets == 20 and r.rate == pytest.approx(4 / 20)
@@ -143,7 +167,7 @@ def test_controller_time_adds_up_sessions_not_the_gap_between_a_kill_and_a_resum
 
 
 def test_noise_floor_is_the_rms_of_paired_differences_between_runs_of_one_harness():
-    from evotrainer.evolve.stats import noise_floor
+    from evotrainer.evolve.stats.paired import noise_floor
     run = {0: 0.50, 1: 0.40}
     assert noise_floor(run, []) == 0.0
     assert noise_floor(run, [{0: 0.53, 1: 0.36}]) == pytest.approx(((0.03 ** 2 + 0.04 ** 2) / 2) ** 0.5)

@@ -8,10 +8,10 @@ import re
 import shutil
 
 import pytest
-
 from helpers import readable, tiny_run_config
-from evotrainer.cli import main
 from test_approval import next_wait, start
+
+from evotrainer.cli import main
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # a root's closed network refuses Chromium's own background connections: keep them off
@@ -190,9 +190,11 @@ def test_the_runs_trackers_hold_its_steps_trials_and_final_table(gated_run):
 def test_the_live_view_shows_each_stage_and_a_bar_per_training_worker(gated_run):
     """The run's own events, replayed into the live view `evotrainer run` draws."""
     import io
+
     from rich.console import Console
+
     from evotrainer.evolve.notices import Stage
-    from evotrainer.evolve.progress import Progress
+    from evotrainer.evolve.segments.progress import Progress
     from evotrainer.live import LiveDisplay
     _, _, events = gated_run
     stages = [e.text for e in events if isinstance(e, Stage)]

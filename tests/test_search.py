@@ -10,12 +10,12 @@ import yaml
 from evotrainer.agents import INTERVENTIONS
 from evotrainer.config import config_from_dict
 from evotrainer.evolve.controller import Controller, State
-from evotrainer.evolve.plan import of_agent
-from evotrainer.lineage.events import ControlFinished, CrossoverConflict, Escalated, TrialStarted
-from evotrainer.skills import SkillLibrary
+from evotrainer.evolve.search.plans import of_agent
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.knobs import load_knobs
 from evotrainer.lineage import TrialRecord
+from evotrainer.lineage.events import ControlFinished, CrossoverConflict, Escalated, TrialStarted
+from evotrainer.skills import SkillLibrary
 
 REF = load_knobs(REFERENCE / "knobs.yaml")
 
@@ -81,7 +81,7 @@ def test_crossover_merges_two_elites_changes_and_skips_a_conflicting_pair(ctl):
 
 
 def test_a_pair_whose_gains_come_from_the_same_ancestor_change_is_not_crossed():
-    from evotrainer.evolve.history import gains_beyond, repeats_ancestor
+    from evotrainer.evolve.search.history import gains_beyond, repeats_ancestor
 
     def rec(n, parents, label="kept", gain=0.03, intervention="x"):
         return TrialRecord(n, f"v{n}", parents, "rules", "crossover" if len(parents) > 1 else intervention, 2, "",
@@ -167,7 +167,7 @@ def test_greedy_selection_takes_the_best_open_state_and_population_the_best_pare
 
 
 def test_the_leaderboard_an_agent_reads_ranks_kept_versions_and_shows_the_best_path_and_children():
-    from evotrainer.evolve.history import leaderboard
+    from evotrainer.evolve.search.history import leaderboard
 
     def rec(n, parents, intervention, label, val=None, gain=None):
         fitness = {"val": {0: val}} if val is not None else {}
@@ -185,7 +185,7 @@ def test_the_leaderboard_an_agent_reads_ranks_kept_versions_and_shows_the_best_p
 
 
 def test_a_free_text_intervention_counts_under_the_surface_its_proposal_recorded():
-    from evotrainer.evolve import history
+    from evotrainer.evolve.search import history
     trials = [TrialRecord(0, "v0", [], "-", "root", 1, "", "-", "", "kept"),
               TrialRecord(1, "v1", ["v0"], "llm", "soften_the_format_gate", 2, "", "", "", "kept"),
               TrialRecord(2, "v2", ["v0"], "rules", "clip_higher", 2, "", "", "", "kept")]
@@ -242,7 +242,7 @@ def test_a_move_that_hacked_the_reward_above_a_parent_is_not_proposed_again_belo
     """partial_credit hacked the reward from the root (`invalid`); from a kept child of the root
     it would set the same reward again. A move merely discarded above is proposed again (its
     gain may differ from another parent); one labelled invalid is counted as tried."""
-    from evotrainer.evolve import history
+    from evotrainer.evolve.search import history
     root = ctl.store.trials()[0].fitness.state
     add(ctl, 1, root, "partial_credit", label, val=0.30, gain=0.1)
     v2 = add(ctl, 2, root, "drop_dead", "kept", val=0.20, gain=0.05)

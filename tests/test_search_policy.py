@@ -6,16 +6,27 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from helpers import agent_context
 
 from evotrainer.agents import Escalation
 from evotrainer.agents.rules import FAMILY_ORDER, candidates, draw, family_order, propose_random
 from evotrainer.config import config_from_dict
 from evotrainer.errors import UsageError
-from evotrainer.evolve.search_policy import (COVER, FAMILIES, FRONTIER, TEMPERATURE, WEIGHT, ControllerPolicy,
-                                             current, decide, revise, weights_now, write_files)
+from evotrainer.evolve.search.policy import (
+    COVER,
+    FAMILIES,
+    FRONTIER,
+    TEMPERATURE,
+    WEIGHT,
+    ControllerPolicy,
+    current,
+    decide,
+    revise,
+    weights_now,
+    write_files,
+)
 from evotrainer.lineage import LineageStore, TrialRecord
 from evotrainer.lineage.events import ControllerRevised
-from helpers import agent_context
 
 ROOT = TrialRecord(0, "v0", [], "-", "root", 1, "", "-", "", "kept")
 
@@ -245,10 +256,11 @@ def test_the_random_agent_draws_by_family_weight_and_as_before_without_weights()
 
 
 def test_status_and_the_report_show_each_revision_with_the_trials_it_cites(tmp_path, capsys):
+    from helpers import run_cli
+
     from evotrainer.evolve.status import status
     from evotrainer.report.gather import gather
     from evotrainer.report.page import render
-    from helpers import run_cli
     trials = [ROOT] + [rec(n, "v0", "drop_dead", "discarded") for n in (1, 2, 3)]
     revised = decide(ControllerPolicy(), trials, {}, [])
     run = tmp_path / "run"
@@ -319,7 +331,7 @@ def vault3_trials():
 
 
 def test_near_misses_are_discarded_single_changes_whose_mean_gain_reached_the_minimum():
-    from evotrainer.evolve.near_miss import best_pair, near_misses
+    from evotrainer.evolve.search.near_miss import best_pair, near_misses
     planned = vault3_trials() + [
         single(9, "v0", "clip_higher", "exploration", "invalid", 0.05, {"clip_high": 0.28}),      # gamed score
         single(10, "v3", "kl_anchor", "optimisation", "discarded", 0.03, {"kl_coef": 0.02}),       # another version
@@ -342,9 +354,9 @@ def test_near_misses_are_discarded_single_changes_whose_mean_gain_reached_the_mi
 
 
 def test_a_stall_turns_merging_on_and_the_merge_is_one_trial_from_the_parent_with_both_changes():
-    from evotrainer.evolve import history
-    from evotrainer.evolve.search import merge_near_misses
-    from evotrainer.evolve.view import RunView
+    from evotrainer.evolve.search import history
+    from evotrainer.evolve.search.parents import merge_near_misses
+    from evotrainer.evolve.search.view import RunView
     from evotrainer.lineage.events import TrialStarted
     planned = vault3_trials()
     trials = [ROOT] + [t for t, _ in planned]

@@ -1,4 +1,4 @@
-"""The segment cache (evolve/segment_cache.py): a segment's key holds what determines it and
+"""The segment cache (evolve/segments/cache.py): a segment's key holds what determines it and
 nothing else; a second request reuses the stored outcome, inside a run and across runs that
 share a cache, and a run's numbers are the same with the cache and without it."""
 import dataclasses
@@ -8,14 +8,25 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import PARITY_TASK, tiny_run_config, write_harness
+
 from evotrainer.config import config_from_dict
 from evotrainer.errors import UsageError
-from evotrainer.evolve import segment_cache
-from evotrainer.evolve.segment_cache import (KEY_FILE, LIBRARIES, ScoreInputs, SegmentCache, SegmentInputs, digest,
-                                             package_digest, segment_key, start_identity, task_identity, tree_digest)
-from evotrainer.evolve.state import Clock, Segment, SegmentFailed, State
+from evotrainer.evolve.segments import cache as segment_cache
+from evotrainer.evolve.segments.cache import (
+    KEY_FILE,
+    LIBRARIES,
+    ScoreInputs,
+    SegmentCache,
+    SegmentInputs,
+    digest,
+    package_digest,
+    segment_key,
+    start_identity,
+    task_identity,
+    tree_digest,
+)
+from evotrainer.evolve.segments.state import Clock, Segment, SegmentFailed, State
 from evotrainer.trainer.outputs import log_path
 
 INPUTS = SegmentInputs(start="files:abc", harness="h1", seed=1001, replica=0, steps=2, task='["arith", []]',
@@ -105,7 +116,7 @@ def test_a_library_not_installed_is_absent_and_none_is_imported_to_ask():
     import subprocess
     import sys
     assert segment_cache.library_version("no-such-distribution-xyz") == "absent"
-    probe = ("import sys\nfrom evotrainer.evolve.segment_cache import code_identity\ncode_identity()\n"
+    probe = ("import sys\nfrom evotrainer.evolve.segments.cache import code_identity\ncode_identity()\n"
              "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -129,7 +140,7 @@ def test_the_package_digest_is_its_code_and_shipped_data_wherever_it_is_installe
     (pkg / "recipes" / "reference" / "knobs.yaml").write_text("lr: 0.1\n")
     (pkg / "tasks" / "arith.py").write_text("N = 4\n")
     assert package_digest(pkg) != first
-    assert segment_cache.PACKAGE_DIR / "evolve" / "segment_cache.py" == Path(segment_cache.__file__).resolve()
+    assert segment_cache.PACKAGE_DIR / "evolve" / "segments" / "cache.py" == Path(segment_cache.__file__).resolve()
 
 
 
@@ -262,7 +273,7 @@ def test_a_bad_cache_value_is_one_line_naming_the_choices(tmp_path):
 
 def _training(tmp_path: Path, ckpt: Path, cache: Path | None, harness: Path):
     from evotrainer.catalog import get_task
-    from evotrainer.evolve.training import Training
+    from evotrainer.evolve.segments.training import Training
     from evotrainer.runtime import Runtime
     cfg = config_from_dict({"task": "arith", "level": 1, "seeds": [0], "final_seeds": [],
                             "budget": {"steps_per_segment": 2, "total_steps": 6, "trial_timeout_s": 120},
@@ -358,7 +369,7 @@ def test_two_runs_sharing_a_cache_train_a_segment_once_and_record_the_same_fitne
 def test_a_second_arm_that_repeats_a_harness_reuses_it(tmp_path, ckpt):
     from evotrainer.catalog import get_task
     from evotrainer.config import EvalConfig
-    from evotrainer.evolve.retrain import Arm, retrain
+    from evotrainer.evolve.segments.retrain import Arm, retrain
     task, cache = get_task("arith", 1), SegmentCache(tmp_path / "cache")
     same = Arm((str(write_harness(tmp_path / "h")),), 2)
     one, two = (Arm((str(write_harness(tmp_path / f"h{t}", temperature=t)),), 2) for t in (0.7, 0.8))

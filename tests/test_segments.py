@@ -1,4 +1,4 @@
-"""The segment pipeline (evolve/segments.py): the search's segments and a retrained schedule go
+"""The segment pipeline (evolve/segments/pipeline.py): the search's segments and a retrained schedule go
 through one pipeline, and what it hands the segment cache is what the two pipelines it replaced
 (Training.train with its _key, and retrain with chain_keys) handed it, field for field: entries
 and scores stored by the old code, under the same package source, are found again.
@@ -13,11 +13,11 @@ import pytest
 
 from evotrainer.catalog import get_task
 from evotrainer.config import EvalConfig, config_from_dict
-from evotrainer.evolve import segments as pipeline
-from evotrainer.evolve.retrain import Arm, retrain
-from evotrainer.evolve.segment_cache import SegmentCache, numbers, segment_key
-from evotrainer.evolve.state import EXTRA_PAIR_DATA, Clock, Segment, State
-from evotrainer.evolve.training import Training
+from evotrainer.evolve.segments import pipeline
+from evotrainer.evolve.segments.cache import SegmentCache, numbers, segment_key
+from evotrainer.evolve.segments.retrain import Arm, retrain
+from evotrainer.evolve.segments.state import EXTRA_PAIR_DATA, Clock, Segment, State
+from evotrainer.evolve.segments.training import Training
 from evotrainer.executors import Executor, WorkerResult
 from evotrainer.runtime import Runtime
 
@@ -83,8 +83,8 @@ def world(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "refused", lambda *a, **k: None)
     monkeypatch.setattr(SegmentCache, "store", lambda self, key, out: None)
     monkeypatch.setattr(SegmentCache, "materialise", lambda self, key, out: False)
-    monkeypatch.setattr("evotrainer.evolve.training.checkpoint_size", lambda path: {})
-    monkeypatch.setattr("evotrainer.evolve.training.read_run_meta", lambda path: {})
+    monkeypatch.setattr("evotrainer.evolve.segments.training.checkpoint_size", lambda path: {})
+    monkeypatch.setattr("evotrainer.evolve.segments.training.read_run_meta", lambda path: {})
     return tmp_path, seen
 
 

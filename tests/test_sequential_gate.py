@@ -8,7 +8,7 @@ import yaml
 from evotrainer.config import load_config
 from evotrainer.evolve import trial as trial_module
 from evotrainer.evolve.controller import Controller
-from evotrainer.evolve.gate import GateDecision, gate
+from evotrainer.evolve.stats.gate import GateDecision, gate
 from evotrainer.lineage import LineageStore
 from evotrainer.lineage.events import PairControlFinished
 

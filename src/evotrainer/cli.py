@@ -38,8 +38,14 @@ class _Parser(argparse.ArgumentParser):
 
 def _progress(transient: bool = False):
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
                     console=Console(stderr=True), transient=transient)
@@ -262,11 +268,20 @@ def _run_loop(cfg, out: Path) -> dict:
     from evotrainer.backtest.measured import verdict_note
     from evotrainer.evolve.controller import ControlFailed, Controller
     from evotrainer.evolve.notices import BasePlan, Stage
-    from evotrainer.evolve.progress import Progress
+    from evotrainer.evolve.segments.progress import Progress
     from evotrainer.evolve.status import status
     from evotrainer.lineage import TrialRecord
-    from evotrainer.lineage.events import (Escalated, FinalFinished, FinalStarted, ApprovalDecided, ApprovalWaiting, Stopped,
-                                           TrackerFailed, TrialResumed, TrialStarted)
+    from evotrainer.lineage.events import (
+        ApprovalDecided,
+        ApprovalWaiting,
+        Escalated,
+        FinalFinished,
+        FinalStarted,
+        Stopped,
+        TrackerFailed,
+        TrialResumed,
+        TrialStarted,
+    )
     from evotrainer.live import LiveDisplay
     from evotrainer.trainer.pretrain import SftProgress
     view = LiveDisplay()

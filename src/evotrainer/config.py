@@ -29,7 +29,8 @@ from evotrainer.policy.adapters import LoraSpec
 from evotrainer.policy.config import DTYPES, WEIGHT_DTYPES, PolicyConfig
 from evotrainer.runtime import BACKEND_NAMES, VLLM_MODES, Runtime
 from evotrainer.sandbox import CHOICES as SANDBOXES
-from evotrainer.trackers import TRACKERS, WANDB_MODES, check as check_trackers
+from evotrainer.trackers import TRACKERS, WANDB_MODES
+from evotrainer.trackers import check as check_trackers
 
 MODES = ("continue", "restart")
 AGENTS = ("rules", "random", "llm", "command")
@@ -175,12 +176,12 @@ class SearchConfig:
     skills: str | None = knob(DEFAULT_SKILLS, "the skill library (null: none); $XDG_DATA_HOME is "
                               "~/.local/share where it is not set")
     controller: str = knob("fixed", "the search's own policy: fixed, the search as set here, all run long; "
-                           "evolving: revised every revise_every trials from the lineage (evolve/search_policy.py)",
+                           "evolving: revised every revise_every trials from the lineage (evolve/search/policy.py)",
                            CONTROLLERS)
     revise_every: int = knob(3, "an evolving controller's trials between revisions")
     concurrency: int = knob(1, "trials in flight at once, each from a specialist for one surface (reward, data, "
                             "optimisation, exploration, diagnostics); two in flight never change one surface of "
-                            "one parent (evolve/specialists.py)")
+                            "one parent (evolve/search/specialists.py)")
     seed: int | None = knob(None, "the search's own draws (a random agent's choices, the population's parent "
                             "draws): null follows the run's first seed; another value explores differently on the "
                             "same training seeds")
@@ -263,7 +264,7 @@ class RunConfig:
                                         "used by the search); 5: a t interval over 3 has 2 df and misses most "
                                         "real gains")
     cache: str = knob("run", "trained segments and their scores, reused instead of training again "
-                      "(evolve/segment_cache.py): run (RUN/cache, this run's own), off, or an absolute directory "
+                      "(evolve/segments/cache.py): run (RUN/cache, this run's own), off, or an absolute directory "
                       "that several runs or benchmark arms share")
     workers: int = knob(0, "training workers at once (0: one per core, at most one per job)")
     executor: str = knob("local", "where training and evaluation jobs run: local, a pool of `workers` on this "
@@ -282,7 +283,7 @@ class RunConfig:
     budget: Budget = section(Budget, "What the search may spend")
     evaluation: EvalConfig = section(EvalConfig, "What the evaluator measures and when: the run's, never a "
                                      "harness's")
-    promotion: PromotionConfig = section(PromotionConfig, "The promotion gate (evolve/gate.py), a sequential test")
+    promotion: PromotionConfig = section(PromotionConfig, "The promotion gate (evolve/stats/gate.py), a sequential test")
     tracking: TrackingConfig = section(TrackingConfig, "Experiment trackers, each an optional extra imported only "
                                        "when named")
 

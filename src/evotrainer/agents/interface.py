@@ -70,11 +70,11 @@ class AgentContext:
     feedback: str = ""                      # a person's words from a gate (`evotrainer revise`)
     trial: int = 0
     workdir: Path | None = None             # where the agent may keep its transcript and worktree
-    # an evolving search controller's weights per intervention family (evolve/search_policy.py;
+    # an evolving search controller's weights per intervention family (evolve/search/policy.py;
     # none: every family alike, the fixed order)
     family_weights: Mapping[str, float] = field(default_factory=dict)
     # families another trial in flight is changing from the same parent (search.concurrency > 1):
-    # a proposal from here leaves them to that trial's specialist (evolve/specialists.py)
+    # a proposal from here leaves them to that trial's specialist (evolve/search/specialists.py)
     closed: frozenset[str] = frozenset()
     # the rest of the conditions the skill library weighs its evidence by (skills.Conditions)
     reference_acc: float | None = None      # the root's validation accuracy (the reference recipe's)

@@ -7,7 +7,7 @@ the search space around them (agents/space.py): for each family the findings nam
 catalog's moves then the space's, the moves the finding names first ("(mask_truncated)"); then the catalog's moves of every other family in a
 fixed order, and last the space's (without a finding to point at a family, the named,
 literature-backed changes are the better first tries). An evolving search controller
-weighs the families by what they gained in this run (evolve/search_policy.py): then the
+weighs the families by what they gained in this run (evolve/search/policy.py): then the
 heavier families come first, and findings lead only among families of equal weight. The
 space is finite per parent, so the agent always has a next idea until both are spent
 (None). The skill library then reorders that list by what the same findings led to before
@@ -21,9 +21,9 @@ import random
 from dataclasses import replace
 from typing import Mapping, Sequence
 
+from evotrainer.agents.edits import harness_files
 from evotrainer.agents.interface import AgentContext, Proposal
 from evotrainer.agents.interventions import FAMILY, INTERVENTIONS, revert
-from evotrainer.agents.edits import harness_files
 from evotrainer.agents.space import Parent, reach, space
 from evotrainer.skills import Conditions, rank, signature
 

@@ -200,7 +200,7 @@ def smaller_groups(parent: Parent) -> list[Proposal]:
 SLOT_FAMILY = {"reward": "reward", "group_filter": "group_filter", "advantage": "signal", "policy_loss": "signal",
                "loss_agg": "signal", "kl_estimator": "optimisation", "curriculum": "curriculum"}
 # every knob -> the family it belongs to: what a change reaches, whoever wrote it (a trial in
-# flight claims the surfaces its change reaches: evolve/specialists.py)
+# flight claims the surfaces its change reaches: evolve/search/specialists.py)
 KNOB_FAMILY = {**{k: r.family for k, r in RANGES.items()}, **SLOT_FAMILY, "group_size": "signal",
                "prompts_per_step": "signal", "num_iterations": "optimisation", "steps": "optimisation",
                "top_k": "exploration", "train_levels": "curriculum", "max_new_tokens": "efficiency",

@@ -1,6 +1,6 @@
 """The controller: the evolution loop (docs/concepts.md).
 
-A *state* (evolve/state.py) is a harness version at a lineage depth with one checkpoint per
+A *state* (evolve/segments/state.py) is a harness version at a lineage depth with one checkpoint per
 seed. In `continue` mode (population-based training) depth counts segments of training
 behind the state; trial 0 trains the root harness one segment from the base, and each
 later trial:
@@ -18,14 +18,14 @@ whole budget and its control is its parent, trained from the base with the same 
 Controls are states too, so the lineage deepens even when children fail. Everything is
 recorded before it is relied on; a killed controller resumes with `run()` again: pending
 trials are redone under their number and with the plan they started with
-(evolve/plan.py), and finished work is never repeated. The lineage is read once per trial,
-into a view (evolve/view.py) that the search's decisions (evolve/search.py) and the trial
+(evolve/search/plans.py), and finished work is never repeated. The lineage is read once per trial,
+into a view (evolve/search/view.py) that the search's decisions (evolve/search/parents.py) and the trial
 itself work from; a trial is given that view and the few services it needs (evolve/tools.py).
 
 The search's own policy (frontier, selection temperature, crossover timing, when to roll
 back, the weights of intervention families) is the config's all run long, or, with
 `search.controller: evolving`, revised every few trials from the lineage before the parent
-is chosen (evolve/search_policy.py), each revision recorded before it is relied on.
+is chosen (evolve/search/policy.py), each revision recorded before it is relied on.
 
 Run directory: config.yaml, lineage.sqlite, evidence.sqlite, harness-repo/ (git, one
 tag per version), harnesses/vN (checkouts), versions/vN/seed-S and controls/vN-dD/seed-S
@@ -42,42 +42,56 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable
 
-
 from evotrainer.agents import AgentContext, AgentFailed, Escalation, Proposal, make_agent, set_knob
+from evotrainer.catalog import get_task
 from evotrainer.config import RunConfig
 from evotrainer.errors import UsageError
-from evotrainer.evolve import approval, history, plan, search, search_policy, setup, specialists
+from evotrainer.evolve import approval, setup
 from evotrainer.evolve.final_run import run_final, winner_schedule
-from evotrainer.evolve.plan import TrialPlan
-from evotrainer.evolve.population import SelectionConfig
-from evotrainer.evolve.segment_cache import SegmentCache
-from evotrainer.evolve.progress import Progress, seed_metrics
-from evotrainer.evolve.search_policy import ControllerPolicy
+from evotrainer.evolve.notices import OnEvent, Stage, ignore
+from evotrainer.evolve.search import history, parents, specialists
+from evotrainer.evolve.search import plans as plan
+from evotrainer.evolve.search import policy as search_policy
+from evotrainer.evolve.search.plans import TrialPlan
+from evotrainer.evolve.search.policy import ControllerPolicy
+from evotrainer.evolve.search.population import SelectionConfig
+from evotrainer.evolve.search.view import RunView
+from evotrainer.evolve.segments.cache import SegmentCache
+from evotrainer.evolve.segments.progress import Progress, seed_metrics
+from evotrainer.evolve.segments.state import Clock, ControlFailed, Segment, SegmentFailed, State
+from evotrainer.evolve.segments.training import Training
+from evotrainer.evolve.stats.paired import noise_floor
 from evotrainer.evolve.status import controller_seconds
-from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
-from evotrainer.evolve.stats import noise_floor
 from evotrainer.evolve.tools import TrialTools
-from evotrainer.evolve.training import Training
 from evotrainer.evolve.trial import Trial
-from evotrainer.evolve.view import RunView
 from evotrainer.executors import use_isolation
 from evotrainer.harness import REFERENCE, inspect_harness
 from evotrainer.harness.candidate import Candidate, propose_files, vet
 from evotrainer.harness.knobs import load_knobs, read_yaml
 from evotrainer.harness.versions import HarnessRepo
-from evotrainer.trainer.backends import check_backend
 from evotrainer.labels import AGENT_FAILED, Label
 from evotrainer.lineage import Fitness, LineageStore, TrialRecord
-from evotrainer.lineage.events import (Event, FinalFinished, ApprovalDecided, ApprovalWaiting, ParentExhausted, RunFinished,
-                                       RunStarted, SessionStarted, Stopped, TrackerFailed, TrialResumed, TrialStarted,
-                                       new_run_id)
+from evotrainer.lineage.events import (
+    ApprovalDecided,
+    ApprovalWaiting,
+    Event,
+    FinalFinished,
+    ParentExhausted,
+    RunFinished,
+    RunStarted,
+    SessionStarted,
+    Stopped,
+    TrackerFailed,
+    TrialResumed,
+    TrialStarted,
+    new_run_id,
+)
 from evotrainer.policy.model import resolve_model
 from evotrainer.sandbox import describe
 from evotrainer.sandbox import record as sandbox_record
 from evotrainer.skills import SkillLibrary
-from evotrainer.catalog import get_task
 from evotrainer.trackers import TrackerSet, open_trackers, trial_row
-from evotrainer.evolve.notices import OnEvent, Stage, ignore
+from evotrainer.trainer.backends import check_backend
 
 # what `_next` says where it has no plan: the search ends; wait for a trial in flight; ask again now
 STOP, WAIT, AGAIN = "stop", "wait", "again"
@@ -252,7 +266,7 @@ class Controller:
         return trial_plan
 
     def _search_parallel(self, t_end: float, resumed: list[TrialStarted]) -> None:
-        """Up to search.concurrency trials at once (evolve/specialists.py). Each is proposed on
+        """Up to search.concurrency trials at once (evolve/search/specialists.py). Each is proposed on
         the lineage as it stands, with every finished trial and the claims of those in flight,
         and recorded as started before it runs; the budget counts trials in flight as spent."""
         most, flight = self.cfg.search.concurrency, {}
@@ -373,20 +387,20 @@ class Controller:
 
     def _select_parent(self, n: int) -> State | None:
         view = self.view
-        return search.choose_parent(view, n, view.open_states(self.max_depth, self.restart), self.cfg.search,
+        return parents.choose_parent(view, n, view.open_states(self.max_depth, self.restart), self.cfg.search,
                                     self.selection, self._escalation, self.policy, f"parent {self._search_seed} {n}")
 
     def _crossover(self, n: int, parent: State) -> TrialPlan | None:
-        return search.crossover(self.view, n, parent, self.cfg.search, self.selection, self._harness_files,
+        return parents.crossover(self.view, n, parent, self.cfg.search, self.selection, self._harness_files,
                                 self.store.append, self.policy)  # a conflict is recorded, not shown
 
     def _merge(self, n: int, parent: State) -> TrialPlan | None:
-        return search.merge_near_misses(self.view, n, parent, self.cfg.promotion.min_gain, self.policy)
+        return parents.merge_near_misses(self.view, n, parent, self.cfg.promotion.min_gain, self.policy)
 
     def _escalation(self) -> Escalation | None:
         """The escalation for the current view (search.escalation), decided and recorded once per view."""
         if self._escalated is None or self._escalated[0] is not self.view:
-            self._escalated = (self.view, search.escalation(self.view, self.cfg.search, self.cfg.budget.trial_timeout_s,
+            self._escalated = (self.view, parents.escalation(self.view, self.cfg.search, self.cfg.budget.trial_timeout_s,
                                                             self._record, self.store.append,
                                                             self.policy.revert_after))
         return self._escalated[1]

@@ -1,17 +1,17 @@
 """The final comparison, run once at the end of a run: the winner's harness schedule retrained
 from the base with the run's `final_seeds`, beside the root harness (the reference recipe)
-trained the same total steps with the same seeds (evolve/final.py: why, and its pure parts).
+trained the same total steps with the same seeds (evolve/stats/final.py: why, and its pure parts).
 """
 from __future__ import annotations
 
 import json
 from typing import Callable
 
-from evotrainer.evolve.final import compare, extend, schedule, table, winner
-from evotrainer.evolve.retrain import Arm, RetrainFailed, retrain
-from evotrainer.evolve.state import Clock, ControlFailed
-from evotrainer.evolve.training import Training
-from evotrainer.evolve.view import RunView
+from evotrainer.evolve.search.view import RunView
+from evotrainer.evolve.segments.retrain import Arm, RetrainFailed, retrain
+from evotrainer.evolve.segments.state import Clock, ControlFailed
+from evotrainer.evolve.segments.training import Training
+from evotrainer.evolve.stats.final import compare, extend, schedule, table, winner
 from evotrainer.lineage.events import Event, FinalFinished, FinalStarted
 
 

@@ -28,17 +28,17 @@ from typing import Callable, Sequence
 
 from evotrainer.agents.interface import AgentContext, Proposal
 from evotrainer.agents.interventions import FAMILY, set_knob
-from evotrainer.backtest import backtest
 from evotrainer.agents.rules import candidates
+from evotrainer.backtest import backtest
 from evotrainer.catalog import get_task
 from evotrainer.config import RunConfig
 from evotrainer.errors import UsageError
 from evotrainer.evidence.records import read_metrics
 from evotrainer.evolve import setup
-from evotrainer.evolve.segment_cache import SegmentCache
-from evotrainer.evolve.state import Clock, Segment, SegmentFailed, State
-from evotrainer.evolve.stats import paired_differences, t_interval
-from evotrainer.evolve.training import Training
+from evotrainer.evolve.segments.cache import SegmentCache
+from evotrainer.evolve.segments.state import Clock, Segment, SegmentFailed, State
+from evotrainer.evolve.segments.training import Training
+from evotrainer.evolve.stats.paired import paired_differences, t_interval
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.knobs import load_knobs, read_yaml
 from evotrainer.policy.model import resolve_model

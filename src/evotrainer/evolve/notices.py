@@ -5,7 +5,7 @@ A notice is one of:
 - a lineage event (lineage/events.py) as it is recorded: `RunStarted`, `ApprovalWaiting`,
   `FinalFinished`, ...; also `TrialStarted` as a trial begins;
 - a finished trial's `TrialRecord`, with its typed fitness;
-- `Progress` (evolve/progress.py): training steps of the jobs in flight;
+- `Progress` (evolve/segments/progress.py): training steps of the jobs in flight;
 - `SftProgress` (trainer/pretrain.py): a probe check while the base builds;
 - `Stage` and `BasePlan` below: shown and never stored (the lineage records outcomes).
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Union
 
 if TYPE_CHECKING:
-    from evotrainer.evolve.progress import Progress
+    from evotrainer.evolve.segments.progress import Progress
     from evotrainer.lineage import TrialRecord
     from evotrainer.lineage.events import Event
     from evotrainer.trainer.pretrain import SftProgress

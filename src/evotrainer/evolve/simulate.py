@@ -44,11 +44,21 @@ from pathlib import Path
 from evotrainer.backtest.run import BacktestOutcome
 from evotrainer.config import config_from_dict
 from evotrainer.evolve.controller import Controller
-from evotrainer.evolve.diagnosis import worst_of
-from evotrainer.evolve.landscape import (BACKTESTS, ROWS, Config, Row, backtests, build, changed_knobs,
-                                        content_key, read_backtests, read_rows)
-from evotrainer.evolve.state import EXTRA_PAIR_DATA, Clock, Segment, SegmentFailed, State
-from evotrainer.evolve.training import Training
+from evotrainer.evolve.landscape import (
+    BACKTESTS,
+    ROWS,
+    Config,
+    Row,
+    backtests,
+    build,
+    changed_knobs,
+    content_key,
+    read_backtests,
+    read_rows,
+)
+from evotrainer.evolve.segments.findings import worst_of
+from evotrainer.evolve.segments.state import EXTRA_PAIR_DATA, Clock, Segment, SegmentFailed, State
+from evotrainer.evolve.segments.training import Training
 from evotrainer.labels import Label
 from evotrainer.lineage import LineageStore
 from evotrainer.lineage.events import RunStarted

@@ -6,11 +6,19 @@ from pathlib import Path
 from typing import Sequence
 
 from evotrainer.errors import UsageError
-from evotrainer.evolve import specialists
 from evotrainer.evolve.approval import waiting
+from evotrainer.evolve.search import specialists
 from evotrainer.lineage import LineageStore, Logged
-from evotrainer.lineage.events import (ControllerRevised, Escalated, FinalFinished, RunFinished, RunStarted,
-                                       SessionStarted, Stopped, TrialStarted)
+from evotrainer.lineage.events import (
+    ControllerRevised,
+    Escalated,
+    FinalFinished,
+    RunFinished,
+    RunStarted,
+    SessionStarted,
+    Stopped,
+    TrialStarted,
+)
 
 
 def open_run(run_dir: Path | str) -> LineageStore:

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Callable
 
 from evotrainer.config import RunConfig
-from evotrainer.evolve.state import State
-from evotrainer.evolve.training import Training
-from evotrainer.evolve.view import RunView
+from evotrainer.evolve.notices import OnEvent
+from evotrainer.evolve.search.view import RunView
+from evotrainer.evolve.segments.state import State
+from evotrainer.evolve.segments.training import Training
 from evotrainer.harness.candidate import Candidate
 from evotrainer.harness.versions import HarnessRepo
 from evotrainer.lineage import TrialRecord
-from evotrainer.lineage.events import Event, ApprovalDecided, ApprovalWaiting
-from evotrainer.evolve.notices import OnEvent
+from evotrainer.lineage.events import ApprovalDecided, ApprovalWaiting, Event
 
 
 @dataclass(frozen=True)

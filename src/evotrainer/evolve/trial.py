@@ -25,18 +25,18 @@ from typing import Callable
 
 from evotrainer.backtest.run import rest_key, same_signal
 from evotrainer.diagnostics.replay import revised_diagnostics
-from evotrainer.evolve import approval, history
-from evotrainer.evolve.diagnosis import Replayed, replay_revised
-from evotrainer.evolve.gate import gate
-from evotrainer.evolve.plan import TrialPlan
-from evotrainer.evolve.state import EXTRA_PAIR_DATA, Clock, ControlFailed, Segment, SegmentFailed, State
-from evotrainer.evolve.stats import null_differences
+from evotrainer.evolve import approval
+from evotrainer.evolve.search import history
+from evotrainer.evolve.search.plans import TrialPlan
+from evotrainer.evolve.segments.findings import Replayed, replay_revised
+from evotrainer.evolve.segments.state import EXTRA_PAIR_DATA, Clock, ControlFailed, Segment, SegmentFailed, State
+from evotrainer.evolve.stats.gate import gate
+from evotrainer.evolve.stats.paired import null_differences
 from evotrainer.evolve.tools import TrialTools
 from evotrainer.harness.versions import PatchError
 from evotrainer.labels import Label
 from evotrainer.lineage import Decision, Fitness, TrialRecord
-from evotrainer.lineage.events import ControlFinished, ApprovalWaiting, PairControlFinished, TrialStarted
-
+from evotrainer.lineage.events import ApprovalWaiting, ControlFinished, PairControlFinished, TrialStarted
 
 
 @dataclass(frozen=True)

@@ -237,7 +237,7 @@ class CrossoverConflict(Event):
 class ControllerRevised(Event):
     """The search controller's policy revised (search.controller: evolving), decided once after
     trial `after` and read back by a resume. `policy` is the whole new policy as plain data
-    (evolve/search_policy.py reads it); `changes` says what moved, `reason` why, in words, and
+    (evolve/search/policy.py reads it); `changes` says what moved, `reason` why, in words, and
     `cites` the trials whose outcomes are the evidence."""
     revision: int                        # 1, 2, ...: revision 0 is the run's starting policy
     after: int                           # the last finished trial it read
@@ -311,7 +311,7 @@ class FinalStarted(Event):
 @stored_as("final_finished")
 @dataclass(frozen=True)
 class FinalFinished(Event):
-    """The final comparison, as final.json holds it (evolve/final.py makes `comparison` and `table`)."""
+    """The final comparison, as final.json holds it (evolve/stats/final.py makes `comparison` and `table`)."""
     winner: str
     schedule: list[str]
     seeds: list[int]

@@ -22,7 +22,7 @@ def _seeds(m: Mapping | None) -> dict[int, float]:
 
 @dataclass(frozen=True)
 class Decision:
-    """The promotion gate's decision as recorded (evolve/gate.py decides it)."""
+    """The promotion gate's decision as recorded (evolve/stats/gate.py decides it)."""
     gain: float | None                 # mean paired difference, child - control (None: not recorded)
     se: float | None = None            # its standard error, pooled with the run's null
     threshold: float | None = None     # what the gain had to beat

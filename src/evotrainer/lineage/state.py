@@ -1,7 +1,7 @@
 """A state as the lineage records it: a harness version at a lineage depth, with one checkpoint
 per seed and its validation and test accuracy per seed.
 
-States are what the search moves between (evolve/state.py trains them); the lineage stores
+States are what the search moves between (evolve/segments/state.py trains them); the lineage stores
 them as JSON, in a trial's fitness (lineage/fitness.py) and in `control_finished` events, and `State.of`
 reads one back (JSON object keys are strings, seeds are ints).
 """

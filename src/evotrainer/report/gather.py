@@ -15,12 +15,12 @@ from pathlib import Path
 
 from evotrainer.diagnostics.evidence_view import Evidence
 from evotrainer.diagnostics.health import load_evidence
-from evotrainer.jobfiles import BadOutput
 from evotrainer.diagnostics.load import harness_diagnostics
-from evotrainer.evolve import history
-from evotrainer.evolve.progress import seed_metrics
-from evotrainer.evolve.specialists import blackboard, surface
+from evotrainer.evolve.search import history
+from evotrainer.evolve.search.specialists import blackboard, surface
+from evotrainer.evolve.segments.progress import seed_metrics
 from evotrainer.evolve.status import open_run, status
+from evotrainer.jobfiles import BadOutput
 from evotrainer.lineage.events import TrialStarted
 from evotrainer.lineage.plan import TrialPlan
 from evotrainer.lineage.store import TrialRecord
@@ -49,7 +49,7 @@ class Version:
     patch: str
     started: float | None = None     # wall-clock seconds (the trial's row; in flight: its start's record)
     finished: float | None = None    # None: in flight
-    surface: str = ""                # the specialist's surface its change touched (evolve/specialists.py)
+    surface: str = ""                # the specialist's surface its change touched (evolve/search/specialists.py)
     proposed: str = ""               # search.concurrency > 1: what its proposal read off the blackboard
 
     @property
@@ -201,7 +201,7 @@ def gather(run_dir: Path | str) -> RunData:
     final = json.loads(final_path.read_text()) if final_path.exists() else None
     table = None
     if final:
-        from evotrainer.evolve.final import table as final_table
+        from evotrainer.evolve.stats.final import table as final_table
         table = final_table(final["base"], final["comparison"], final["seeds"])
     # curves: every version directory on disk (a trial in flight included), then the final comparison's retraining
     curves = []

@@ -16,7 +16,7 @@ import time
 from typing import Callable
 
 from evotrainer.backtest import measured
-from evotrainer.evolve.final import ci_name
+from evotrainer.evolve.stats.final import ci_name
 from evotrainer.report.charts import Chart, HLine, Series, plotly_div, svg
 from evotrainer.report.gather import CURVES, RunData, Version
 from evotrainer.report.timeline import overlaps, timeline_svg

@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 from evotrainer.evolve.landscape import ROWS, Row, read_rows
-from evotrainer.evolve.stats import paired_differences, t_interval
+from evotrainer.evolve.stats.paired import paired_differences, t_interval
 from evotrainer.report.charts import Chart, HLine, Series
 from evotrainer.report.page import drawing, esc, page, resolve_engine
 

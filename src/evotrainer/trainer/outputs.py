@@ -19,7 +19,7 @@ from evotrainer.evidence.records import evidence_of, read_metrics
 from evotrainer.jobfiles import BadOutput, shown
 
 CHECKPOINT, CHECKPOINTS = "checkpoint", "checkpoints"
-# the controller's mark on a train directory that holds a cache entry exactly (evolve/segment_cache.py);
+# the controller's mark on a train directory that holds a cache entry exactly (evolve/segments/cache.py);
 # a job that left one would claim another entry's scores
 KEY_FILE = "segment.key"
 # run.json: what readers take from it (backtests: group_size, max_new_tokens; the report; the

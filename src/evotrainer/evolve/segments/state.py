@@ -3,7 +3,7 @@
 A *state* is a harness version at a lineage depth with one checkpoint per seed, and its
 validation and test accuracy per seed (lineage/state.py: the lineage records states, so the
 record lives there). A *segment* trains one version on from a state's checkpoints (or the
-base) to the next depth. These are plain records: evolve/training.py trains them.
+base) to the next depth. These are plain records: evolve/segments/training.py trains them.
 """
 from __future__ import annotations
 

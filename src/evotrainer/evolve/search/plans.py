@@ -5,8 +5,8 @@ two elites, or a merge of two near misses. The plan itself is a lineage record (
 from __future__ import annotations
 
 from evotrainer.agents import AgentFailed, Proposal
-from evotrainer.evolve.history import CROSSOVER, MERGE, MERGED
-from evotrainer.evolve.state import State
+from evotrainer.evolve.search.history import CROSSOVER, MERGE, MERGED
+from evotrainer.evolve.segments.state import State
 from evotrainer.lineage.plan import Failure, TrialPlan
 
 __all__ = ["Failure", "TrialPlan", "of_agent", "of_crossover", "of_merge"]
@@ -42,7 +42,7 @@ def of_crossover(parent: State, mate: State, version: str, parent_changes: froze
 
 
 def of_merge(parent: State, version: str, a, b) -> TrialPlan:
-    """Two near misses' changes together (evolve/near_miss.py: `a` and `b`, NearMiss records of
+    """Two near misses' changes together (evolve/search/near_miss.py: `a` and `b`, NearMiss records of
     discarded trials made on `parent`'s version, touching different knobs and files)."""
     return TrialPlan(
         parent=parent, version=version, round=None, intervention=f"{a.intervention}{MERGED}{b.intervention}",

@@ -3,7 +3,7 @@ comparison of harnesses rests on (the run's final comparison, the benchmarks).
 
 Each *arm* is a schedule (one harness directory per segment, each segment continuing from
 the last one's checkpoint) trained from the base on every seed, under OUT/ARM/seed-S/segment-D:
-all arms and seeds one batch of the segment pipeline (evolve/segments.py), scored by one
+all arms and seeds one batch of the segment pipeline (evolve/segments/pipeline.py), scored by one
 evaluator process. A seed's accuracy on each split is the mean of the last `last_k`
 evaluations (the saved steps of the last segment, then its final checkpoint). Here, unlike in
 the search, any failure is an error: a comparison with a seed missing is no comparison.
@@ -17,10 +17,10 @@ from typing import Callable, Mapping, Sequence
 from evotrainer.config import EvalConfig
 from evotrainer.evaluate.greedy import load_error
 from evotrainer.evaluate.launch import EvaluatorFailed
-from evotrainer.evolve.progress import Progress
-from evotrainer.evolve.segment_cache import SegmentCache
-from evotrainer.evolve.segments import Segments, TrainJob
-from evotrainer.evolve.state import Clock
+from evotrainer.evolve.segments.cache import SegmentCache
+from evotrainer.evolve.segments.pipeline import Segments, TrainJob
+from evotrainer.evolve.segments.progress import Progress
+from evotrainer.evolve.segments.state import Clock
 from evotrainer.executors import Executor, LocalPool
 from evotrainer.runtime import Runtime
 from evotrainer.tasks import Task

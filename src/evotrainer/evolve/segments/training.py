@@ -1,5 +1,5 @@
 """The search's training: a batch of segments (a child and its control, every seed; the root
-and its noise replicas) through the segment pipeline (evolve/segments.py) as one batch of
+and its noise replicas) through the segment pipeline (evolve/segments/pipeline.py) as one batch of
 jobs, so they share the cores and one evaluator scores them all; and what the search reads
 of a trained state (its findings, backtests, its evidence in the run's store).
 
@@ -21,11 +21,11 @@ from evotrainer.backtest.run import BacktestOutcome
 from evotrainer.config import RunConfig
 from evotrainer.evaluate.launch import EvaluatorFailed
 from evotrainer.evidence import EvidenceStore
-from evotrainer.evolve.diagnosis import worst_findings
-from evotrainer.evolve.progress import Progress
-from evotrainer.evolve.segment_cache import SegmentCache
-from evotrainer.evolve.segments import Segments, TrainJob, Unloaded
-from evotrainer.evolve.state import Clock, ControlFailed, Segment, SegmentFailed, State
+from evotrainer.evolve.segments.cache import SegmentCache
+from evotrainer.evolve.segments.findings import worst_findings
+from evotrainer.evolve.segments.pipeline import Segments, TrainJob, Unloaded
+from evotrainer.evolve.segments.progress import Progress
+from evotrainer.evolve.segments.state import Clock, ControlFailed, Segment, SegmentFailed, State
 from evotrainer.executors import Executor
 from evotrainer.labels import Label
 from evotrainer.lineage import TrialRecord

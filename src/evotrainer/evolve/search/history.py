@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Sequence
 
 from evotrainer.agents.interventions import FAMILY
-from evotrainer.evolve.population import Child
+from evotrainer.evolve.search.population import Child
 from evotrainer.labels import AGENT_FAILED, CRASHED, FAILED, Label
 from evotrainer.lineage.plan import TrialPlan
 
 CROSSOVER = "crossover"  # the intervention (and family) of a crossover trial
-MERGE = "merge"          # the family (and agent) of a near-miss merge (evolve/near_miss.py)
+MERGE = "merge"          # the family (and agent) of a near-miss merge (evolve/search/near_miss.py)
 MERGED = "+"             # a merge's intervention names its parts: "lower_lr+easier_mix"
 
 

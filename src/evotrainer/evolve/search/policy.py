@@ -1,7 +1,7 @@
 """The search controller's own policy, and the rules controller that revises it from what the
 lineage shows worked (`search.controller: evolving`; `fixed` keeps the starting policy).
 
-What the search decides with (evolve/search.py) is one record, ControllerPolicy: the weights
+What the search decides with (evolve/search/parents.py) is one record, ControllerPolicy: the weights
 of the intervention families the agent tries first, how often a crossover is due, how
 greedily a parent is picked (the selection temperature), how many elites are kept (the
 frontier), how many failures in a row roll the search back and make it subtract, and
@@ -34,7 +34,7 @@ evolving run revises it every `revise_every` trials, by rules:
                      from 0.25, within [0.1, 0.5] (once two crossovers ran)
     frontier,        nothing kept in `revise_every` or more trials since the last revision:
     temperature,     one more elite (at most 8), a hotter selection (+0.005, at most 0.05), and
-    merging          near misses merged from then on (evolve/near_miss.py: two discarded
+    merging          near misses merged from then on (evolve/search/near_miss.py: two discarded
                      changes whose mean gains reached the gate's minimum, tried together, for
                      where single moves are too small for the gate to see); a branch that keeps
                      improving (two kept trials since, one descending from the other): one
@@ -62,7 +62,7 @@ import yaml
 
 from evotrainer.agents.rules import FAMILY_ORDER
 from evotrainer.config import SearchConfig
-from evotrainer.evolve import history
+from evotrainer.evolve.search import history
 from evotrainer.labels import AGENT_FAILED, CRASHED, Label
 from evotrainer.lineage.events import ControllerRevised
 from evotrainer.lineage.plan import TrialPlan
@@ -90,7 +90,7 @@ class ControllerPolicy:
     frontier: int = 4                    # elites kept (the population's capacity)
     revert_after: int = 3                # failures in a row that roll back and escalate
     revise_every: int = 3                # trials between revisions (an evolving controller)
-    merge_near_misses: bool = False      # merge two discarded near misses into one trial (evolve/near_miss.py)
+    merge_near_misses: bool = False      # merge two discarded near misses into one trial (evolve/search/near_miss.py)
 
     @classmethod
     def initial(cls, search: SearchConfig) -> "ControllerPolicy":

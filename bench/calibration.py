@@ -19,8 +19,8 @@ from typing import Callable, Sequence
 from scipy import stats as _scipy_stats
 
 from evotrainer.config import PromotionConfig
-from evotrainer.evolve.gate import gate
-from evotrainer.evolve.stats import bootstrap_ci, mean_se, t_interval
+from evotrainer.evolve.stats.gate import gate
+from evotrainer.evolve.stats.paired import bootstrap_ci, mean_se, t_interval
 from evotrainer.labels import Label
 
 

@@ -20,7 +20,7 @@ import math
 import statistics
 from typing import Iterable, Mapping, Sequence
 
-from evotrainer.evolve.stats import paired_differences, t_interval
+from evotrainer.evolve.stats.paired import paired_differences, t_interval
 
 
 def winner(states: Iterable) -> object:

@@ -1,5 +1,5 @@
 """Which state the next trial branches from, and whether it is a crossover: the search's
-decisions, as functions of a view of the run (evolve/view.py) and the search's settings.
+decisions, as functions of a view of the run (evolve/search/view.py) and the search's settings.
 
     greedy       the best open state (keep-or-revert on one path)
     population   after three failures in a row the last kept version (roll back), else the
@@ -13,10 +13,10 @@ decisions, as functions of a view of the run (evolve/view.py) and the search's s
                  way round is tried after every fresh one
     merge        where the policy merges near misses (an evolving controller after a stall):
                  the best pair of near misses made on the parent's version and not merged
-                 yet, as one trial from the parent (evolve/near_miss.py); before a crossover
+                 yet, as one trial from the parent (evolve/search/near_miss.py); before a crossover
 
 "three" and the crossover timing, the frontier and the selection temperature are the
-controller's policy (evolve/search_policy.py): fixed, or revised as the run goes.
+controller's policy (evolve/search/policy.py): fixed, or revised as the run goes.
 """
 from __future__ import annotations
 
@@ -25,11 +25,12 @@ from typing import Callable
 
 from evotrainer.agents import Escalation
 from evotrainer.config import SearchConfig
-from evotrainer.evolve import history, near_miss, plan
-from evotrainer.evolve.diagnosis import misleads
-from evotrainer.evolve.population import SelectionConfig, crossover_due, mates, merge, select_parent
-from evotrainer.evolve.search_policy import ControllerPolicy
-from evotrainer.evolve.view import RunView
+from evotrainer.evolve.search import history, near_miss
+from evotrainer.evolve.search import plans as plan
+from evotrainer.evolve.search.policy import ControllerPolicy
+from evotrainer.evolve.search.population import SelectionConfig, crossover_due, mates, merge, select_parent
+from evotrainer.evolve.search.view import RunView
+from evotrainer.evolve.segments.findings import misleads
 from evotrainer.lineage.events import CrossoverConflict, Escalated, Event
 from evotrainer.lineage.plan import TrialPlan
 from evotrainer.lineage.state import State

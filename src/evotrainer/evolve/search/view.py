@@ -13,12 +13,22 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TypeVar
 
-from evotrainer.evolve import history
-from evotrainer.evolve.population import Elite, SelectionConfig, promote
+from evotrainer.evolve.search import history
+from evotrainer.evolve.search.population import Elite, SelectionConfig, promote
 from evotrainer.labels import Label
 from evotrainer.lineage import LineageStore, TrialRecord
-from evotrainer.lineage.events import (ControlFinished, ControllerRevised, Escalated, Event, FinalFinished,
-                                       PairControlFinished, ParentExhausted, RunStarted, TrialFinished, TrialStarted)
+from evotrainer.lineage.events import (
+    ControlFinished,
+    ControllerRevised,
+    Escalated,
+    Event,
+    FinalFinished,
+    PairControlFinished,
+    ParentExhausted,
+    RunStarted,
+    TrialFinished,
+    TrialStarted,
+)
 from evotrainer.lineage.plan import TrialPlan
 from evotrainer.lineage.state import State
 
@@ -129,7 +139,7 @@ class RunView:
 
     @cached_property
     def revisions(self) -> list[ControllerRevised]:
-        """The search controller's policy revisions, oldest first (evolve/search_policy.py)."""
+        """The search controller's policy revisions, oldest first (evolve/search/policy.py)."""
         return self.of(ControllerRevised)
 
     @cached_property

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from evotrainer.config import PromotionConfig
-from evotrainer.evolve.stats import paired_differences, pooled_test
+from evotrainer.evolve.stats.paired import paired_differences, pooled_test
 from evotrainer.labels import Label
 
 PROMISING_SE = 1.0  # "more" needs the mean gain above min_gain by this many standard errors

@@ -15,14 +15,14 @@ on fresh seeds (docs/benchmarks.md): a merge is a hypothesis the gate judges, no
 
 Only an evolving controller merges, and only once its policy says so
 (search_policy.py: a stall turns it on). Each pair is merged at most once. Pure functions
-of finished trials and their plans: the controller builds the plan (evolve/plan.py).
+of finished trials and their plans: the controller builds the plan (evolve/search/plans.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from evotrainer.evolve import history
+from evotrainer.evolve.search import history
 from evotrainer.labels import Label
 from evotrainer.lineage.plan import TrialPlan
 

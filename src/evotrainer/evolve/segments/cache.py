@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # the runtime's module imports torch: a key is computed witho
 
 MANIFEST = "MANIFEST"      # in an entry: relative path -> size of every file
 NOT_STORED = (KEY_FILE,)  # the run's own mark on a directory, not the job's outcome
-PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the evotrainer package this process runs
+PACKAGE_DIR = Path(__file__).resolve().parents[2]  # the evotrainer package this process runs
 NOT_CODE = ("agents/prompts",)  # package files that change what an agent proposes, never a job's numbers
 LIBRARIES = ("torch", "transformers", "tokenizers", "trl", "peft")  # whose versions change numbers
 

@@ -14,7 +14,7 @@ job's mean per split. With the cache, the jobs that train have the threads they 
 in the whole batch (Executor.part_of), so the numbers are the same with it or without it.
 
 What a failure means (a trial's label, or a retraining's error), how seeds and data are chosen
-and what comes back are the callers' (evolve/training.py, evolve/retrain.py).
+and what comes back are the callers' (evolve/segments/training.py, evolve/segments/retrain.py).
 """
 from __future__ import annotations
 
@@ -26,11 +26,23 @@ from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 from evotrainer.evaluate.launch import run_evaluator
-from evotrainer.evolve.progress import Job, Progress, Watcher
-from evotrainer.evolve.segment_cache import (SegmentCache, SegmentInputs, cached_scores, chain_inputs,
-                                             checkpoint_identity, draws_digest, name_train_spec, numbers, score_inputs,
-                                             segment_key, start_identity, task_identity, tree_digest)
-from evotrainer.evolve.state import Clock, SegmentFailed
+from evotrainer.evolve.segments.cache import (
+    SegmentCache,
+    SegmentInputs,
+    cached_scores,
+    chain_inputs,
+    checkpoint_identity,
+    draws_digest,
+    name_train_spec,
+    numbers,
+    score_inputs,
+    segment_key,
+    start_identity,
+    task_identity,
+    tree_digest,
+)
+from evotrainer.evolve.segments.progress import Job, Progress, Watcher
+from evotrainer.evolve.segments.state import Clock, SegmentFailed
 from evotrainer.executors import Call, Executor, LocalPool, WorkerResult
 from evotrainer.labels import Label
 from evotrainer.runtime import Runtime
