@@ -173,12 +173,14 @@ def best_by_val(rows: dict[str, Row], kinds: tuple[str, ...]) -> str:
     return max(cands, key=lambda r: statistics.fmean(r.val.values())).name
 
 
-def headroom(name: str, training: Training, rows: dict[str, Row], seeds: list[int]) -> str:
+def headroom(name: str, training: Training, rows: dict[str, Row], seeds: list[int],
+             timeout_s: float | None = None) -> str:
     """The task's headroom on fresh seeds: the default recipe (the root), the tuned one (the
     sweep's recipe, or the move a sweep recipe equals, with the best mean validation accuracy
     on the pool) and the table's best entry by validation, each retrained from the base on
     fresh `seeds` no row saw; test gains paired by seed, with 95% t intervals. More seeds reuse
-    the fewer's segments (the cache)."""
+    the fewer's segments (the cache), and so does a run again after a stop. `timeout_s` per
+    segment (default: the config's trial timeout, sized for a core alone)."""
     out = OUT / name
     sweep_like = [n for n in ("lower_lr", "larger_groups", "partial_credit") if n in rows]
     tuned = best_by_val({n: r for n, r in rows.items() if r.kind == "sweep" or n in sweep_like},
@@ -186,7 +188,7 @@ def headroom(name: str, training: Training, rows: dict[str, Row], seeds: list[in
     best = best_by_val(rows, ("move", "sweep", "combo", "reached"))
     arms = {n: Arm((str(out / "harnesses" / n),), training.cfg.budget.total_steps) for n in {"root", tuned, best}}
     rep = retrain(training.task, training.base, arms, seeds, out / "fresh", evaluation=training.cfg.evaluation,
-                  timeout_s=training.cfg.budget.trial_timeout_s, workers=2, runtime=training.runtime,
+                  timeout_s=timeout_s or training.cfg.budget.trial_timeout_s, workers=2, runtime=training.runtime,
                   cache=training.cache)
     test = {n: {s: 100 * v["test"] for s, v in by_seed.items()} for n, by_seed in rep.scores.items()}
     lines = [f"Headroom on fresh seeds {seeds} (test %, paired by seed; 95% t):", "",
@@ -281,6 +283,9 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="the default, the tuned recipe and the table's best "
                     f"retrained on fresh seeds {FRESH}, {FRESH + 1}, ... (the task's headroom), after the table")
     ap.add_argument("--fresh-seeds", type=int, default=5, help="how many fresh seeds --fresh trains on")
+    ap.add_argument("--fresh-timeout", type=float, default=None,
+                    help="seconds per segment for --fresh (default: the config's trial timeout); more where "
+                         "the machine is shared")
     ap.add_argument("--headroom", action="store_true", help="first look, before a whole table: the root, the "
                     f"catalog's moves and the sweep on seeds {HEADROOM_SEEDS}, in TASK/headroom/ (the table reuses them)")
     ap.add_argument("--backtests", action="store_true", help="backtest every recorded row on the root's rollouts "
@@ -326,7 +331,8 @@ def main() -> None:
 
     first = singles(root, training.task.target_level)
     if args.fresh:
-        text = headroom(args.task, training, read_rows(out / ROWS), list(range(FRESH, FRESH + args.fresh_seeds)))
+        text = headroom(args.task, training, read_rows(out / ROWS), list(range(FRESH, FRESH + args.fresh_seeds)),
+                        args.fresh_timeout)
         (out / "fresh.md").write_text(text + "\n")
         print(text)
         return
