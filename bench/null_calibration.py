@@ -119,7 +119,7 @@ def finals_controller(config: Path, harness: Path, steps: int, out: Path) -> Con
     cfg = config_from_dict(bench_config(config, harness, [10, 11], 1, steps)).validate()
     ctl = Controller(cfg, out / "finals-setup", agent=null_agent, run_backtests=False)
     ctl.isolation = use_isolation(cfg.sandbox)
-    ctl._setup()  # noqa: SLF001 (the bench replays without a search)
+    ctl.setup()  # noqa: SLF001 (the bench replays without a search)
     return ctl
 
 

@@ -78,7 +78,8 @@ import evotrainer  # noqa: E402
 from evotrainer.agents import set_knob  # noqa: E402
 from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.config import config_from_dict, load_config  # noqa: E402
-from evotrainer.evolve.controller import Controller, learn  # noqa: E402
+from evotrainer.evolve.controller import Controller
+from evotrainer.evolve.recorder import learn  # noqa: E402
 from evotrainer.evolve.search.view import RunView  # noqa: E402
 from evotrainer.lineage import LineageStore, TrialRecord  # noqa: E402
 from evotrainer.lineage.events import RunStarted  # noqa: E402
@@ -206,7 +207,8 @@ def library(task_out: Path) -> Path | None:
                 view = RunView.read(store)
             finally:
                 store.close()
-            learn(lib, run, cfg, get_task(cfg.task, cfg.level).target_level, view.reference_acc, view.planned)
+            learn(lib, run, cfg, level=get_task(cfg.task, cfg.level).target_level,
+                  reference_acc=view.reference_acc, done=view.planned)
     finally:
         lib.close()
     return path

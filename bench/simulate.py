@@ -171,7 +171,7 @@ def real(task: str, table: Table, name: str, seeds: tuple[int, ...], trials: int
     ctl = Controller(config_from_dict(raw).validate(), run_dir)
     ctl.run()
     _, versions, _ = ctl.winner_schedule()
-    row = table.row_for(ctl._harness_dir(versions[-1])) or table.root
+    row = table.row_for(ctl.harnesses.dir(versions[-1])) or table.root
     trials_done = [t for t in ctl.store.trials() if t.parents]
     rec = {"strategy": name, "seeds": list(seeds), "trials": trials, "winner": row.name, "seconds": round(time.time() - t),
            "labels": [t.label for t in trials_done], "interventions": [t.intervention for t in trials_done],

@@ -52,7 +52,7 @@ def test_a_revised_diagnostic_is_kept_only_if_its_replay_separates_failed_from_h
     assert t[3].budgets == {} and t[3].depth == parent.depth and not (run / "versions" / "v3").exists()
     assert kept.dirs == parent.dirs and kept.val == parent.val
     # what an agent is shown of v3 carries the new diagnostic's finding; of the root, not
-    findings = {v: [f["diagnostic"] for f in ctl._findings(x.fitness.state)] for v, x in
+    findings = {v: [f["diagnostic"] for f in ctl.proposer.findings(x.fitness.state)] for v, x in
                 (("v0", t[0]), ("v3", t[3]))}
     assert "group_width" in findings["v3"] and "group_width" not in findings["v0"]
 
@@ -77,10 +77,10 @@ def test_diagnostics_that_fail_to_run_are_a_blocking_finding_not_a_crash(tmp_pat
     cfg = config_from_dict({"task": "arith", "level": 1, "seeds": [0], "final_seeds": [],
                             "model": str(ckpt), "search": {"skills": None}}).validate()
     ctl = Controller(cfg, tmp_path / "run")
-    ctl._setup()
-    ctl._candidate("v0", "v1", knobs={}, hypothesis="a broken diagnostic", files={"diagnostics.py": HEADER + (
+    ctl.setup()
+    ctl.harnesses.candidate("v0", "v1", knobs={}, hypothesis="a broken diagnostic", files={"diagnostics.py": HEADER + (
         '@diagnostic("custom", warn=1)\ndef broken(ev):\n    """Divides by zero."""\n    return 1 / 0\n')})
-    knobs = (ctl._harness_dir("v0") / "knobs.yaml").read_text()
+    knobs = (ctl.harnesses.dir("v0") / "knobs.yaml").read_text()
     for a, b in [("prompts_per_step: 64", "prompts_per_step: 2"), ("group_size: 8", "group_size: 2")]:
         knobs = knobs.replace(a, b)
     small = tmp_path / "small"
@@ -88,6 +88,6 @@ def test_diagnostics_that_fail_to_run_are_a_blocking_finding_not_a_crash(tmp_pat
     (small / "knobs.yaml").write_text(knobs)
     train_segment(task="arith", level=1, harness=str(small), base=str(ckpt), out=str(tmp_path / "seg"), seed=0,
                   steps=1)
-    found = ctl._findings(State("v1", 1, {0: str(tmp_path / "seg")}, {0: 0.0}, {0: 0.0}))
+    found = ctl.proposer.findings(State("v1", 1, {0: str(tmp_path / "seg")}, {0: 0.0}, {0: 0.0}))
     assert found[0]["diagnostic"] == "diagnostics_failed" and found[0]["blocking"]
     assert "ZeroDivisionError" in found[0]["evidence"]

@@ -137,7 +137,7 @@ def test_an_agents_edit_claims_every_surface_it_reaches_not_only_the_role_it_was
 
 
 def test_an_agent_reads_the_surfaces_claimed_in_flight_and_the_outcomes_that_came_in_meanwhile():
-    from evotrainer.evolve.controller import beside
+    from evotrainer.evolve.proposer import beside
     from evotrainer.evolve.search import history
     from evotrainer.lineage import TrialRecord
     claim = {3: _plan()}

@@ -73,7 +73,7 @@ def test_restart_mode_trains_every_version_from_the_base_against_its_parent(tiny
     scored, reading, score = [], [], Segments.score
 
     def read():
-        return {d for key in ctl._findings_of for _, d in key[1:]}  # key: version, (seed, dir), ...
+        return ctl.proposer.reading()
 
     def spy(self, jobs, last, clock, also=()):  # what is scored, and whose findings are being read by then
         scored.append({str(job.out) for job in jobs if "/noise/" not in str(job.out)})

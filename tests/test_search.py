@@ -10,6 +10,7 @@ import yaml
 from evotrainer.agents import INTERVENTIONS
 from evotrainer.config import config_from_dict
 from evotrainer.evolve.controller import Controller, State
+from evotrainer.evolve.proposer import Proposer
 from evotrainer.evolve.search.plans import of_agent
 from evotrainer.harness import REFERENCE
 from evotrainer.harness.knobs import load_knobs
@@ -27,8 +28,8 @@ def ctl(tmp_path, ckpt):
                             "search": {"skills": str(tmp_path / "skills.sqlite")},
                             "budget": {"trials": 9, "steps_per_segment": 10, "total_steps": 50}}).validate()
     c = Controller(cfg, tmp_path / "run")
-    c._setup()
-    c._findings = lambda state: []  # no evidence on disk: every state is diagnosed as healthy
+    c.setup()
+    c.proposer.findings = lambda state: []  # no evidence on disk: every state is diagnosed as healthy
     root = State("v0", 1, {0: "x"}, {0: 0.10}, {0: 0.10})
     c.store.begin_trial(TrialStarted(0, "root", "v0"))
     c.store.finish_trial(TrialRecord(0, "v0", [], "-", "root", 1, "", "-", "", "kept",
@@ -38,20 +39,20 @@ def ctl(tmp_path, ckpt):
 
 def add(c, n, parent: State, intervention, label, val=None, gain=None, trigger="none"):
     """Trial n from `parent`: the catalog's proposal, committed as a version, recorded with `label`."""
-    p = INTERVENTIONS.get(intervention)(load_knobs(c._harness_dir(parent.version) / "knobs.yaml"), 2)
+    p = INTERVENTIONS.get(intervention)(load_knobs(c.harnesses.dir(parent.version) / "knobs.yaml"), 2)
     plan = of_agent(parent, f"v{n}", 0, dataclasses.replace(p, trigger=trigger))
     c.store.begin_trial(TrialStarted.of(n, plan))
-    c._candidate(parent.version, f"v{n}", p.knobs, p.files, p.hypothesis)
+    c.harnesses.candidate(parent.version, f"v{n}", p.knobs, p.files, p.hypothesis)
     state = State(f"v{n}", parent.depth + 1, {0: "x"}, {0: val if val is not None else 0.0}, {0: 0.0})
     fitness = {"val": state.val, "gain": gain, "state": dataclasses.asdict(state)}
-    c._finish(TrialRecord(n, f"v{n}", [parent.version], "rules", intervention, parent.depth + 1, p.hypothesis,
-                          p.success_criterion, "", label, fitness=fitness), None, plan)
+    c.recorder.finish(TrialRecord(n, f"v{n}", [parent.version], "rules", intervention, parent.depth + 1, p.hypothesis,
+                          p.success_criterion, "", label, fitness=fitness), plan)
     return state
 
 
 def look(c):
     """The controller reads the lineage once per trial: here, after each change a test makes."""
-    return c._look()
+    return c.look()
 
 
 def test_crossover_merges_two_elites_changes_and_skips_a_conflicting_pair(ctl):
@@ -61,8 +62,8 @@ def test_crossover_merges_two_elites_changes_and_skips_a_conflicting_pair(ctl):
     add(ctl, 3, root, "overlong_shaping", "kept", val=0.18, gain=0.02)   # reward, like v1's: conflicts
     add(ctl, 4, v1, "drop_dead", "discarded", val=0.10, gain=-0.01)
     look(ctl)
-    assert ctl._crossover(5, v2) is not None          # four mutations, no crossover yet: one is due
-    p = ctl._crossover(5, v1)
+    assert ctl.proposer.crossover(5, v2) is not None          # four mutations, no crossover yet: one is due
+    p = ctl.proposer.crossover(5, v1)
     # v3 is further from v1 than v2 but changes the same knob: recorded as a conflict and skipped
     (conflict,) = ctl.store.events(CrossoverConflict)
     assert conflict.parents == ["v1", "v3"] and conflict.conflicts == ["knob reward: 'partial_credit' vs "
@@ -70,13 +71,13 @@ def test_crossover_merges_two_elites_changes_and_skips_a_conflicting_pair(ctl):
     assert p.intervention == "crossover" and p.mate.version == "v2"
     assert p.knobs == {"reward": "partial_credit", "clip_high": 0.28}
     ctl.store.begin_trial(TrialStarted.of(5, p))
-    ctl._candidate("v1", "v5", p.knobs, p.files, p.hypothesis)
-    merged = load_knobs(ctl._harness_dir("v5") / "knobs.yaml")
+    ctl.harnesses.candidate("v1", "v5", p.knobs, p.files, p.hypothesis)
+    merged = load_knobs(ctl.harnesses.dir("v5") / "knobs.yaml")
     assert (merged.reward, merged.clip_high, merged.lr) == ("partial_credit", 0.28, REF.lr)
     # the next operation is a mutation: never two crossovers in a row
-    ctl._finish(TrialRecord(5, "v5", ["v1", "v2"], "crossover", "crossover", 3, p.hypothesis, "-", "",
-                            "discarded", fitness={"gain": 0.0}), None, p)
-    assert look(ctl) and ctl._crossover(6, v1) is None
+    ctl.recorder.finish(TrialRecord(5, "v5", ["v1", "v2"], "crossover", "crossover", 3, p.hypothesis, "-", "",
+                            "discarded", fitness={"gain": 0.0}), p)
+    assert look(ctl) and ctl.proposer.crossover(6, v1) is None
     assert ctl.view.elites([State("v5", 3, {}, {0: 0.0}, {})])[0].changes == {"partial_credit", "clip_higher"}
 
 
@@ -107,42 +108,42 @@ def test_crossover_refuses_a_state_of_the_ancestor_with_its_own_descendant(ctl):
     later = State("v1", 3, {0: "x"}, {0: 0.25}, {0: 0.0})   # v1 trained on: v1's harness, deeper
     ctl.store.append(ControlFinished(later))
     look(ctl)
-    assert {e.key for e in ctl.view.population(ctl.selection)} >= {("v1", 3), ("v2", 3)}
+    assert {e.key for e in ctl.view.population(ctl.proposer.selection)} >= {("v1", 3), ("v2", 3)}
     # v2 carries what v1 lacks, but its gains beyond their common ancestor v1 are v2's own: merging
     # them gives back v2's harness, a crossover in name only
-    assert ctl._crossover(5, later) is None
+    assert ctl.proposer.crossover(5, later) is None
     v5 = add(ctl, 5, root, "dr_grpo", "kept", val=0.22, gain=0.02)   # a line of its own from the root
     look(ctl)
-    assert ctl._crossover(6, later).mate.version == v5.version
+    assert ctl.proposer.crossover(6, later).mate.version == v5.version
 
 
 def test_three_failures_in_a_row_escalate_once_roll_back_and_subtract(ctl):
     root = ctl.store.trials()[0].fitness.state
     v1 = add(ctl, 1, root, "partial_credit", "kept", val=0.20, gain=0.05)
     v2 = add(ctl, 2, v1, "clip_higher", "kept", val=0.30, gain=0.04)
-    assert look(ctl) and ctl._escalation() is None
+    assert look(ctl) and ctl.proposer.escalation() is None
     for n, name in ((3, "drop_dead"), (4, "dr_grpo"), (5, "entropy_bonus")):
         add(ctl, n, v2, name, "discarded", val=0.25, gain=-0.02)
     look(ctl)
-    esc = ctl._escalation()
+    esc = ctl.proposer.escalation()
     assert esc.avoid == {"group_filter", "signal", "exploration"} and esc.subtract
-    ctl._escalation()
+    ctl.proposer.escalation()
     look(ctl)
-    assert ctl._escalation() == esc
+    assert ctl.proposer.escalation() == esc
     assert len(ctl.store.events(Escalated)) == 1                 # decided once per streak, in any view
-    assert ctl._select_parent(6).version == "v2"                    # the last kept version
-    prop = ctl._propose(6, v2)
+    assert ctl.proposer.select_parent(6).version == "v2"                    # the last kept version
+    prop = ctl.proposer.propose(6, v2)
     assert prop.family == "subtract" and prop.intervention in ("revert_reward", "revert_clip_high")
     # a kept trial ends the streak
     add(ctl, 6, v2, "seq_mean", "kept", val=0.35, gain=0.05)
-    assert look(ctl) and ctl._escalation() is None
+    assert look(ctl) and ctl.proposer.escalation() is None
 
 
 def test_each_agent_trial_is_recorded_in_the_skill_library_once(ctl, tmp_path):
     root = ctl.store.trials()[0].fitness.state
     add(ctl, 1, root, "partial_credit", "kept", val=0.2, gain=0.05, trigger="dead_group_ratio:critical")
     add(ctl, 2, root, "clip_higher", "discarded", val=0.1, gain=-0.01)
-    ctl._learn(look(ctl).planned)  # as a resumed run would: nothing doubles
+    ctl.recorder.learn(look(ctl).planned)  # as a resumed run would: nothing doubles
     lib = SkillLibrary(tmp_path / "skills.sqlite")
     by = {s.intervention: s for s in lib.skills()}
     assert set(by) == {"partial_credit", "clip_higher"}
@@ -158,11 +159,12 @@ def test_greedy_selection_takes_the_best_open_state_and_population_the_best_pare
     add(ctl, 3, v1, "drop_dead", "discarded", val=0.20, gain=-0.04)
     add(ctl, 4, root, "entropy_bonus", "kept", val=0.28, gain=0.03)
     greedy = dataclasses.replace(ctl.cfg, search=dataclasses.replace(ctl.cfg.search, selection="greedy"))
-    other = Controller(greedy, ctl.run_dir)
-    assert look(other) and other._select_parent(5).version == "v1"   # the fittest
+    other = Proposer(greedy, ctl.task, ctl.agent, recorder=ctl.recorder, harnesses=ctl.harnesses,
+                     training=ctl.training, max_depth=ctl.max_depth)
+    assert look(ctl) and other.select_parent(5).version == "v1"   # the fittest
     # v1's children lost 4 points each; v4 is unexpanded and a different surface
-    assert look(ctl) and ctl._select_parent(5).version == "v4"
-    assert {e.version for e in ctl.view.population(ctl.selection)} == {"v0", "v1", "v4"}
+    assert look(ctl) and ctl.proposer.select_parent(5).version == "v4"
+    assert {e.version for e in ctl.view.population(ctl.proposer.selection)} == {"v0", "v1", "v4"}
     assert yaml.safe_load((ctl.run_dir / "config.yaml").read_text())["search"]["selection"] == "population"
 
 
@@ -204,11 +206,11 @@ def test_two_rounds_of_proposing_cost_add_up_and_a_round_that_cost_nothing_adds_
 
 
 def test_the_wall_clock_budget_is_the_runs_over_its_sessions_so_a_resume_gets_what_is_left(ctl, monkeypatch):
-    from evotrainer.evolve.controller import STOP
+    from evotrainer.evolve.proposer import STOP
     from evotrainer.lineage import store as store_module
     from evotrainer.lineage.events import SessionStarted, Stopped
     budget, now = ctl.cfg.budget.wall_clock_s, time.time()
-    assert ctl._wall_clock_end() - now > budget - 5   # the fixture's session took no time
+    assert ctl.wall_clock_end() - now > budget - 5   # the fixture's session took no time
 
     def session(start, seconds):  # a later session (a resume) that ran `seconds` before it was killed
         monkeypatch.setattr(store_module.time, "time", lambda: start)
@@ -217,9 +219,9 @@ def test_the_wall_clock_budget_is_the_runs_over_its_sessions_so_a_resume_gets_wh
         ctl.store.append(ControlFinished(State("v0", 2, {0: "x"}, {0: 0.1}, {0: 0.1})))
         monkeypatch.undo()
     session(now + 1000, budget - 20)  # a day's gap between sessions is not the run's time
-    assert 15 < ctl._wall_clock_end() - time.time() <= 20
+    assert 15 < ctl.wall_clock_end() - time.time() <= 20
     session(now + 9000, 30)
-    assert ctl._next(look(ctl), ctl._wall_clock_end()) == STOP
+    assert ctl.proposer.next(look(ctl), ctl.wall_clock_end()) == STOP
     assert ctl.store.events(Stopped)[-1].reason == "wall-clock budget spent"
 
 
@@ -247,6 +249,6 @@ def test_a_move_that_hacked_the_reward_above_a_parent_is_not_proposed_again_belo
     add(ctl, 1, root, "partial_credit", label, val=0.30, gain=0.1)
     v2 = add(ctl, 2, root, "drop_dead", "kept", val=0.20, gain=0.05)
     look(ctl)
-    first = ctl._propose(3, v2).intervention
+    first = ctl.proposer.propose(3, v2).intervention
     assert history.hacked_above(ctl.view.trials, "v2") == ({"partial_credit"} if label == "invalid" else set())
     assert (first == "partial_credit") == (label == "discarded"), first

@@ -185,17 +185,17 @@ def _controller(tmp_path, ckpt):
                             "search": {"skills": str(tmp_path / "skills.sqlite")},
                             "budget": {"trials": 3, "steps_per_segment": 10, "total_steps": 20}}).validate()
     c = Controller(cfg, tmp_path / "run")
-    c._setup()
+    c.setup()
     return c
 
 
 def test_two_runs_made_at_one_path_keep_both_their_outcomes(tmp_path, ckpt):
     first = _controller(tmp_path, ckpt)
-    first._learn([_agent_trial(1, "kept", 0.05)])
+    first.recorder.learn([_agent_trial(1, "kept", 0.05)])
     first.store.close()
     shutil.rmtree(tmp_path / "run")                      # deleted, and a new run made where it was
     second = _controller(tmp_path, ckpt)
-    second._learn([_agent_trial(1, "discarded", -0.02)])
+    second.recorder.learn([_agent_trial(1, "discarded", -0.02)])
     (s,) = SkillLibrary(tmp_path / "skills.sqlite").skills()
     assert s.tried == 2 and sorted(o["gain"] for o in s.evidence) == [-0.02, 0.05]
     runs = {o["run"] for o in s.evidence}
@@ -205,10 +205,10 @@ def test_two_runs_made_at_one_path_keep_both_their_outcomes(tmp_path, ckpt):
 
 def test_a_resumed_run_learning_its_trials_again_changes_nothing(tmp_path, ckpt):
     run = _controller(tmp_path, ckpt)
-    run._learn([_agent_trial(1), _agent_trial(2, "discarded", -0.01)])
+    run.recorder.learn([_agent_trial(1), _agent_trial(2, "discarded", -0.01)])
     run.store.close()
     resumed = _controller(tmp_path, ckpt)                # its run_started read back: the same run
-    resumed._learn([_agent_trial(1), _agent_trial(2, "discarded", -0.01), _agent_trial(3, "kept", 0.02)])
+    resumed.recorder.learn([_agent_trial(1), _agent_trial(2, "discarded", -0.01), _agent_trial(3, "kept", 0.02)])
     (s,) = SkillLibrary(tmp_path / "skills.sqlite").skills()
     assert s.tried == 3 and [o["trial"] for o in s.evidence] == [1, 2, 3]
     assert len({o["run"] for o in s.evidence}) == 1
@@ -234,7 +234,7 @@ def test_another_outcome_for_a_runs_trial_is_an_error_and_changes_nothing(tmp_pa
 
 def test_a_run_and_a_library_from_before_run_ids_go_on_under_the_runs_directory(tmp_path):
     from evotrainer.config import config_from_dict
-    from evotrainer.evolve.controller import learn
+    from evotrainer.evolve.recorder import learn
     run = tmp_path / "run"
     run.mkdir()
     store = LineageStore(run / "lineage.sqlite")
@@ -257,5 +257,5 @@ def test_a_run_and_a_library_from_before_run_ids_go_on_under_the_runs_directory(
     (o,) = lib.get("none -> partial_credit").evidence
     assert o["run"] == o["run_dir"] == str(run.resolve())
     cfg = config_from_dict({"task": "arith"}).validate()  # that run resumed: trial 1 learned again, once
-    learn(lib, run, cfg, 2, 0.1, [_agent_trial(1), _agent_trial(2, "discarded", -0.01)])
+    learn(lib, run, cfg, level=2, reference_acc=0.1, done=[_agent_trial(1), _agent_trial(2, "discarded", -0.01)])
     assert [o["trial"] for o in lib.get("none -> partial_credit").evidence] == [1, 2]

@@ -176,11 +176,11 @@ def test_a_proposal_the_runs_backend_cannot_train_is_illegal_and_never_runs(tmp_
     cfg_path, run = tiny_run
     raw = yaml.safe_load(cfg_path.read_text()) | {"backend": "trl"}
     ctl = Controller(config_from_dict(raw).validate(), run)
-    ctl._setup()
+    ctl.setup()
     proposal = {"knobs": {"loss_agg": "seq_mean_token_sum"}, "files": {}, "hypothesis": "sum per sequence"}
-    cand = ctl._candidate("v0", "v1", **proposal)
+    cand = ctl.harnesses.candidate("v0", "v1", **proposal)
     assert cand.label == "illegal" and "backend trl cannot train v1: loss_agg 'seq_mean_token_sum'" in cand.reasons[0]
-    ok = ctl._candidate("v0", "v2", knobs={"loss_agg": "seq_mean_token_mean"}, files={}, hypothesis="x")
+    ok = ctl.harnesses.candidate("v0", "v2", knobs={"loss_agg": "seq_mean_token_mean"}, files={}, hypothesis="x")
     assert ok.legal
     # and a root harness it cannot train stops the run before any work, in one line
     (tmp_path / "root" / "knobs.yaml").write_text((tmp_path / "root" / "knobs.yaml").read_text()

@@ -312,7 +312,7 @@ def _one(table: Table, strategy: dict, r: int, seeds: tuple[int, ...], trials: i
     finally:
         ctl.store.close()
     winner = versions[-1]
-    row = table.row_for(ctl._harness_dir(winner)) or table.root
+    row = table.row_for(ctl.harnesses.dir(winner)) or table.root
     fresh = [s for s in table.seeds if s not in ctl.training.used]  # no decision of the run read them
     gain = statistics.fmean(100 * (row.test[s] - table.root.test[s]) for s in fresh)
     kept = next((t.id for t in trials_done if t.parents and t.label == Label.KEPT), None)
