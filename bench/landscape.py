@@ -6,7 +6,7 @@ combinations of the best single moves, each trained from the base on one fixed p
     .venv/bin/python bench/landscape.py arith3-weak --show     # print what is recorded
 
 The task's config is bench/configs/landscape/TASK.yaml (a suite task sized so a segment takes
-about 30 s on one core). Records go to bench/results/landscape/TASK/: rows.jsonl (one row per
+about 30 s on one core). Records go to results/landscape/TASK/: rows.jsonl (one row per
 configuration: val and test accuracy per seed, findings per seed, the score curve), meta.json
 (the config, the base, the split key's digest, the code, the cost) and harnesses/ (each row's
 harness files). Checkpoints, rollouts and the segment cache stay out of git; a stopped build
@@ -59,7 +59,7 @@ from evotrainer.trainer.pretrain import base_path, resolved  # noqa: E402
 from search_suite import code_version, sweep_recipes  # noqa: E402
 
 CONFIGS = ROOT / "bench" / "configs" / "landscape"
-OUT = ROOT / "bench" / "results" / "landscape"
+OUT = ROOT / "results" / "landscape"
 SEEDS = [0, 1, 2, 3, 4, 5]  # the pool every row trains on
 HEADROOM_SEEDS = SEEDS[:3]  # --headroom's first look
 FRESH = 300                 # --fresh: seeds FRESH, FRESH+1, ... (no row trained on them)

@@ -47,7 +47,7 @@ compared must share a machine, and the suite's own population searches may have 
 another. Written to OUT/TASK/transfer/transfer.json.
 
 A finished search, sweep or replay under --out is read back, not redone. The default --out,
-bench/results/search-suite, is kept by git (its .gitignore keeps the small records and none of
+results/search-suite, is kept by git (its .gitignore keeps the small records and none of
 the checkpoints): commit what finished, and `--merge` reads it on any machine. A task's part
 goes on only where the split key its searches were scored under is (the cache's keys/: a fresh
 machine makes another, which picks other validation and test problems); elsewhere the bench
@@ -176,7 +176,7 @@ def search(raw: dict, strategy: str, r: int, out: Path) -> dict:
     label, versions, arm = ctl.winner_schedule()
     trials = ctl.store.trials()
     by_version = {t.version: t for t in trials if t.version}
-    # harness paths relative to the task's folder: the records are committed (bench/results) and
+    # harness paths relative to the task's folder: the records are committed (results/) and
     # read back on another machine, under another checkout path
     rec = {"strategy": strategy, "replicate": r, "code": code_version(), "seeds": cfg.seeds, "winner": label,
            "holds": holds(by_version, versions[-1]), "harnesses": [os.path.relpath(h, out) for h in arm.harnesses],
@@ -520,7 +520,7 @@ def main() -> None:
                    choices=[s for s in STRATEGIES if s != "transfer"])
     p.add_argument("--replicates", type=int, default=3, help="searches per strategy, on different search seeds")
     p.add_argument("--seeds", type=int, default=5, help="fresh seeds every winner and reference is replayed on")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "search-suite",
+    p.add_argument("--out", type=Path, default=ROOT / "results" / "search-suite",
                    help="where records go; the default is committed (its .gitignore keeps the small records: "
                         "searches, harnesses, scores), so a finished task outlives its machine")
     p.add_argument("--merge", action="store_true", help="only print the report of the tasks finished under --out")

@@ -6,7 +6,7 @@ task and strategy, in minutes instead of days.
                                                              # machine must hold the table's base)
 
 Each replicate runs the real controller, agents, population and gate against the table
-bench/results/landscape/TASK/ (bench/landscape.py builds it), on two seeds of the table's pool
+results/landscape/TASK/ (bench/landscape.py builds it), on two seeds of the table's pool
 drawn by the replicate's number (the same draws for every strategy: gains pair). A winner is
 scored by its row's test accuracy on the pool seeds the search did not train on, against the
 root's (the default recipe) and the tuned recipe's (the sweep recipe with the best mean
@@ -21,7 +21,7 @@ The sweep at equal cost: `trials` recipes of the hand sweep (bench/search_suite.
 reward x group size), in an order drawn per replicate, each on the run's two seeds; the best
 mean validation accuracy, the root's included, wins.
 
-Records: bench/results/simulate/TASK.json (every replicate, by strategy and budget, written as
+Records: results/simulate/TASK.json (every replicate, by strategy and budget, written as
 each finishes: a stopped simulation goes on from them) and TASK.md (the table).
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ from evotrainer.evolve.stats.paired import t_interval  # noqa: E402
 from landscape import OUT as TABLES, trainer  # noqa: E402
 from search_suite import STRATEGIES  # noqa: E402
 
-OUT = ROOT / "bench" / "results" / "simulate"
+OUT = ROOT / "results" / "simulate"
 # a simulated run's lineage and harness repository are thrown away after it: in memory, their
 # commits skip the disk's syncs (a sixth of a replicate's time on this machine)
 SCRATCH = Path("/dev/shm") if Path("/dev/shm").is_dir() else None

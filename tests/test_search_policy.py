@@ -319,7 +319,7 @@ def single(n, parent, intervention, family, label, gain, knobs=None, files=None,
 
 
 def vault3_trials():
-    """evolving-r0 of the vault3 suite (bench/results/search-suite): every move discarded off v0."""
+    """evolving-r0 of the vault3 suite (results/search-suite): every move discarded off v0."""
     return [single(1, "v0", "partial_credit", "reward", "discarded", -0.025, files={"reward.py": "a"}),
             single(2, "v0", "mix_score1_partial0p5", "reward", "discarded", -0.04, files={"reward.py": "b"}),
             single(3, "v0", "mix_score1_format0p2", "reward", "discarded", 0.008, files={"reward.py": "c"}),
