@@ -8,13 +8,18 @@ cannot be reached by what the run evolves.
 from __future__ import annotations
 
 from evotrainer.evaluate.greedy import evaluate_checkpoints
-from evotrainer.executors import Call, Executor, LocalPool
+from evotrainer.executors import Call, Executor, LocalPool, WorkerResult
 from evotrainer.runtime import Runtime
 from evotrainer.tasks import Task
 
 
 class EvaluatorFailed(RuntimeError):
-    """The evaluator's process failed (crash, timeout, oom): nothing was scored."""
+    """The evaluator's process failed (crash, timeout, oom): nothing was scored. `result` is
+    the worker's (its label, error and log tail)."""
+
+    def __init__(self, result: WorkerResult):
+        super().__init__(f"the evaluator failed: {result.label}: {result.error}")
+        self.result = result
 
 
 def run_evaluator(task: Task, jobs: dict[str, list[str]], timeout_s: float, *, runtime: Runtime | None = None,
@@ -27,5 +32,5 @@ def run_evaluator(task: Task, jobs: dict[str, list[str]], timeout_s: float, *, r
         key=task.key.hex() if task.key else None), reveal=task.data_files(),
         reads=(*jobs, *task.files(), *task.data_files(), *runtime.policy.reads()))], timeout_s, memory_mb)
     if not ev.ok:
-        raise EvaluatorFailed(f"the evaluator failed: {ev.label}: {ev.error}")
+        raise EvaluatorFailed(ev)
     return ev.value

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from evotrainer import jobfiles
-from evotrainer.evaluate.greedy import evaluate_checkpoints, load_error
+from evotrainer.evaluate.greedy import load_error
+from evotrainer.evaluate.launch import EvaluatorFailed, run_evaluator
 from evotrainer.evidence import read_metrics
 from evotrainer.executors import WorkerResult, run_in_worker
 from evotrainer.harness import REFERENCE, inspect_harness
@@ -80,15 +81,11 @@ def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed:
     # the evaluator: a process of its own that loads checkpoints and the verifier only
     *saved, final = scheduled_checkpoints(out, steps, eval_every)
     jobs = {str(base): ["val", "test"], **{str(c): ["val"] for c in saved}, str(final): ["val", "test"]}
-    ev = run_in_worker(evaluate_checkpoints,
-                       dict(task=task.spec, level=level, jobs=jobs, policy=runtime.policy.to_dict(),
-                            key=task.key.hex() if task.key else None),
-                       timeout_s=timeout_s, memory_mb=memory_mb, reveal=task.data_files(),
-                       reads=(*jobs, *task.files(), *task.data_files(), *runtime.policy.reads()))
-    if not ev.ok:
-        keep_log(out, ev.log_tail)
-        raise TrainingFailed(ev, out, stage="evaluation")
-    acc = ev.value
+    try:
+        acc = run_evaluator(task, jobs, timeout_s, runtime=runtime, memory_mb=memory_mb)
+    except EvaluatorFailed as e:
+        keep_log(out, e.result.log_tail)
+        raise TrainingFailed(e.result, out, stage="evaluation") from None
     if why := load_error(acc):
         raise TrainingFailed(WorkerResult(Label.BAD_OUTPUT, error=f"the evaluator could not load {why}"), out,
                              stage="evaluation")
