@@ -43,7 +43,8 @@ def backend_rate(model_dir, harness_dir, task, args, out) -> float:
     runtime = Runtime("trl", PolicyConfig("bf16" if args.bf16 else "fp32", args.device))
     model, tok = load_policy(model_dir, runtime.policy)
     log = StampLog(out, WARMUP + args.steps, 0)
-    run_trl(model, tok, task, load_harness(harness_dir), args.seed, WARMUP + args.steps, log, None, runtime)
+    run_trl(model, tok, task, load_harness(harness_dir), seed=args.seed, steps=WARMUP + args.steps, log=log,
+            optimizer_state=None, runtime=runtime)
     log.close()
     return steady_rate(log.ends, WARMUP)
 

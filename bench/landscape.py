@@ -305,7 +305,8 @@ def main() -> None:
     if args.backtests:
         recorded = [Config(r.name, r.kind) for r in read_rows(out / ROWS).values() if r.val]
         timeout = config_from_dict(json.loads((out / "meta.json").read_text())["config"]).budget.trial_timeout_s
-        backtests(out, recorded, SEEDS, timeout, lambda name: print(f"  backtested {name}", flush=True))
+        backtests(out, recorded, seeds=SEEDS, timeout_s=timeout,
+                  on_done=lambda name: print(f"  backtested {name}", flush=True))
         args.show = True
     if args.show:
         rows = read_rows(out / ROWS)
@@ -338,7 +339,7 @@ def main() -> None:
         return
     if args.headroom:
         look = [c for c in first if c.kind in ("root", "sweep") or (c.kind == "move" and c.name in FAMILY)]
-        rows = build(training, root, look, HEADROOM_SEEDS, out / "headroom", args.batch, on_row)
+        rows = build(training, root, look, seeds=HEADROOM_SEEDS, out=out / "headroom", batch=args.batch, on_row=on_row)
         (out / "headroom" / "table.md").write_text(table_md(rows) + "\n")
         print(table_md(rows))
         return
@@ -347,20 +348,22 @@ def main() -> None:
     # moves (which only the random agent and long searches reach); combinations again once the
     # singles are all in (a better single makes new ones)
     lead = [c for c in first if c.kind != "move" or c.name in FAMILY]
-    rows = build(training, root, lead[:1], SEEDS, out, args.batch, on_row)
+    rows = build(training, root, lead[:1], seeds=SEEDS, out=out, batch=args.batch, on_row=on_row)
     if args.only == "root":
-        build(training, root, [c for c in first if c.kind in ("root", "replica")], SEEDS, out, args.batch, on_row)
+        build(training, root, [c for c in first if c.kind in ("root", "replica")], seeds=SEEDS, out=out,
+              batch=args.batch, on_row=on_row)
         return
     configs = []
     for part in (lead, first):
         if args.only == "all":
             configs += [c for c in combos(rows, by_name) if c not in configs]
         configs += [c for c in part if c not in configs]
-        rows = build(training, root, configs, SEEDS, out, args.batch, on_row)
+        rows = build(training, root, configs, seeds=SEEDS, out=out, batch=args.batch, on_row=on_row)
     if args.only == "all":
         configs += [c for c in combos(rows, by_name) if c not in configs]
-        rows = build(training, root, configs, SEEDS, out, args.batch, on_row)
-    bts = backtests(out, configs, SEEDS, training.cfg.budget.trial_timeout_s, lambda name: note(f"backtested {name}"))
+        rows = build(training, root, configs, seeds=SEEDS, out=out, batch=args.batch, on_row=on_row)
+    bts = backtests(out, configs, seeds=SEEDS, timeout_s=training.cfg.budget.trial_timeout_s,
+                    on_done=lambda name: note(f"backtested {name}"))
     text = table_md(rows) + "\n\n" + agreement(rows, bts)
     (out / "table.md").write_text(text + "\n")
     print(text)

@@ -67,7 +67,7 @@ def job_start_ms(level: Isolation, warm: bool) -> float:
 
 def program_ms(level: Isolation) -> float:
     with tempfile.TemporaryDirectory(prefix="evotrainer-bench-") as d:
-        argv, env = command([sys.executable, "-c", "pass"], Jail(), level, Path(d))
+        argv, env = command([sys.executable, "-c", "pass"], Jail(), level, job_dir=Path(d))
         t = time.perf_counter()
         subprocess.run(argv, env=env, check=True)
         return 1000 * (time.perf_counter() - t)

@@ -92,7 +92,7 @@ def strategy_cell(task: str, replicates: int, cell: tuple[str, int], table: Tabl
         table = with_settings(Table.load(TABLES / task), settings or {})
     t, before = time.time(), (table.predicted, table.misses)
     reps = sweep(table, replicates, trials) if name == "sweep" else \
-        simulate(table, {**RUN[name], "name": name}, replicates, trials, workdir=SCRATCH)
+        simulate(table, {**RUN[name], "name": name}, replicates=replicates, trials=trials, workdir=SCRATCH)
     return reps, time.time() - t, (table.predicted - before[0], table.misses - before[1])
 
 
@@ -187,7 +187,7 @@ def validate(task: str, table: Table, names: list[str], draws: int, trials: int)
              "| strategy | seeds | winner, real | winner, simulated | first kept (real, sim) | "
              "trials alike (intervention and label) |", "|---|---|---|---|---|---|"]
     for name in names:
-        sims = simulate(table, {**RUN[name], "name": name}, draws, trials)
+        sims = simulate(table, {**RUN[name], "name": name}, replicates=draws, trials=trials)
         for sim in sims:
             rec = real(task, table, name, sim.seeds, trials)
             sim_moves = list(sim.interventions)
@@ -209,15 +209,18 @@ def transfer(task: str, table: Table, sources: list[str], replicates: int, budge
     with tempfile.TemporaryDirectory(dir=SCRATCH) as tmp:
         lib = Path(tmp) / "skills.sqlite"
         for src in sources:
-            simulate(Table.load(TABLES / src), {**oob, "skills": str(lib)}, replicates, source_trials, workdir=SCRATCH)
+            simulate(Table.load(TABLES / src), {**oob, "skills": str(lib)}, replicates=replicates, trials=source_trials,
+                     workdir=SCRATCH)
         arms: dict[tuple[str, int], list[Replicate]] = {}
         for trials in budgets:
             for r in range(replicates):
                 copy = Path(tmp) / "copy.sqlite"
                 shutil.copyfile(lib, copy)
                 arms.setdefault(("library", trials), []).extend(
-                    simulate(table, {**oob, "skills": str(copy)}, 1, trials, workdir=SCRATCH, first=r))
-                arms.setdefault(("none", trials), []).extend(simulate(table, oob, 1, trials, workdir=SCRATCH, first=r))
+                    simulate(table, {**oob, "skills": str(copy)}, replicates=1, trials=trials, workdir=SCRATCH,
+                             first=r))
+                arms.setdefault(("none", trials), []).extend(simulate(table, oob, replicates=1, trials=trials,
+                                                                      workdir=SCRATCH, first=r))
     lines = [f"## {task}: the skill library from {', '.join(sources)} ({replicates} out-of-the-box searches of "
              f"{source_trials} trials each), held out", "",
              "| trials | with the library − default | without − default | library − none (paired by draw) | "

@@ -70,7 +70,8 @@ T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 
 def speed_ours(policy_dir, harness_dir, task, steps, seed, out):
     model, tok = load_policy(policy_dir)
     log = StampLog(out, WARMUP + steps, 0)
-    run_embedded(model, tok, task, load_harness(harness_dir), seed, WARMUP + steps, log, None, Runtime())
+    run_embedded(model, tok, task, load_harness(harness_dir), seed=seed, steps=WARMUP + steps, log=log,
+                 optimizer_state=None, runtime=Runtime())
     log.close()
     return steady_rate(log.ends, WARMUP)
 
@@ -118,8 +119,8 @@ def train_arm(arm: str, base: Path, task, harness: Path, seed: int, steps: int, 
         scores = clock.scores
     else:
         runtime = Runtime("embedded" if arm == "ours" else "trl")
-        train_segment(task.spec, task.target_level, str(harness), str(base), str(out), seed, steps, runtime.to_dict(),
-                      eval_every=every)
+        train_segment(task.spec, task.target_level, str(harness), str(base), str(out), seed=seed, steps=steps,
+                      runtime=runtime.to_dict(), eval_every=every)
         scores = [json.loads(line)["score_mean"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [out / "checkpoints" / f"step-{s}" for s in last] + [out / "checkpoint"], scores
 

@@ -3,7 +3,9 @@ circles between modules, worker job targets written as strings, string-keyed rea
 event payloads and of trial outcomes, functions taking many positional arguments, and the
 files of each room.
 
-    python scripts/layout_metrics.py            # prints the numbers and what they count
+    python scripts/layout_metrics.py              # prints the numbers and what they count
+    python scripts/layout_metrics.py --positional # and lists every function counted as taking
+                                                  # more than 5 positional arguments, file:line
 
 Import circles are strongly connected components of the module import graph (imports anywhere
 in a module, deferred ones included: a deferred import hides a circle from Python, not from the
@@ -185,16 +187,23 @@ def outcome_reads(src: Path = SRC) -> list[tuple[str, int]]:
     return out
 
 
-def positional_heavy(src: Path = SRC, over: int = 5) -> list[tuple[int, str]]:
-    """(positional parameters, module.function) for each function taking more than `over`."""
+def positional_heavy_sites(src: Path = SRC, over: int = 5) -> list[tuple[int, str, str]]:
+    """(positional parameters, module.function, file:line) for each function taking more than
+    `over`, most first."""
     out = []
     for m, p in modules(src).items():
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 names = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
                 if len(names) > over:
-                    out.append((len(names), f"{m}.{node.name}"))
-    return sorted(out, reverse=True)
+                    where = f"{p.relative_to(src.parent).as_posix()}:{node.lineno}"
+                    out.append((len(names), f"{m}.{node.name}", where))
+    return sorted(out, key=lambda t: (t[0], t[1]), reverse=True)
+
+
+def positional_heavy(src: Path = SRC, over: int = 5) -> list[tuple[int, str]]:
+    """(positional parameters, module.function) for each function taking more than `over`."""
+    return [(n, f) for n, f, _ in positional_heavy_sites(src, over)]
 
 
 def classes(src: Path = SRC) -> list[tuple[int, int, str]]:
@@ -237,6 +246,9 @@ def main() -> None:
     heavy = positional_heavy()
     print(f"functions with more than 5 positional arguments: {len(heavy)}; most: "
           + ", ".join(f"{f.removeprefix(PACKAGE + '.')} {n}" for n, f in heavy[:3]))
+    if "--positional" in sys.argv[1:]:
+        for n, f, where in positional_heavy_sites():
+            print(f"  {n:2d}  {f.removeprefix(PACKAGE + '.')}  {where}")
     biggest = sorted(rooms().items(), key=lambda kv: -kv[1])[:4]
     print("files per room: " + ", ".join(f"{r.removeprefix(PACKAGE + '.')} {n}" for r, n in biggest))
 

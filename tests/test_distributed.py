@@ -97,7 +97,8 @@ def trl_segment(rank, harness, base, out, size, rendezvous):
     trl_backend.HarnessGRPOTrainer._generate_single_turn = fixed_completions
     torch.set_num_threads(1)
     runtime = Runtime("trl", data_parallel=size).to_dict()
-    jobs._segment(rank, "arith", 2, harness, base, out, 0, 1, runtime, None, 0, 0)
+    jobs._segment(rank, task="arith", level=2, harness=harness, base=base, out=out, seed=0, steps=1,
+                  runtime=runtime, draws=None, eval_every=0, replica=0)
 
 
 @pytest.mark.slow

@@ -216,7 +216,7 @@ def test_what_a_job_leaves_is_refused_or_ignored_and_the_run_goes_on(tiny_run, t
     store.close()
     policy = config.runtime().on_base(config.model).policy.to_dict()
     key = split_key(started.split_key).hex()
-    again = evaluate_checkpoints("arith", 1, {str(clean): ["test"], str(ckpt): ["test"]}, policy, key=key)
+    again = evaluate_checkpoints("arith", 1, {str(clean): ["test"], str(ckpt): ["test"]}, policy=policy, key=key)
     assert again[str(clean)]["test"] == again[str(ckpt)]["test"] == next(iter(t.fitness.test.values()))
     # the run is whole and resumes: nothing left to do, nothing fails
     ctl = Controller(config, run)

@@ -123,4 +123,4 @@ def test_sampled_pass_at_k_counts_only_the_full_credit_samples():
     full = [sum(s == 1.0 for s in task.given[4 * j:4 * j + 4]) for j in range(4)]
     assert counts == full and 0 < sum(full) < 16     # both kinds were sampled; only the 1.0s count
     half = Graded(full_credit=False)
-    assert pass_at(model, tok, half, half.split("val", n=4), 4, [1, 4]) == {"pass@1": 0.0, "pass@4": 0.0}
+    assert pass_at(model, tok, half, half.split("val", n=4), n=4, ks=[1, 4]) == {"pass@1": 0.0, "pass@4": 0.0}

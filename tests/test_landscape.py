@@ -99,16 +99,16 @@ def test_a_stopped_build_goes_on_where_it_stopped(tmp_path):
         Config("broken", "move", (m["warmup"],))]
     acc = lambda name, s: 0.1 + 0.01 * s + (0.2 if name == "partial_credit" else 0.0)  # noqa: E731
     with pytest.raises(KeyboardInterrupt):
-        build(FakeTraining(acc, fail_at=2), ROOT, configs, SEEDS, tmp_path, batch=3)
+        build(FakeTraining(acc, fail_at=2), ROOT, configs, seeds=SEEDS, out=tmp_path, batch=3)
     assert list(read_rows(tmp_path / ROWS)) == ["root", "replica-1", "lower_lr"]
     again = FakeTraining(acc)
-    rows = build(again, ROOT, configs, SEEDS, tmp_path, batch=3)
+    rows = build(again, ROOT, configs, seeds=SEEDS, out=tmp_path, batch=3)
     assert again.trained == ["partial_credit", "drop_dead", "clip_higher", "broken"]
     assert rows["partial_credit"].val[3] == pytest.approx(0.33) and rows["partial_credit"].findings[0] == [DEAD]
     assert rows["broken"].failed and not rows["broken"].val
     assert rows["replica-1"].key == "" and rows["lower_lr"].key == content_key(tmp_path / "harnesses" / "lower_lr")
     done = FakeTraining(acc)
-    build(done, ROOT, configs, SEEDS, tmp_path)
+    build(done, ROOT, configs, seeds=SEEDS, out=tmp_path)
     assert done.trained == []
 
 
@@ -142,7 +142,7 @@ def synthetic(tmp_path: Path, gains: dict[str, float], backtests: dict[str, str]
 
 def test_the_simulated_search_keeps_what_the_table_says_gains(tmp_path):
     table = Table.load(synthetic(tmp_path, {"partial_credit": 0.25}))
-    reps = simulate(table, GREEDY, 3, 4)
+    reps = simulate(table, GREEDY, replicates=3, trials=4)
     for r in reps:
         assert r.winner == "partial_credit" and r.holds == ("partial_credit",)
         assert r.fresh and not set(r.fresh) & set(r.seeds)  # scored on seeds no decision read
@@ -151,7 +151,7 @@ def test_the_simulated_search_keeps_what_the_table_says_gains(tmp_path):
                                            for s in r.fresh) / len(r.fresh))
         assert r.first_kept is not None and r.labels[r.first_kept - 1] == "kept"
     # replicate r draws the same seeds whatever the strategy: gains pair
-    assert [r.seeds for r in reps] == [r.seeds for r in simulate(table, RANDOM, 3, 2)]
+    assert [r.seeds for r in reps] == [r.seeds for r in simulate(table, RANDOM, replicates=3, trials=2)]
     assert len({r.seeds for r in reps}) > 1
 
 
@@ -160,7 +160,7 @@ def test_a_move_back_to_a_trained_harness_is_passed_over_off_the_budget(tmp_path
     first; that harness has the root's files, which trained from the base on these seeds
     already. Equivalent, not trained, not counted."""
     table = Table.load(synthetic(tmp_path, {"partial_credit": 0.25}))
-    (r,) = simulate(table, {"name": "out-of-the-box", "agent": "rules", "search": {}}, 1, 7)
+    (r,) = simulate(table, {"name": "out-of-the-box", "agent": "rules", "search": {}}, replicates=1, trials=7)
     labels = dict(zip(r.interventions, r.labels))
     assert r.labels[0] == "kept" and labels["revert_reward"] == labels["binary_reward"] == "equivalent"
     assert len([x for x in r.labels if x != "equivalent"]) == 7  # the budget's 7 trials, all spent elsewhere
@@ -170,10 +170,10 @@ def test_the_winner_is_the_best_trained_version_or_with_search_winner_kept_the_b
     """A gain under the gate's noise floor is discarded: by default the winner is still the best
     validated of every version trained, as a sweep picks; `search.winner: kept` keeps the root."""
     path = synthetic(tmp_path, {"partial_credit": 0.01})
-    (best,) = simulate(Table.load(path), GREEDY, 1, 3)
+    (best,) = simulate(Table.load(path), GREEDY, replicates=1, trials=3)
     table = Table.load(path)
     table.config = {**table.config, "search": {**table.config["search"], "winner": "kept"}}
-    (kept,) = simulate(table, GREEDY, 1, 3)
+    (kept,) = simulate(table, GREEDY, replicates=1, trials=3)
     assert kept.labels == best.labels and "kept" not in kept.labels  # the same search, nothing kept
     assert kept.winner == "root" and best.winner == "partial_credit"  # the others lose 0.02 on every seed
 
@@ -186,9 +186,9 @@ def test_a_skill_library_learned_on_one_table_reorders_a_search_on_another(tmp_p
     a = Table.load(synthetic(tmp_path / "a", {}))  # every move loses 0.02
     b = Table.load(synthetic(tmp_path / "b", {"partial_credit": 0.25}))
     oob, lib = {"agent": "rules", "search": {}}, tmp_path / "skills.sqlite"
-    (without,) = simulate(b, oob, 1, 2)
-    (on_a,) = simulate(a, {**oob, "skills": str(lib)}, 1, 3)
-    (with_lib,) = simulate(b, {**oob, "skills": str(lib)}, 1, 2)
+    (without,) = simulate(b, oob, replicates=1, trials=2)
+    (on_a,) = simulate(a, {**oob, "skills": str(lib)}, replicates=1, trials=3)
+    (with_lib,) = simulate(b, {**oob, "skills": str(lib)}, replicates=1, trials=2)
     assert without.interventions[0] == on_a.interventions[0] == "partial_credit"  # the dead-group finding's answer
     assert on_a.labels[0] == "discarded" and with_lib.seeds == without.seeds
     assert with_lib.interventions[0] != "partial_credit"  # what lost on a comes later on b
@@ -198,9 +198,11 @@ def test_a_repeated_seed_draw_searches_with_a_seed_of_its_own(tmp_path):
     """Beyond the pool's 30 ordered draws a replicate gives the search its own seed: the random
     agent proposes anew on the same training seeds, the rules agent's greedy search repeats."""
     table = Table.load(synthetic(tmp_path, {"partial_credit": 0.25, "lower_lr": 0.1}))
-    (first,), (again,) = simulate(table, RANDOM, 1, 3), simulate(table, RANDOM, 1, 3, first=30)
+    (first,), (again,) = simulate(table, RANDOM, replicates=1, trials=3), simulate(table, RANDOM, replicates=1,
+                                                                                   trials=3, first=30)
     assert first.seeds == again.seeds and first.interventions != again.interventions
-    (g0,), (g30,) = simulate(table, GREEDY, 1, 2), simulate(table, GREEDY, 1, 2, first=30)
+    (g0,), (g30,) = simulate(table, GREEDY, replicates=1, trials=2), simulate(table, GREEDY, replicates=1, trials=2,
+                                                                              first=30)
     assert g0.seeds == g30.seeds and g0.interventions == g30.interventions
 
 
@@ -215,7 +217,7 @@ def test_search_seed_is_an_integer_or_null():
 
 def test_a_flat_table_keeps_nothing_and_a_recorded_backtest_vetoes(tmp_path):
     table = Table.load(synthetic(tmp_path, {"partial_credit": 0.25}, {"partial_credit": "backtest_rejected"}))
-    (r,) = simulate(table, GREEDY, 1, 3)
+    (r,) = simulate(table, GREEDY, replicates=1, trials=3)
     assert r.winner == "root" and r.gain == 0 and r.first_kept is None
     assert r.labels[0] == "backtest_rejected"  # the dead-group finding points at the reward first
 
@@ -233,14 +235,14 @@ def test_a_backtest_recorded_on_a_kept_childs_rollouts_vetoes_its_child(tmp_path
               changed_knobs(ROOT, h), dict(pc.val), dict(pc.test))
     with open(out / ROWS, "a") as fh:
         fh.write(json.dumps(asdict(row)) + "\n")
-    (passed,) = simulate(Table.load(out), GREEDY, 1, 2)
+    (passed,) = simulate(Table.load(out), GREEDY, replicates=1, trials=2)
     assert passed.interventions == ("partial_credit", "reward_overlong_penalty") and passed.labels[1] == "discarded"
     with open(out / BACKTESTS, "a") as fh:  # rejected on the kept child's lowest seed only
         fh.write(json.dumps({"name": both, "parent": "partial_credit", "seed": min(passed.seeds),
                              "label": "backtest_rejected", "reasons": ["planted"], "signal": ""}) + "\n")
     table = Table.load(out)
     assert both not in read_backtests(out / BACKTESTS) and both in read_backtests(out / BACKTESTS, "partial_credit")
-    (vetoed,) = simulate(table, GREEDY, 1, 2)
+    (vetoed,) = simulate(table, GREEDY, replicates=1, trials=2)
     assert vetoed.seeds == passed.seeds and vetoed.labels == ("kept", "backtest_rejected")
 
 

@@ -43,7 +43,7 @@ def test_generation_stops_at_any_stop_id_and_decode_drops_it():
     stop_a, stop_b = tok.eos_token_id, tok.convert_tokens_to_ids("~")
     script = [[five, stop_b, six], [stop_a, five, five], [six, six, six]]
     ids, mask = encode_prompts(tok, ["1+1=", "2+2=", "3+3="])
-    gen = generate(ScriptedLM(script), ids, mask, 3, [stop_a, stop_b], pad, greedy=True)
+    gen = generate(ScriptedLM(script), ids, mask, max_new_tokens=3, stop_ids=[stop_a, stop_b], pad_id=pad, greedy=True)
     assert gen.completion_mask.tolist() == [[1, 1, 0], [1, 0, 0], [1, 1, 1]]
     assert gen.truncated.tolist() == [False, False, True]
     assert decode(tok, gen) == ["5", "", "666"]
@@ -63,7 +63,7 @@ def test_shared_prompt_cache_matches_a_full_forward_for_a_qwen2_model_with_left_
     model, tok = load_policy(tiny_qwen)
     ids, mask = encode_prompts(tok, ["1+2=", "345+678=", "12+34= what is the sum"], chat_template=True)
     assert bool((mask == 0).any())  # left padding in play
-    gen = generate(model, ids, mask, 6, stop_token_ids(model, tok), tok.pad_token_id,
+    gen = generate(model, ids, mask, max_new_tokens=6, stop_ids=stop_token_ids(model, tok), pad_id=tok.pad_token_id,
                    generator=torch.Generator().manual_seed(0), repeats=3)
     logp, _ = completion_logprobs(model, gen, 1.0)
     ref_logp = full_forward_logprobs(model, gen)
@@ -190,5 +190,6 @@ def test_top_k_one_samples_the_greedy_completion(tmp_path):
     tr = GRPOTrainer(build_model(len(tok), seed=2), tok, get_task("arith", 2), h, seed=0)
     rows, gen, texts, _ = tr.sample()
     ids, mask = encode_prompts(tok, [p.prompt for p in rows[::4]])
-    greedy = decode(tok, generate(tr.model, ids, mask, tr.T, tr.stop_ids, tok.pad_token_id, greedy=True))
+    greedy = decode(tok, generate(tr.model, ids, mask, max_new_tokens=tr.T, stop_ids=tr.stop_ids,
+                                  pad_id=tok.pad_token_id, greedy=True))
     assert texts == [t for t in greedy for _ in range(4)]

@@ -32,7 +32,7 @@ def test_kv_cached_greedy_matches_transformers_generate_with_left_padding():
     tok = build_tokenizer()
     model = build_model(len(tok), seed=3).eval()
     ids, mask = encode_prompts(tok, ["1+2=", "345+678=", "12+34="])
-    ours = generate(model, ids, mask, 6, tok.eos_token_id, tok.pad_token_id, greedy=True)
+    ours = generate(model, ids, mask, max_new_tokens=6, stop_ids=tok.eos_token_id, pad_id=tok.pad_token_id, greedy=True)
     ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
                          eos_token_id=-1, pad_token_id=0)[:, ids.shape[1]:]
     n = ours.completion_ids.shape[1]
@@ -65,7 +65,7 @@ def test_completion_mask_stops_after_first_end_token_and_flags_truncation():
     # row 0 ends at its 2nd token; row 1 never ends; row 2 ends at once
     script = [[five, eos, six, six], [six, six, six, six], [eos, five, five, five]]
     ids, mask = encode_prompts(tok, ["1+1=", "2+2=", "3+3="])
-    gen = generate(ScriptedLM(script), ids, mask, 4, eos, pad, greedy=True)
+    gen = generate(ScriptedLM(script), ids, mask, max_new_tokens=4, stop_ids=eos, pad_id=pad, greedy=True)
     assert gen.completion_ids.tolist() == [[five, eos, pad, pad], [six] * 4, [eos, pad, pad, pad]]
     assert gen.completion_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
     assert gen.truncated.tolist() == [False, True, False]
@@ -78,7 +78,7 @@ def test_generation_stops_early_once_every_row_has_ended():
     eos, pad = tok.eos_token_id, tok.pad_token_id
     lm = ScriptedLM([[eos] * 8, [eos] * 8])
     ids, mask = encode_prompts(tok, ["1+1=", "2+2="])
-    gen = generate(lm, ids, mask, 8, eos, pad, greedy=True)
+    gen = generate(lm, ids, mask, max_new_tokens=8, stop_ids=eos, pad_id=pad, greedy=True)
     assert gen.completion_ids.shape == (2, 1)
     assert lm.calls == 1  # the prompt forward only
 
@@ -100,8 +100,8 @@ def test_shared_prompt_cache_gives_the_same_logprobs_as_a_full_forward():
     tok = build_tokenizer()
     model = build_model(len(tok), seed=1)
     ids, mask = encode_prompts(tok, ["1+2=", "345+678=", "12+34="])  # left padding in play
-    gen = generate(model, ids, mask, 6, tok.eos_token_id, tok.pad_token_id, temperature=1.0,
-                   generator=torch.Generator().manual_seed(0), repeats=4)
+    gen = generate(model, ids, mask, max_new_tokens=6, stop_ids=tok.eos_token_id, pad_id=tok.pad_token_id,
+                   temperature=1.0, generator=torch.Generator().manual_seed(0), repeats=4)
     assert gen.completion_ids.shape[0] == 12 and gen.prompt_index.tolist() == [0] * 4 + [1] * 4 + [2] * 4
     logp, ent = completion_logprobs(model, gen, 1.0, with_entropy=True)
     ref_logp = full_forward_logprobs(model, gen)

@@ -34,7 +34,7 @@ def test_a_productive_parent_outscores_an_unproductive_one():
     kids = [Child(1, (a.key,), 0.05), Child(2, (b.key,), -0.03)]
     s = parent_scores([a, b], kids, trial=9, cfg=CFG)
     assert s[a.key] - s[b.key] == pytest.approx(0.08)
-    assert select_parent([a, b], kids, 9, CFG) == a
+    assert select_parent([a, b], kids, 9, cfg=CFG) == a
 
 
 def test_unexpanded_elites_get_the_exploration_bonus_and_recent_parents_a_penalty():
@@ -53,12 +53,12 @@ def test_novelty_and_coverage_favour_what_the_search_has_not_been_doing():
     crowd = e("crowd", 0.5, {"partial_credit", "drop_dead"}, "reward")
     s = parent_scores([same, other, crowd], [], trial=1, cfg=CFG, recent_parents=[frozenset({"partial_credit"})])
     assert s[other.key] > s[same.key]           # novel, and alone on its surface
-    assert select_parent([same, other, crowd], [], 1, CFG, [frozenset({"partial_credit"})]) == other
+    assert select_parent([same, other, crowd], [], 1, cfg=CFG, recent_parents=[frozenset({"partial_credit"})]) == other
 
 
 def test_ties_go_to_the_fitter_state():
-    assert select_parent([e("a", 0.4), e("b", 0.6)], [], 1, CFG).version == "b"
-    assert select_parent([], [], 1, CFG) is None
+    assert select_parent([e("a", 0.4), e("b", 0.6)], [], 1, cfg=CFG).version == "b"
+    assert select_parent([], [], 1, cfg=CFG) is None
 
 
 def test_promotion_fills_then_replaces_the_best_or_the_weakest():
@@ -101,11 +101,13 @@ def test_roles_name_the_best_a_lean_near_tie_and_the_most_diverse():
 
 def test_merge_takes_each_sides_change_and_names_conflicts():
     base = {"reward": "binary", "lr": 3e-4, "clip_high": 0.2}
-    m = merge(base, {**base, "reward": "partial_credit"}, {**base, "clip_high": 0.28}, {}, {}, {})
+    m = merge(base, {**base, "reward": "partial_credit"}, {**base, "clip_high": 0.28}, base_files={}, a_files={},
+              b_files={})
     assert m.knobs == {"reward": "partial_credit", "clip_high": 0.28} and not m.conflicts
-    m = merge(base, {**base, "lr": 1e-4}, {**base, "lr": 6e-4}, {"r.py": "0"}, {"r.py": "1"}, {"r.py": "2"})
+    m = merge(base, {**base, "lr": 1e-4}, {**base, "lr": 6e-4}, base_files={"r.py": "0"}, a_files={"r.py": "1"},
+              b_files={"r.py": "2"})
     assert m.conflicts == ("knob lr: 0.0001 vs 0.0006", "file r.py")
-    m = merge(base, {**base, "lr": 1e-4}, {**base, "lr": 1e-4}, {}, {"new.py": "x"}, {})
+    m = merge(base, {**base, "lr": 1e-4}, {**base, "lr": 1e-4}, base_files={}, a_files={"new.py": "x"}, b_files={})
     assert m.knobs == {"lr": 1e-4} and m.files == {"new.py": "x"} and not m.conflicts
 
 
@@ -147,13 +149,13 @@ def test_a_spent_parent_pays_the_exhausted_penalty():
 
 def test_temperature_zero_is_the_argmax_and_a_draw_repeats_for_its_seed():
     pop = [e("a", 0.50), e("b", 0.49), e("c", 0.48)]
-    best = select_parent(pop, [], 1, CFG)
-    assert best.version == "a" and select_parent(pop, [], 1, CFG, temperature=0.0, seed="x") == best
-    draws = [select_parent(pop, [], 1, CFG, temperature=0.01, seed=f"parent 0 {n}").version for n in range(40)]
-    assert draws == [select_parent(pop, [], 1, CFG, temperature=0.01, seed=f"parent 0 {n}").version
+    best = select_parent(pop, [], 1, cfg=CFG)
+    assert best.version == "a" and select_parent(pop, [], 1, cfg=CFG, temperature=0.0, seed="x") == best
+    draws = [select_parent(pop, [], 1, cfg=CFG, temperature=0.01, seed=f"parent 0 {n}").version for n in range(40)]
+    assert draws == [select_parent(pop, [], 1, cfg=CFG, temperature=0.01, seed=f"parent 0 {n}").version
                      for n in range(40)]                    # a resume draws the same parents
     assert set(draws) == {"a", "b", "c"} and draws.count("a") > draws.count("c")
-    cold = {select_parent(pop, [], 1, CFG, temperature=1e-4, seed=n).version for n in range(20)}
+    cold = {select_parent(pop, [], 1, cfg=CFG, temperature=1e-4, seed=n).version for n in range(20)}
     assert cold == {"a"}                                    # cold: the argmax again
 
 

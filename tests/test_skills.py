@@ -50,9 +50,12 @@ def test_recording_a_trial_again_changes_nothing_and_the_library_outlives_its_ha
 
 def test_score_shrinks_one_lucky_trial_and_punishes_invalid():
     from evotrainer.skills import _skill
-    one = _skill("a", "t", "x", "f", {}, "", ({"task": "a", "label": "kept", "gain": 0.05},))
-    three = _skill("b", "t", "y", "f", {}, "", tuple({"task": "a", "label": "kept", "gain": 0.04} for _ in range(3)))
-    hack = _skill("c", "t", "z", "f", {}, "", ({"task": "a", "label": "invalid", "gain": 0.1},))
+    one = _skill("a", trigger="t", intervention="x", family="f", patch={}, expected="",
+                 ev=({"task": "a", "label": "kept", "gain": 0.05},))
+    three = _skill("b", trigger="t", intervention="y", family="f", patch={}, expected="",
+                   ev=tuple({"task": "a", "label": "kept", "gain": 0.04} for _ in range(3)))
+    hack = _skill("c", trigger="t", intervention="z", family="f", patch={}, expected="",
+                  ev=({"task": "a", "label": "invalid", "gain": 0.1},))
     assert three.score > one.score > 0 > hack.score
 
 

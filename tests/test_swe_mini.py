@@ -222,7 +222,7 @@ def test_every_mutation_breaks_a_test_that_the_original_passes(level):
         programs += [_program(r.fixed_sources(), r.visible + r.hidden), _program(r.buggy_sources(), r.hidden)]
         # (a lone function whose every test the bug breaks ships no visible test)
         programs += [_program(r.buggy_sources(), r.visible)] if r.visible else []
-    outcomes = iter(run_programs(programs, 1.0, 256))
+    outcomes = iter(run_programs(programs, timeout_s=1.0, memory_mb=256))
     for p in ps:
         r = p.entry
         fixed, hidden = next(outcomes), next(outcomes)

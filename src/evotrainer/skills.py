@@ -240,7 +240,8 @@ class SkillLibrary:
         for name, trigger, intervention, family, patch, expected in rows:
             ev = tuple(dict(zip(EVIDENCE, row)) for row in self.db.execute(
                 f"SELECT {', '.join(EVIDENCE)} FROM outcomes WHERE skill = ? ORDER BY t", (name,)))
-            out.append(_skill(name, trigger, intervention, family, json.loads(patch), expected, ev))
+            out.append(_skill(name, trigger=trigger, intervention=intervention, family=family, patch=json.loads(patch),
+                              expected=expected, ev=ev))
         return out
 
     def absorb(self, other: Path | str) -> None:
@@ -270,7 +271,7 @@ class SkillLibrary:
         self.db.close()
 
 
-def _skill(name, trigger, intervention, family, patch, expected, ev: tuple[dict, ...]) -> Skill:
+def _skill(name, *, trigger, intervention, family, patch, expected, ev: tuple[dict, ...]) -> Skill:
     trained = [o["gain"] for o in ev if o["gain"] is not None]
     held = sorted({o["task"] for o in ev if o["label"] in HELD_UP
                    and _mean([x["gain"] for x in ev if x["task"] == o["task"] and x["gain"] is not None]) > 0})

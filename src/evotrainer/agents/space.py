@@ -152,9 +152,10 @@ def perturb(parent: Parent) -> list[Proposal]:
         for f in FACTORS:
             new = r.tidy(r.clamp(now * f))
             if (new - now) * (f - 1) > 0:
-                out.append(one_knob(f"{knob}_x{f}", r.family, knob, now, new, f"{r.why}, and a x{f} step (as "
-                                "population-based training perturbs) tests whether the parent's value is past its "
-                                f"best; range [{r.lo:g}, {r.hi:g}]", EXPECT))
+                out.append(one_knob(f"{knob}_x{f}", r.family, knob, old=now, new=new,
+                                    why=f"{r.why}, and a x{f} step (as population-based training perturbs) tests "
+                                    f"whether the parent's value is past its best; range [{r.lo:g}, {r.hi:g}]",
+                                    expect=EXPECT))
     return out
 
 
@@ -164,8 +165,9 @@ def switch_on(parent: Parent) -> list[Proposal]:
     for knob, r in RANGES.items():
         if r.off and not getattr(parent.knobs, knob):
             new = r.tidy(r.lo if r.enable is None else r.enable)
-            out.append(one_knob(f"{knob}_on", r.family, knob, 0, new, f"{r.why}; it is off in the parent, and "
-                            "switching it on at its gentlest setting tests whether the term helps at all", EXPECT))
+            out.append(one_knob(f"{knob}_on", r.family, knob, old=0, new=new,
+                                why=f"{r.why}; it is off in the parent, and switching it on at its gentlest setting "
+                                "tests whether the term helps at all", expect=EXPECT))
     return out
 
 
@@ -175,8 +177,9 @@ def resample(parent: Parent) -> list[Proposal]:
     out = []
     for knob, r in RANGES.items():
         now, new = getattr(parent.knobs, knob), r.tidy(r.draw(random.Random(f"{parent.seed}:{knob}")))
-        out.append(one_knob(f"{knob}_resample", r.family, knob, now, new, f"{r.why}, and a draw from its whole range "
-                        f"[{r.lo:g}, {r.hi:g}] looks beyond the parent's neighbourhood", EXPECT))
+        out.append(one_knob(f"{knob}_resample", r.family, knob, old=now, new=new,
+                            why=f"{r.why}, and a draw from its whole range [{r.lo:g}, {r.hi:g}] looks beyond the "
+                            "parent's neighbourhood", expect=EXPECT))
     return out
 
 
@@ -186,9 +189,9 @@ def smaller_groups(parent: Parent) -> list[Proposal]:
     k = parent.knobs
     if k.group_size < 4 or k.group_size % 2:
         return []  # GRPO needs two rollouts a group, and an odd group does not halve
-    p = one_knob("group_size_x0.5", "signal", "group_size", k.group_size, k.group_size // 2,
-             "where most groups already disagree, more prompts per step cover more of the task at equal "
-             "rollouts per step", EXPECT)
+    p = one_knob("group_size_x0.5", "signal", "group_size", old=k.group_size, new=k.group_size // 2,
+             why="where most groups already disagree, more prompts per step cover more of the task at equal "
+             "rollouts per step", expect=EXPECT)
     return [replace(p, knobs={"group_size": k.group_size // 2, "prompts_per_step": k.prompts_per_step * 2},
                     frozen="every other knob and slot; rollouts per step (prompts_per_step doubles)",
                     rollback=f"revert group_size to {k.group_size} and prompts_per_step to {k.prompts_per_step}")]
@@ -276,8 +279,8 @@ def structural(parent: Parent) -> list[Proposal]:
         now = getattr(parent.knobs, slot)
         for name, doc in implementations(slot, parent.files).items():
             if name != now:
-                out.append(one_knob(f"{slot}_{name}", family, slot, now, name,
-                                f"{name} does what {now} does not ({doc})", EXPECT))
+                out.append(one_knob(f"{slot}_{name}", family, slot, old=now, new=name,
+                                why=f"{name} does what {now} does not ({doc})", expect=EXPECT))
     return out
 
 
@@ -384,8 +387,8 @@ COMPOSED: tuple[tuple[RewardSpec, str], ...] = (
 
 def _reward_move(parent: Parent, intervention: str, spec: RewardSpec, why: str) -> list[Proposal]:
     source = parent.files.get("reward.py", "")
-    p = one_knob(intervention, spec.family, "reward", parent.knobs.reward, spec.name,
-             f"{why} (reward = {spec.line()})", EXPECT)
+    p = one_knob(intervention, spec.family, "reward", old=parent.knobs.reward, new=spec.name,
+             why=f"{why} (reward = {spec.line()})", expect=EXPECT)
     if spec.name in implementations("reward", parent.files):
         # already written (setting the knob is the whole change), unless the name is taken by
         # something else: a function edited by hand is not this spec

@@ -62,8 +62,9 @@ def play(model, tok, envs: list[Environment], caps: Caps, stop_ids: list[int], *
             live = [i for i in live if not _out_of_room(out[i], envs[i], caps)]
             if not live:
                 break
-            _turn(model, tok, [out[i] for i in live], [envs[i] for i in live], caps, stop_ids, greedy,
-                  temperature, generator, top_k, top_p, chat_template, device)
+            _turn(model, tok, [out[i] for i in live], [envs[i] for i in live], caps=caps, stop_ids=stop_ids,
+                  greedy=greedy, temperature=temperature, generator=generator, top_k=top_k, top_p=top_p,
+                  chat_template=chat_template, device=device)
             live = [i for i in live if not out[i].stop]
         for i in live:  # still going after the last allowed turn
             out[i].finish(envs[i].truncate(TURN_CAP), envs[i].trace)
@@ -82,7 +83,7 @@ def _out_of_room(p: Played, env: Environment, caps: Caps) -> bool:
     return False
 
 
-def _turn(model, tok, played: list[Played], envs: list[Environment], caps: Caps, stop_ids, greedy, temperature,
+def _turn(model, tok, played: list[Played], envs: list[Environment], *, caps: Caps, stop_ids, greedy, temperature,
           generator, top_k, top_p, chat_template, device) -> None:
     """One policy turn of each live episode, then the environments' answers."""
     histories = [tuple(p.episode.assemble()[0]) for p in played]
@@ -90,8 +91,9 @@ def _turn(model, tok, played: list[Played], envs: list[Environment], caps: Caps,
     index = torch.tensor([distinct[h] for h in histories], device=device)
     ids, mask = pad_left([list(h) for h in distinct], tok.pad_token_id, device)  # in first-seen order
     rooms = [caps.max_tokens - len(h) for h in histories]
-    gen = generate(model, ids, mask, min(caps.turn_tokens, max(rooms)), stop_ids, tok.pad_token_id, temperature,
-                   greedy=greedy, generator=generator, top_k=top_k, top_p=top_p, index=index)
+    gen = generate(model, ids, mask, max_new_tokens=min(caps.turn_tokens, max(rooms)), stop_ids=stop_ids,
+                   pad_id=tok.pad_token_id, temperature=temperature, greedy=greedy, generator=generator, top_k=top_k,
+                   top_p=top_p, index=index)
     for row, (p, env, room) in enumerate(zip(played, envs, rooms)):
         n = min(int(gen.lengths[row]), room)
         sampled = gen.completion_ids[row, :n].tolist()

@@ -166,7 +166,7 @@ def grade_all(repos: list[Repo], sources: list[dict[str, str]], timeout_s: float
     grades = [_known(r, s) for r, s in zip(repos, sources)]
     todo = [i for i, g in enumerate(grades) if g is None]
     programs = [_program(sources[i], repos[i].visible + repos[i].hidden) for i in todo]
-    for i, outcome in zip(todo, run_programs(programs, timeout_s, memory_mb)):
+    for i, outcome in zip(todo, run_programs(programs, timeout_s=timeout_s, memory_mb=memory_mb)):
         grades[i] = Grade(outcome.passed, outcome.total)
     return grades
 
@@ -178,7 +178,7 @@ def run_visible(repo: Repo, sources: dict[str, str], timeout_s: float, memory_mb
         return "no tests\n"
     if _known(repo, sources) is not None:  # the visible tests pass on the shipped code and on the original
         return "OK\n"
-    outcome = run_programs([_program(sources, repo.visible)], timeout_s, memory_mb)[0]
+    outcome = run_programs([_program(sources, repo.visible)], timeout_s=timeout_s, memory_mb=memory_mb)[0]
     if outcome.status == "passed":
         return "OK\n"
     # "_case(3) returned -1, expected 5" -> "FAIL add(2, 3) returned -1, expected 5" (the first

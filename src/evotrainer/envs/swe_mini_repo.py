@@ -339,7 +339,7 @@ def _module_source(functions: list[_Function], module: str, replace: dict[str, s
     return "\n\n".join(replace.get(f.name, f.source) for f in functions if f.module == module) + "\n"
 
 
-def _cases(rng: random.Random, f: _Function, level: int, n: int, space: dict, avoid=()) -> list[Case]:
+def _cases(rng: random.Random, f: _Function, level: int, *, n: int, space: dict, avoid=()) -> list[Case]:
     """Up to `n` tests of `f` on distinct inputs (not in `avoid`), expected from the original."""
     seen, out = set(avoid), []
     for _ in range(20 * n):
@@ -371,19 +371,20 @@ def _mutate(rng: random.Random, functions: list[_Function], level: int) -> tuple
             space = _namespace(mutant)
             failing = [c for c in f.cases if not _passes(space, c)]
             if failing and len(failing) < total:
-                return _probed(rng, f, site, mutant, failing, level)
+                return _probed(rng, f, site, mutant=mutant, failing=failing, level=level)
             if failing and fallback is None:
                 fallback = (f, site, mutant, failing)
         if fallback is not None:
-            return _probed(rng, *fallback, level)
+            f, site, mutant, failing = fallback
+            return _probed(rng, f, site, mutant=mutant, failing=failing, level=level)
     return None
 
 
-def _probed(rng: random.Random, f: _Function, site: Site, mutant: str, failing: list[Case], level: int):
+def _probed(rng: random.Random, f: _Function, site: Site, *, mutant: str, failing: list[Case], level: int):
     """The mutation's failing tests, and up to EXTRA_HIDDEN more on new inputs that it fails
     (so that the issue's one example is not the whole of the hidden tests)."""
     space = _namespace(mutant)
-    probes = _cases(rng, f, level, PROBES, _namespace(f.source), avoid={c.args_json for c in f.cases})
+    probes = _cases(rng, f, level, n=PROBES, space=_namespace(f.source), avoid={c.args_json for c in f.cases})
     return f, site, mutant, failing + [c for c in probes if not _passes(space, c)][:EXTRA_HIDDEN]
 
 
@@ -392,7 +393,7 @@ def generate(rng: random.Random, level: int) -> Repo:
     while True:
         functions = _functions(rng, level)
         for f in functions:
-            f.cases = _cases(rng, f, level, SHAPES[level].cases, _namespace(f.source))
+            f.cases = _cases(rng, f, level, n=SHAPES[level].cases, space=_namespace(f.source))
         found = _mutate(rng, functions, level)
         if found is not None:
             return _repo(functions, *found)

@@ -79,7 +79,7 @@ class FactoryEnv(Environment):
 
 
 class FactoryTask(RowsMixin, EnvTask):
-    def __init__(self, factory: Callable[[], Any], base: str, data: Path | None, caps: Caps, split_size: int,
+    def __init__(self, factory: Callable[[], Any], base: str, *, data: Path | None, caps: Caps, split_size: int,
                  actions: str):
         if not callable(factory):
             raise UsageError(f"{base}: not a class or a factory of environments")
@@ -109,7 +109,7 @@ def resolve(rest: str, s: Spec, level: int | None) -> Resolved:
     actions = s.query.get("actions", "json")
     if actions not in ACTIONS:
         raise UsageError(f"actions must be {' or '.join(ACTIONS)}, got '{actions}' in task spec '{s.raw}'")
-    task = FactoryTask(factory, base, data, caps, split_size, actions)
+    task = FactoryTask(factory, base, data=data, caps=caps, split_size=split_size, actions=actions)
     query: dict[str, object] = {k: s.query[k] for k in GENERIC_KEYS if k in s.query}
     query |= {"data": str(data) if data else None, "actions": actions if actions != "json" else None, **episode_query}
     return task, f"{PREFIX}:{base}", query

@@ -16,7 +16,7 @@ from evotrainer.policy.prompts import encode_prompts, stop_token_ids
 from evotrainer.tasks import Problem, Task
 
 
-def accuracy(model, tok, task: Task, problems: list[Problem], batch_size: int = 512,
+def accuracy(model, tok, task: Task, problems: list[Problem], *, batch_size: int = 512,
              policy: PolicyConfig | None = None) -> float:
     """Mean verifier score (as the task credits it) of greedy completions, prompted as in training."""
     policy = policy or PolicyConfig()
@@ -27,17 +27,19 @@ def accuracy(model, tok, task: Task, problems: list[Problem], batch_size: int = 
     for i in range(0, len(problems), batch_size):
         chunk = problems[i:i + batch_size]
         if isinstance(task, EnvTask):
-            total += sum(task.credit(p.reward) for p in play_task(model, tok, task, chunk, stops, policy, greedy=True))
+            total += sum(task.credit(p.reward) for p in play_task(model, tok, task, chunk, stops=stops, policy=policy,
+                                                                  greedy=True))
             continue
         ids, mask = encode_prompts(tok, [p.prompt for p in chunk], policy.chat_template, device)
         with policy.autocast():
-            gen = generate(model, ids, mask, task.max_new_tokens, stops, tok.pad_token_id, greedy=True)
+            gen = generate(model, ids, mask, max_new_tokens=task.max_new_tokens, stop_ids=stops,
+                           pad_id=tok.pad_token_id, greedy=True)
         total += sum(map(task.credit, task.score_many(chunk, decode(tok, gen))))
     model.train(was_training)
     return total / max(len(problems), 1)
 
 
-def play_task(model, tok, task: EnvTask, problems: list[Problem], stops: list[int], policy: PolicyConfig,
+def play_task(model, tok, task: EnvTask, problems: list[Problem], *, stops: list[int], policy: PolicyConfig,
               **sampling):
     """Episodes of a multi-turn task (greedy=True, or temperature and generator). Actions are read
     with the task's built-in parser, never a harness's: the evaluator runs no harness code, so a
@@ -55,7 +57,7 @@ def evaluate_checkpoint(path: Path, task: Task, split: str, level: int | None = 
 
 
 def evaluate_checkpoints(task: str, level: int | None, jobs: dict[str, list[str]],
-                         policy: dict | None = None, batch_size: int = 512,
+                         *, policy: dict | None = None, batch_size: int = 512,
                          key: str | None = None) -> dict[str, dict]:
     """Evaluator process entry point: {checkpoint: {split: accuracy}} for {checkpoint: [splits]};
     {checkpoint: {"error": one line}} for a checkpoint that does not load (`unloadable`), and
@@ -82,7 +84,7 @@ def evaluate_checkpoints(task: str, level: int | None, jobs: dict[str, list[str]
             out[ckpt] = {"error": unloadable(e)}
             continue
         with torch.inference_mode():
-            out[ckpt] = {s: accuracy(model, tok, t, sets[s], batch_size, cfg) for s in splits}
+            out[ckpt] = {s: accuracy(model, tok, t, sets[s], batch_size=batch_size, policy=cfg) for s in splits}
         del model  # its memory back before the next checkpoint loads
     return out
 

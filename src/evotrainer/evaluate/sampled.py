@@ -19,7 +19,7 @@ from evotrainer.policy.prompts import encode_prompts, stop_token_ids
 from evotrainer.tasks import Problem, Task
 
 
-def correct_counts(model, tok, task: Task, problems: list[Problem], n: int, temperature: float = 0.8,
+def correct_counts(model, tok, task: Task, problems: list[Problem], *, n: int, temperature: float = 0.8,
                    seed: int = 0, batch_size: int = 16, policy: PolicyConfig | None = None) -> list[int]:
     """How many of n samples solve each problem (at full credit)."""
     policy = policy or PolicyConfig()
@@ -33,14 +33,15 @@ def correct_counts(model, tok, task: Task, problems: list[Problem], n: int, temp
         if isinstance(task, EnvTask):  # n episodes of each problem, played as the evaluator reads actions
             rows = [p for p in chunk for _ in range(n)]
             with torch.inference_mode(), policy.autocast():
-                played = play_task(model, tok, task, rows, stops, policy, temperature=temperature, generator=gen_rng)
+                played = play_task(model, tok, task, rows, stops=stops, policy=policy, temperature=temperature,
+                                   generator=gen_rng)
             credits = [task.credit(e.reward) for e in played]
             counts += [solved(credits[j * n:(j + 1) * n]) for j in range(len(chunk))]
             continue
         ids, mask = encode_prompts(tok, [p.prompt for p in chunk], policy.chat_template, device)
         with torch.inference_mode(), policy.autocast():
-            gen = generate(model, ids, mask, task.max_new_tokens, stops, tok.pad_token_id, temperature,
-                           generator=gen_rng, repeats=n)
+            gen = generate(model, ids, mask, max_new_tokens=task.max_new_tokens, stop_ids=stops,
+                           pad_id=tok.pad_token_id, temperature=temperature, generator=gen_rng, repeats=n)
         rows = [p for p in chunk for _ in range(n)]
         credits = [task.credit(s) for s in task.score_many(rows, decode(tok, gen))]
         counts += [solved(credits[j * n:(j + 1) * n]) for j in range(len(chunk))]
@@ -48,13 +49,13 @@ def correct_counts(model, tok, task: Task, problems: list[Problem], n: int, temp
     return counts
 
 
-def pass_at(model, tok, task: Task, problems: list[Problem], n: int, ks: list[int], **kw) -> dict[str, float]:
+def pass_at(model, tok, task: Task, problems: list[Problem], *, n: int, ks: list[int], **kw) -> dict[str, float]:
     """{"pass@k": value} for every k <= n, from n samples per problem."""
-    counts = [(n, c) for c in correct_counts(model, tok, task, problems, n, **kw)]
+    counts = [(n, c) for c in correct_counts(model, tok, task, problems, n=n, **kw)]
     return {f"pass@{k}": mean_pass_at_k(counts, k) for k in ks if 1 <= k <= n}
 
 
-def evaluate_sampled(task: str, level: int | None, checkpoint: str, split: str, samples: int, ks: list[int],
+def evaluate_sampled(task: str, level: int | None, checkpoint: str, *, split: str, samples: int, ks: list[int],
                      temperature: float = 0.8, policy: dict | None = None, key: str | None = None,
                      seed: int = 0) -> dict:
     """Evaluator process entry point (`evotrainer evaluate`): greedy accuracy, and pass@k from
@@ -74,5 +75,5 @@ def evaluate_sampled(task: str, level: int | None, checkpoint: str, split: str, 
                "greedy": accuracy(model, tok, t, problems, policy=cfg)}
     if samples:
         out |= {"samples": samples, "temperature": temperature}
-        out |= pass_at(model, tok, t, problems, samples, ks, temperature=temperature, seed=seed, policy=cfg)
+        out |= pass_at(model, tok, t, problems, n=samples, ks=ks, temperature=temperature, seed=seed, policy=cfg)
     return out

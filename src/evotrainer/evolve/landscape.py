@@ -188,7 +188,7 @@ def table_md(rows: dict[str, Row]) -> str:
     return "\n".join(lines)
 
 
-def build(training: Training, root: Path, configs: Sequence[Config], seeds: Sequence[int], out: Path,
+def build(training: Training, root: Path, configs: Sequence[Config], *, seeds: Sequence[int], out: Path,
           batch: int = 4, on_row: Callable[[Row], None] | None = None) -> dict[str, Row]:
     """Train every configuration not yet in OUT/ROWS on every seed, `batch` configurations to a
     pool (one evaluator per batch), and append their rows. Returns every row, old and new."""
@@ -212,7 +212,7 @@ def build(training: Training, root: Path, configs: Sequence[Config], seeds: Sequ
     return rows
 
 
-def backtests(out: Path, configs: Sequence[Config], seeds: Sequence[int], timeout_s: float = 600.0,
+def backtests(out: Path, configs: Sequence[Config], *, seeds: Sequence[int], timeout_s: float = 600.0,
               on_done: Callable[[str], None] | None = None, parent: str = "root") -> dict[str, dict[int, dict]]:
     """Every move's backtest on each seed's rollouts of the row `parent` (OUT/versions/PARENT/
     seed-S; the root's by default), as a search backtests a child on its parent's lowest seed;
@@ -286,7 +286,7 @@ def screen(cfg: RunConfig, out: Path, moves: str = "catalog",
     jobs.start()
     training = Training(cfg=cfg, task=task, runtime=runtime.on_base(started.base), base=started.base, run_dir=out,
                         harness_dir=lambda v: root, executor=jobs, cache=SegmentCache(cache) if cache else None)
-    rows = build(training, root, configs, cfg.seeds, out, on_row=on_row)
+    rows = build(training, root, configs, seeds=cfg.seeds, out=out, on_row=on_row)
     table = table_md(rows)
     (out / "screen.md").write_text(f"# Screen: {task.spec}, {cfg.budget.total_steps} steps, seeds {cfg.seeds}\n\n"
                                    "Each change from the root trained from the base; gains are paired by seed "

@@ -113,7 +113,8 @@ class Table:
     def _train(self, harness: Path, key: str) -> Row:
         """`harness` trained on the whole pool by the fill trainer, recorded as a row of its own."""
         name = f"reached-{key}"
-        rows = build(self.fill, self.root_dir, [Config(name, "reached", harness=harness)], self.seeds, self.out)
+        rows = build(self.fill, self.root_dir, [Config(name, "reached", harness=harness)], seeds=self.seeds,
+                     out=self.out)
         row = rows[name]
         self.rows[name] = row
         if row.val:
@@ -133,8 +134,8 @@ class Table:
                 and (self.out / "harnesses" / row.name).is_dir() \
                 and (self.out / "versions" / parent / f"seed-{seed}" / "evidence.jsonl").is_file():
             seeds = self.seeds if parent == "root" else [seed]
-            done = backtests(self.out, [Config(row.name, "reached")], seeds, self.fill.cfg.budget.trial_timeout_s,
-                             parent=parent)
+            done = backtests(self.out, [Config(row.name, "reached")], seeds=seeds,
+                             timeout_s=self.fill.cfg.budget.trial_timeout_s, parent=parent)
             known = self.backtests[parent, row.name] = done.get(row.name, {})
         return known.get(seed)
 
@@ -266,7 +267,7 @@ def draw(pool: list[int], r: int, k: int = 2) -> tuple[int, ...]:
     return draws[r % len(draws)]
 
 
-def simulate(table: Table, strategy: dict, replicates: int, trials: int, seeds_per_run: int = 2,
+def simulate(table: Table, strategy: dict, *, replicates: int, trials: int, seeds_per_run: int = 2,
              workdir: Path | None = None, first: int = 0) -> list[Replicate]:
     """`replicates` searches of `strategy` (config keys: agent, search, promotion) at `trials` trials each,
     numbered from `first`.
@@ -282,12 +283,13 @@ def simulate(table: Table, strategy: dict, replicates: int, trials: int, seeds_p
         for r in range(first, first + replicates):
             seeds = draw(table.seeds, r, seeds_per_run)
             search_seed = None if r < n else r
-            out.append(_one(table, strategy, r, seeds, trials, Path(tmp) / f"r{r}", search_seed))
+            out.append(_one(table, strategy, r=r, seeds=seeds, trials=trials, run_dir=Path(tmp) / f"r{r}",
+                            search_seed=search_seed))
             shutil.rmtree(Path(tmp) / f"r{r}", ignore_errors=True)
     return out
 
 
-def _one(table: Table, strategy: dict, r: int, seeds: tuple[int, ...], trials: int, run_dir: Path,
+def _one(table: Table, strategy: dict, *, r: int, seeds: tuple[int, ...], trials: int, run_dir: Path,
          search_seed: int | None = None) -> Replicate:
     raw = {**table.config, "agent": strategy.get("agent", "rules"), "seeds": list(seeds), "final_seeds": [],
            "cache": "off"}

@@ -315,7 +315,8 @@ class Trial:
         findings = self.tools.findings(child)
         blocking = [f"{f['diagnostic']} = {f['value']:g}" for f in findings if f["blocking"]]
         null, extra = self._null(), []
-        while (decision := gate(child.val, control.val, blocking, self.tools.cfg.promotion, null, extra)).more:
+        while (decision := gate(child.val, control.val, blocking, cfg=self.tools.cfg.promotion, null=null,
+                                extra=extra)).more:
             self.stage(f"gate: {decision.reasons[0]}")
             pair = self.extra_pair(len(extra) + 1)
             if isinstance(pair, Outcome):

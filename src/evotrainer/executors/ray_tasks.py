@@ -41,7 +41,7 @@ CANCEL_WAIT_S = 30.0  # how long a force-cancel may take to land before the driv
 STARTED = "started"
 
 
-def _job(call: dict, timeout_s: float, memory_mb: int | None, threads: int, level: str,
+def _job(call: dict, *, timeout_s: float, memory_mb: int | None, threads: int, level: str,
          concealed: list[str], cwd: str | None):
     """The Ray task (a generator): say it started, run the call sandboxed on this node, yield
     its result as plain data. The sandbox level and the hidden paths are the driver's."""
@@ -50,8 +50,8 @@ def _job(call: dict, timeout_s: float, memory_mb: int | None, threads: int, leve
     from evotrainer.executors.worker import run_named, use_isolation
     use_isolation(level)  # `namespaces` where this node cannot: refused, the job is a crash
     sandbox.conceal(*concealed)
-    (res,) = run_named([NamedCall(**call)], 1, timeout_s + GRACE_S, memory_mb,
-                       Path(cwd) if cwd and os.path.isdir(cwd) else None, threads=threads)
+    (res,) = run_named([NamedCall(**call)], 1, timeout_s=timeout_s + GRACE_S, memory_mb=memory_mb,
+                       cwd=Path(cwd) if cwd and os.path.isdir(cwd) else None, threads=threads)
     yield dataclasses.asdict(res)
 
 
@@ -117,8 +117,8 @@ class RayExecutor(Executor):
         connect(self.address)
         options = self.options()
         task = _remote().options(name="evotrainer_job", num_returns="streaming", max_retries=0, **options)
-        args = (timeout_s, memory_mb, self.threads(len(calls)), isolation().value, sorted(sandbox.concealed()),
-                str(self.cwd or Path.cwd()))
+        args = dict(timeout_s=timeout_s, memory_mb=memory_mb, threads=self.threads(len(calls)),
+                    level=isolation().value, concealed=sorted(sandbox.concealed()), cwd=str(self.cwd or Path.cwd()))
         results: list[WorkerResult | None] = [None] * len(calls)
         attempts = [0] * len(calls)
         live: dict = {}  # generator -> [call index, when it started (None: queued), seconds at submit]
@@ -126,7 +126,7 @@ class RayExecutor(Executor):
         def submit(i: int) -> None:
             attempts[i] += 1
             # plain data, the target by name: this node imports it, in the job's worker only
-            live[task.remote(dataclasses.asdict(calls[i].named()), *args)] = [i, None, time.monotonic()]
+            live[task.remote(dataclasses.asdict(calls[i].named()), **args)] = [i, None, time.monotonic()]
 
         for i in range(len(calls)):
             submit(i)

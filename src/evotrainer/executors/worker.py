@@ -113,7 +113,7 @@ class NamedCall:
         return tuple(sorted(sandbox.declared_paths(self.reads, cwd)))
 
 
-def run_in_worker(target: Callable[..., Any], kwargs: dict | None = None, timeout_s: float = 600.0,
+def run_in_worker(target: Callable[..., Any], kwargs: dict | None = None, *, timeout_s: float = 600.0,
                   memory_mb: int | None = 8192, cwd: Path | None = None,
                   on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
                   threads: int | None = None, writes: tuple[str, ...] = (),
@@ -121,10 +121,11 @@ def run_in_worker(target: Callable[..., Any], kwargs: dict | None = None, timeou
     """Run `target(**kwargs)` in a worker of its own; `on_poll` runs in the caller while it
     waits; `reads`, `writes` and `reveal` as in Call."""
     call = Call(target, kwargs or {}, tuple(writes), reveal=tuple(reveal), reads=None if reads is None else tuple(reads))
-    return run_all([call], 1, timeout_s, memory_mb, cwd, on_poll, poll_s, threads)[0]
+    return run_all([call], 1, timeout_s=timeout_s, memory_mb=memory_mb, cwd=cwd, on_poll=on_poll, poll_s=poll_s,
+                   threads=threads)[0]
 
 
-def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memory_mb: int | None = 8192,
+def run_all(calls: list[Call], workers: int = 1, *, timeout_s: float = 600.0, memory_mb: int | None = 8192,
             cwd: Path | None = None, on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
             threads: int | None = None, slots: threading.Semaphore | None = None) -> list[WorkerResult]:
     """Run the calls, at most `workers` at a time, each in its own process group with its own
@@ -133,10 +134,11 @@ def run_all(calls: list[Call], workers: int = 1, timeout_s: float = 600.0, memor
 
     `threads` caps each worker's intra-op threads (OMP/MKL and torch), so that `workers`
     processes share the cores instead of oversubscribing them."""
-    return run_named([c.named() for c in calls], workers, timeout_s, memory_mb, cwd, on_poll, poll_s, threads, slots)
+    return run_named([c.named() for c in calls], workers, timeout_s=timeout_s, memory_mb=memory_mb, cwd=cwd,
+                     on_poll=on_poll, poll_s=poll_s, threads=threads, slots=slots)
 
 
-def run_named(calls: list[NamedCall], workers: int = 1, timeout_s: float = 600.0, memory_mb: int | None = 8192,
+def run_named(calls: list[NamedCall], workers: int = 1, *, timeout_s: float = 600.0, memory_mb: int | None = 8192,
               cwd: Path | None = None, on_poll: Callable[[], None] | None = None, poll_s: float = 0.5,
               threads: int | None = None, slots: threading.Semaphore | None = None) -> list[WorkerResult]:
     """`run_all` of calls already named: a Ray task runs its driver's call here, on its node,
@@ -213,10 +215,10 @@ class _Job:
         server = _server(self.level)
         self.proc: subprocess.Popen | Forked | None = None
         if server is not None:  # a fork of a process that has imported torch: no start-up
-            sandbox.prepare(argv, jail, self.level, self.dir, cwd, timeout_s)
+            sandbox.prepare(argv, jail, self.level, job_dir=self.dir, cwd=cwd, timeout_s=timeout_s)
             self.proc = server.start(self.dir, self.log.fileno(), [f.fileno() for f in self.locks])
         if self.proc is None:  # a fresh interpreter (sandbox: none, or no fork server here)
-            argv, env = sandbox.command(argv, jail, self.level, self.dir, cwd, timeout_s)
+            argv, env = sandbox.command(argv, jail, self.level, job_dir=self.dir, cwd=cwd, timeout_s=timeout_s)
             if env is None:  # sandbox: none, the caller's own environment
                 env = dict(os.environ) | extra
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,

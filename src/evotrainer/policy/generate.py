@@ -79,7 +79,7 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
 
 
 @torch.no_grad()
-def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
+def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, max_new_tokens: int,
              stop_ids: int | list[int], pad_id: int, temperature: float = 1.0, greedy: bool = False,
              generator: torch.Generator | None = None, repeats: int = 1, top_k: int = 0,
              top_p: float = 1.0, index: torch.Tensor | None = None) -> Generation:

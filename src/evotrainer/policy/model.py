@@ -48,7 +48,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-def build_model(vocab_size: int, hidden: int = 128, layers: int = 4, heads: int = 4,
+def build_model(vocab_size: int, *, hidden: int = 128, layers: int = 4, heads: int = 4,
                 ffn: int = 512, max_positions: int = 512, seed: int = 0) -> LlamaForCausalLM:
     """Llama config of ~1.05M parameters at the defaults (hidden 128, 4 layers, FFN 512)."""
     config = LlamaConfig(

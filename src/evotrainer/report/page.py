@@ -271,7 +271,7 @@ def drawing(engine: str) -> tuple[Callable[[list[Chart]], str], str]:
     return grid, script
 
 
-def page(title: str, heading: str, sections: list[tuple[str, str]], meta: dict, script: str, engine: str) -> str:
+def page(title: str, heading: str, sections: list[tuple[str, str]], *, meta: dict, script: str, engine: str) -> str:
     body = "".join(f'<h2 id="sec-{esc(t.lower().split(":")[0].replace(" ", "-"))}">{esc(t)}</h2>{s}' for t, s in sections)
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>evotrainer: {esc(title)}'
             f'</title><style>{STYLE}</style>{script}<script type="application/json" id="report-meta">'
@@ -314,4 +314,5 @@ def render(data: RunData, engine: str = "auto") -> str:
         ("Config", f"<pre>{esc(data.config)}</pre>" if data.config else '<p class="muted">no config.yaml</p>'),
     ]
     return page(data.run.name, f"evotrainer run <code>{esc(data.run)}</code>", sections,
-                {"run": str(data.run), "engine": engine, "state": data.status["state"]}, script, engine)
+                meta={"run": str(data.run), "engine": engine, "state": data.status["state"]}, script=script,
+                engine=engine)

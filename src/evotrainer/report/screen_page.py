@@ -59,4 +59,4 @@ def render_screen(d: Path, engine: str = "auto") -> str:
         ("Every change", table(done, root, failed)),
     ]
     return page(d.name, f"evotrainer screen <code>{esc(d)}</code>", sections,
-                {"run": str(d), "engine": engine, "state": "screened"}, script, engine)
+                meta={"run": str(d), "engine": engine, "state": "screened"}, script=script, engine=engine)

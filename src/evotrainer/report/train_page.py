@@ -80,4 +80,4 @@ def render_train(d: Path, engine: str = "auto") -> str:
         ("Diagnostics", diagnostics_table(health)),
     ]
     return page(d.name, f"evotrainer training report <code>{esc(d)}</code>", sections,
-                {"run": str(d), "engine": engine, "state": "trained"}, script, engine)
+                meta={"run": str(d), "engine": engine, "state": "trained"}, script=script, engine=engine)

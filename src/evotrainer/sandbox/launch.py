@@ -371,14 +371,14 @@ def _masks(jail: Jail) -> list[str]:
     return sorted((_concealed | {str(Path(p).resolve()) for p in jail.hide}) - {str(Path(p).resolve()) for p in jail.reveal})
 
 
-def command(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: Path | None = None,
+def command(argv: list[str], jail: Jail, level: Isolation, *, job_dir: Path, cwd: Path | None = None,
             timeout_s: float | None = None) -> tuple[list[str], dict[str, str] | None]:
     """(argv, env) to start `argv` as a sandboxed job at `level`, its spec in `job_dir`
     (prepare). With Isolation.NONE it is the plain command in the caller's environment."""
     if level is Isolation.NONE:  # trusted, but still dies with its caller (a Ray worker cancelled with force)
         setpriv = shutil.which("setpriv") if sys.platform == "linux" else None
         return ([setpriv, "--pdeathsig", "KILL", *argv] if setpriv else argv), None
-    spec = prepare(argv, jail, level, job_dir, cwd, timeout_s)
+    spec = prepare(argv, jail, level, job_dir=job_dir, cwd=cwd, timeout_s=timeout_s)
     inside = [sys.executable, "-I", "-S", str(Path(__file__).with_name("inside.py")), str(job_dir / "sandbox.json")]
     if spec["mounts"]:
         # setpriv first: unshare (our child) dies with us, and its child, the job, with it
@@ -386,7 +386,7 @@ def command(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: P
     return ([spec["setpriv"], "--pdeathsig", "KILL", *inside] if spec["setpriv"] else inside), spec["env"]
 
 
-def prepare(argv: list[str], jail: Jail, level: Isolation, job_dir: Path, cwd: Path | None = None,
+def prepare(argv: list[str], jail: Jail, level: Isolation, *, job_dir: Path, cwd: Path | None = None,
             timeout_s: float | None = None) -> dict:
     """The spec of a job at `level` (NAMESPACES or LIMITS), written to job_dir/sandbox.json for
     the sandbox's first process (inside.py, the fork server's wrapper) and returned: its root

@@ -122,7 +122,7 @@ class Outcome:
         return m.group(1) if m else self.status
 
 
-def run_programs(programs: list[Program], timeout_s: float = 2.0, memory_mb: int = 512,
+def run_programs(programs: list[Program], *, timeout_s: float = 2.0, memory_mb: int = 512,
                  level: Isolation | None = None, hide: tuple[str, ...] = (),
                  drivers: int | None = None) -> list[Outcome]:
     """Run every program (each with `timeout_s` and `memory_mb` of its own) in sandboxed
@@ -176,7 +176,7 @@ def _run_batch(programs: list[Program], timeout_s: float, memory_mb: int, level:
     try:
         argv, env = command([sys.executable, "-I", "-S", str(Path(__file__).resolve())],
                             Jail(limits=Limits(tmp_mb=64), hide=tuple(hide), user=None if user is None else user.uid),
-                            level, job_dir, cwd=job_dir, timeout_s=deadline)
+                            level, job_dir=job_dir, cwd=job_dir, timeout_s=deadline)
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 cwd=job_dir, env=env if env is not None else job_env(), start_new_session=True)
         try:

@@ -106,7 +106,7 @@ class CodegenTask(Task):
         first = {k: (p, c) for k, p, c in zip(keys, problems, completions)}
         programs = [Program(HEADER + first[k][1], "f", tuple(map(tuple, first[k][0].entry["cases"])),
                             tuple(first[k][0].entry["expected"])) for k in unique]
-        outcomes = run_programs(programs, self.config.timeout_s, self.config.memory_mb)
+        outcomes = run_programs(programs, timeout_s=self.config.timeout_s, memory_mb=self.config.memory_mb)
         return [Judgement(o.fraction, o.status, o.failure) for o in (outcomes[where[k]] for k in keys)]
 
     def credit(self, score: float) -> float:

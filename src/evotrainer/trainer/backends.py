@@ -1,7 +1,7 @@
 """Who trains a segment: a registry of backends, each a `run` function and the list of what
 it cannot express.
 
-    run(model, tok, task, harness, seed, steps, log, optimizer_state, runtime, sample_seed, world) -> optimizer_state
+    run(model, tok, task, harness, *, seed, steps, log, optimizer_state, runtime, sample_seed, world) -> optimizer_state
     (`seed` draws the data: problems and curriculum levels; `sample_seed` the rollouts' sampling)
 
 trains `steps` steps on the model in place, records each through `log` (SegmentLog) and
@@ -30,7 +30,7 @@ class Backend:
 # `train` command check a harness against it): each backend's trainer is imported inside its
 # entry point, in the worker, and TRL (seconds to import) only where a segment trains with it.
 
-def run_embedded(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
+def run_embedded(model, tok, task, harness, *, seed: int, steps: int, log, optimizer_state: dict | None,
                  runtime, sample_seed: int | None = None, world=None) -> dict:
     from evotrainer.trainer.grpo import GRPOTrainer
     from evotrainer.trainer.logprobs import enable_checkpointing
@@ -47,10 +47,11 @@ def run_embedded(model, tok, task, harness, seed: int, steps: int, log, optimize
     return trainer.optimizer_state()
 
 
-def run_trl(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
+def run_trl(model, tok, task, harness, *, seed: int, steps: int, log, optimizer_state: dict | None,
             runtime, sample_seed: int | None = None, world=None) -> dict:
     from evotrainer.trainer.trl_backend import run_trl as train_with_trl
-    return train_with_trl(model, tok, task, harness, seed, steps, log, optimizer_state, runtime, sample_seed, world)
+    return train_with_trl(model, tok, task, harness, seed=seed, steps=steps, log=log, optimizer_state=optimizer_state,
+                          runtime=runtime, sample_seed=sample_seed, world=world)
 
 
 BACKENDS = {

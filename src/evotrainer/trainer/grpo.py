@@ -79,7 +79,7 @@ def completion_width(task: Task, knobs) -> int:
 
 
 class GRPOTrainer:
-    def __init__(self, model, tok, task: Task, harness: Harness, seed: int = 0,
+    def __init__(self, model, tok, task: Task, harness: Harness, *, seed: int = 0,
                  policy: PolicyConfig | None = None, micro_batch_size: int = 0, sample_seed: int | None = None,
                  world: World | None = None):
         self.model, self.tok, self.task, self.harness = model, tok, task, harness
@@ -133,9 +133,9 @@ class GRPOTrainer:
             return self._play(problems)
         ids, mask = encode_prompts(self.tok, [p.prompt for p in problems], self.policy.chat_template, self.device)
         with self.policy.autocast():
-            gen = generate(self.model, ids, mask, self.T, self.stop_ids, self.tok.pad_token_id,
-                           self.k.temperature, generator=self.sampler, repeats=G, top_k=self.k.top_k,
-                           top_p=self.k.top_p)
+            gen = generate(self.model, ids, mask, max_new_tokens=self.T, stop_ids=self.stop_ids,
+                           pad_id=self.tok.pad_token_id, temperature=self.k.temperature, generator=self.sampler,
+                           repeats=G, top_k=self.k.top_k, top_p=self.k.top_p)
         rows = [p for p in problems for _ in range(G)]
         texts = decode(self.tok, gen)
         self.judged = self.task.judge_many(rows, texts)  # the evidence keeps what happened to a program
@@ -174,8 +174,9 @@ class GRPOTrainer:
         upd = UpdateStats.total(self.world.gather(upd))
 
         self.levels.observe([p.level for p in b.rows[::G]], b.scores.view(-1, G).mean(1).tolist())
-        return finish_step(self.step_no, b.rows, b.texts, b.scores, sig, b.lengths, b.truncated, b.logp_sum,
-                           b.entropy_sum, upd, lr, time.perf_counter() - t0, t_gen, b.judged, played)
+        return finish_step(self.step_no, b.rows, b.texts, scores=b.scores, sig=sig, lengths=b.lengths,
+                           truncated=b.truncated, logp_sum=b.logp_sum, entropy_sum=b.entropy_sum, upd=upd, lr=lr,
+                           seconds=time.perf_counter() - t0, generate_seconds=t_gen, judged=b.judged, played=played)
 
     def _fill(self) -> list["Round"]:
         """The step's rounds of sampling: one, and under refill_rounds (DAPO's dynamic sampling)
@@ -250,7 +251,7 @@ class GRPOTrainer:
                     stats.kl += float((kl.detach() * m).sum())
                 if k.entropy_coef:
                     loss_sub = loss_sub - k.entropy_coef * ent
-                stats.add_ppo(logp.detach(), old, adv[idx], m, k.clip_low, k.clip_high)
+                stats.add_ppo(logp.detach(), old, adv[idx], m, clip_low=k.clip_low, clip_high=k.clip_high)
                 T = loss_sub.shape[1]
                 if weights is None:  # the whole batch at once: the aggregation sees it as it is
                     loss_tok = torch.zeros(B, self.T, device=self.device, dtype=loss_sub.dtype)
@@ -305,7 +306,7 @@ class UpdateStats:
     approx_kl: float = 0.0  # k3 of the updated policy to the sampling one
     tokens: float = 0.0
 
-    def add_ppo(self, logp, old, adv, mask, clip_low: float, clip_high: float) -> None:
+    def add_ppo(self, logp, old, adv, mask, *, clip_low: float, clip_high: float) -> None:
         """One micro-batch update's clip count, approximate KL and token count."""
         log_ratio = (logp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).float()
         ratio = log_ratio.exp()
@@ -371,7 +372,7 @@ def join_rounds(rounds: list[Round], target: int) -> tuple[Share, Signal, list[P
     return Share.merge([r.batch for r in rounds]), sig, played, mine
 
 
-def finish_step(step: int, rows: list, texts: list[str], scores: torch.Tensor, sig: Signal, lengths: torch.Tensor,
+def finish_step(step: int, rows: list, texts: list[str], *, scores: torch.Tensor, sig: Signal, lengths: torch.Tensor,
                 truncated: torch.Tensor, logp_sum: torch.Tensor, entropy_sum: torch.Tensor, upd: UpdateStats,
                 lr: float, seconds: float, generate_seconds: float, judged: list[Judgement] | None = None,
                 played: list[Played] | None = None) -> tuple[StepMetrics, list[RolloutRecord]]:
@@ -389,7 +390,8 @@ def finish_step(step: int, rows: list, texts: list[str], scores: torch.Tensor, s
         lr=lr, seconds=seconds, generate_seconds=generate_seconds,
         clip_frac=upd.per_token(upd.clip), approx_kl=upd.per_token(upd.approx_kl), groups_sampled=len(sig.keep),
         **peak_memory())
-    records = rollout_records(step, rows, texts, scores, sig, lengths, truncated, seq_logp, seq_ent, judged)
+    records = rollout_records(step, rows, texts, scores=scores, sig=sig, lengths=lengths, truncated=truncated,
+                              seq_logp=seq_logp, seq_ent=seq_ent, judged=judged)
     for r, p in zip(records, played or ()):
         agentic_fields(r, p)
     return m, records
@@ -418,7 +420,7 @@ def agentic_fields(r: RolloutRecord, p: Played) -> None:
     r.target_files, r.tests_run, r.git_access, r.partial = " ".join(t.target_files), t.tests_run, t.git_access, t.partial
 
 
-def rollout_records(step: int, rows: list, texts: list[str], scores: torch.Tensor, sig: Signal,
+def rollout_records(step: int, rows: list, texts: list[str], *, scores: torch.Tensor, sig: Signal,
                     lengths: torch.Tensor, truncated: torch.Tensor, seq_logp: torch.Tensor,
                     seq_ent: torch.Tensor, judged: list[Judgement] | None = None) -> list[RolloutRecord]:
     """One evidence record per rollout of a step (both backends write these)."""

@@ -18,6 +18,7 @@ the worker only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import shutil
@@ -48,7 +49,7 @@ def handed_draws(task: Task, harness: str | Path | None, seed: int, steps: int) 
     return {str(lv): ix for lv, ix in draws.items()}
 
 
-def train_segment(task: str, level: int | None, harness: str, base: str, out: str, seed: int,
+def train_segment(task: str, level: int | None, harness: str, base: str, out: str, *, seed: int,
                   steps: int, runtime: dict | None = None, draws: dict | None = None,
                   eval_every: int = 25, replica: int = 0) -> dict:
     """Worker entry point: plain arguments in, a plain dict out. `task` is the spec of the
@@ -63,21 +64,22 @@ def train_segment(task: str, level: int | None, harness: str, base: str, out: st
     from evotrainer.runtime import Runtime
 
     rt = Runtime.of(runtime)
-    args = (task, level, harness, base, out, seed, steps, rt.to_dict(), draws, eval_every, replica)
+    kwargs = dict(task=task, level=level, harness=harness, base=base, out=out, seed=seed, steps=steps,
+                  runtime=rt.to_dict(), draws=draws, eval_every=eval_every, replica=replica)
     if rt.data_parallel == 1:
-        return _segment(0, *args)
+        return _segment(0, **kwargs)
     import torch.multiprocessing as mp
     Path(out).mkdir(parents=True, exist_ok=True)
     meet = Path(out, ".rendezvous")  # where the ranks find each other (gone when they are done)
     meet.unlink(missing_ok=True)
-    try:
-        mp.spawn(_segment, args=args, nprocs=rt.data_parallel, join=True)
+    try:  # spawn calls its function with the rank alone: the rest travels in the partial, by name
+        mp.spawn(functools.partial(_segment, **kwargs), nprocs=rt.data_parallel, join=True)
     finally:
         meet.unlink(missing_ok=True)
     return {"steps": steps, "harness_hash": load_harness(harness).content_hash[:12]}
 
 
-def _segment(rank: int, task: str, level: int | None, harness: str, base: str, out: str, seed: int, steps: int,
+def _segment(rank: int, *, task: str, level: int | None, harness: str, base: str, out: str, seed: int, steps: int,
              runtime: dict, draws: dict | None, eval_every: int, replica: int) -> dict:
     """One training process of a segment: all of it, or rank `rank` of `data_parallel`."""
     import torch
@@ -166,7 +168,7 @@ def train_schedule(task: str, level: int | None, harnesses: list[str], base: str
     start = base
     for d, (harness, seed) in enumerate(zip(harnesses, seeds, strict=True), 1):
         seg = Path(out) / f"segment-{d}"
-        train_segment(task, level, harness, start, str(seg), seed, steps, runtime,
-                      None if draws is None else draws[d - 1], eval_every, replica)
+        train_segment(task, level, harness, start, str(seg), seed=seed, steps=steps, runtime=runtime,
+                      draws=None if draws is None else draws[d - 1], eval_every=eval_every, replica=replica)
         start = str(seg / "checkpoint")
     return {"last": str(Path(out) / f"segment-{len(harnesses)}")}

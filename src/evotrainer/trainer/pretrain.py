@@ -262,7 +262,7 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
                              f"one of {[lv for lv in task.levels if lv < task.target_level]}")
         start, _ = pretrain(get_task(task.spec, cfg.warm_start), PretrainConfig(seed=cfg.seed), cache_dir, progress)
         model, tok = load_policy(start, PolicyConfig(device="cpu"))  # the SFT below runs on the CPU
-        step, probe_acc = _sft(task, cfg, model, tok, cfg.seed, levels, shown, patience=None)
+        step, probe_acc = _sft(task, cfg, model, tok, seed=cfg.seed, levels=levels, progress=shown, patience=None)
         attempts = 1
     else:
         tok = build_tokenizer()
@@ -271,9 +271,10 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
         restarts = cfg.restarts if require_target else 0
         for attempts in range(1, restarts + 2):
             seed = cfg.seed + RESTART_STRIDE * (attempts - 1)  # attempt 1 is the seed itself
-            model = build_model(len(tok), cfg.hidden, cfg.layers, cfg.heads, cfg.ffn, seed=seed)
+            model = build_model(len(tok), hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, ffn=cfg.ffn, seed=seed)
             last = attempts == restarts + 1
-            step, probe_acc = _sft(task, cfg, model, tok, seed, levels, shown, None if last else cfg.patience)
+            step, probe_acc = _sft(task, cfg, model, tok, seed=seed, levels=levels, progress=shown,
+                                   patience=None if last else cfg.patience)
             if step is not None:
                 break
     if require_target and probe_acc < cfg.target_acc:
@@ -290,7 +291,7 @@ def pretrain(task: Task, cfg: PretrainConfig = PretrainConfig(), cache_dir: Path
     return out, meta
 
 
-def _sft(task: Task, cfg: PretrainConfig, model, tok, seed: int, levels: list[int], progress,
+def _sft(task: Task, cfg: PretrainConfig, model, tok, *, seed: int, levels: list[int], progress,
          patience: int | None) -> tuple[int | None, float]:
     """SFT `model` in place until the smoothed probe reaches the target or max_steps pass:
     (steps taken, smoothed probe accuracy). With `patience`, a run still below half the
@@ -333,7 +334,7 @@ def probe_accuracy(model, tok, task: Task, probe: list, seed: int) -> float:
     """Greedy accuracy, or one sample per problem at the task's probe temperature."""
     if not task.sft_probe_temperature:
         return accuracy(model, tok, task, probe)
-    return sum(correct_counts(model, tok, task, probe, 1, temperature=task.sft_probe_temperature, seed=seed,
+    return sum(correct_counts(model, tok, task, probe, n=1, temperature=task.sft_probe_temperature, seed=seed,
                               batch_size=len(probe))) / len(probe)
 
 

@@ -48,7 +48,7 @@ def _metrics_follower(out: Path, on_step: Callable[[dict], None]) -> Callable[[]
     return poll
 
 
-def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, seed: int = 0,
+def train_run(task: Task, harness_dir: Path | None, base: Path, out: Path, *, seed: int = 0,
               steps: int | None = None, timeout_s: float = 3600.0,
               on_step: Callable[[dict], None] | None = None, runtime: Runtime | None = None,
               memory_mb: int | None = 8192, eval_every: int = 25) -> dict:

@@ -186,7 +186,7 @@ class HarnessGRPOTrainer(GRPOTrainer):
         loss_mask = seq_mask * x["tool_mask"].float()
         old = x.get("old_per_token_logps")
         b.stats.add_ppo(logps, logps if old is None else old.float(), x["advantages"].float(), loss_mask,
-                        k.clip_low, k.clip_high)
+                        clip_low=k.clip_low, clip_high=k.clip_high)
         ref = x.get("ref_per_token_logps")
         if ref is not None:  # TRL's penalty is k3, the harness's estimator (trl_refusals)
             b.stats.kl += float((self.harness.kl_estimator(logps, ref.float()) * loss_mask).sum())
@@ -200,9 +200,10 @@ class HarnessGRPOTrainer(GRPOTrainer):
         logp, entropy = (torch.cat(world.gather(x)) for x in (b.logp_sum, b.entropy_sum))
         stats = UpdateStats.total(world.gather(b.stats))
         stats.loss /= world.size  # each process's loss is its share's; DDP trains on their mean
-        m, recs = finish_step(self.batches_done, b.problems, b.texts, b.scores, b.signal, b.lengths, b.truncated,
-                              logp, entropy, stats, lr_at(self.harness.knobs, self.steps_before + self.batches_done),
-                              now - b.started, b.generate_s, b.judged)
+        m, recs = finish_step(self.batches_done, b.problems, b.texts, scores=b.scores, sig=b.signal, lengths=b.lengths,
+                              truncated=b.truncated, logp_sum=logp, entropy_sum=entropy, upd=stats,
+                              lr=lr_at(self.harness.knobs, self.steps_before + self.batches_done),
+                              seconds=now - b.started, generate_seconds=b.generate_s, judged=b.judged)
         if self.segment_log is None:  # a data-parallel process past the first records nothing
             self._last_step_end = now
             return
@@ -253,7 +254,7 @@ def accelerate_world(world: World) -> None:
                       LOCAL_WORLD_SIZE=str(world.size), OMP_NUM_THREADS=str(torch.get_num_threads()))
 
 
-def run_trl(model, tok, task, harness, seed: int, steps: int, log, optimizer_state: dict | None,
+def run_trl(model, tok, task, harness, *, seed: int, steps: int, log, optimizer_state: dict | None,
             runtime, sample_seed: int | None = None, world: World | None = None) -> dict:
     """Backend entry point (backends.py): train `steps` sampled batches with TRL."""
     import transformers
@@ -268,7 +269,8 @@ def run_trl(model, tok, task, harness, seed: int, steps: int, log, optimizer_sta
     # TRL's seed drives its sampling (each process its own stream, as the embedded trainer's
     # ranks); our level picker and stream draw the data from `seed`
     sampling = (seed if sample_seed is None else sample_seed) + world.rank
-    kwargs = grpo_config_kwargs(k, runtime, task.max_new_tokens, sampling, steps, str(out))
+    kwargs = grpo_config_kwargs(k, runtime, task_budget=task.max_new_tokens, seed=sampling, steps=steps,
+                                output_dir=str(out))
     if "activation_checkpointing" in {f.name for f in fields(GRPOConfig)}:  # transformers 5's name
         kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
     config = GRPOConfig(**kwargs)

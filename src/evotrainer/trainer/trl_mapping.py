@@ -97,7 +97,7 @@ def trl_refusals(knobs, runtime) -> list[str]:
     return out
 
 
-def grpo_config_kwargs(knobs, runtime, task_budget: int, seed: int, steps: int, output_dir: str) -> dict:
+def grpo_config_kwargs(knobs, runtime, *, task_budget: int, seed: int, steps: int, output_dir: str) -> dict:
     """GRPOConfig arguments that train like the embedded trainer under the same harness: one
     generation of prompts_per_step x group_size rollouts per sampled batch, num_iterations
     optimizer steps on it (TRL counts each as a step), micro-batches accumulated; under

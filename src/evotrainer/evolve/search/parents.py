@@ -56,8 +56,8 @@ def choose_parent(view: RunView, n: int, open_: list[State], search: SearchConfi
     plans = view.plans
     recent = [e.changes for e in view.elites([plans[t.id].parent for t in view.trials[-selection.recent:]
                                               if t.id in plans])]
-    pick = select_parent(elites, history.children(view.trials, plans), n, selection, recent, view.exhausted,
-                         policy.temperature, seed)
+    pick = select_parent(elites, history.children(view.trials, plans), n, cfg=selection, recent_parents=recent,
+                         exhausted=view.exhausted, temperature=policy.temperature, seed=seed)
     return by_key[pick.key] if pick else best
 
 
@@ -78,12 +78,13 @@ def crossover(view: RunView, n: int, parent: State, search: SearchConfig, select
             continue
         base = history.common_ancestor(view.trials, parent.version, mate.version)
         (bk, bf), (pk, pf), (mk, mf) = (harness(v) for v in (base, parent.version, mate.version))
-        m = merge(bk, pk, mk, bf, pf, mf)
+        m = merge(bk, pk, mk, base_files=bf, a_files=pf, b_files=mf)
         if m.conflicts:
             record(CrossoverConflict([parent.version, mate.version], list(m.conflicts)))
             continue
         mate_state = next(s for s in view.states if s.key == mate.key)
-        return plan.of_crossover(parent, mate_state, f"v{n}", first.changes, mate.changes, m.knobs, m.files)
+        return plan.of_crossover(parent, mate_state, f"v{n}", parent_changes=first.changes, mate_changes=mate.changes,
+                                 knobs=m.knobs, files=m.files)
     return None
 
 

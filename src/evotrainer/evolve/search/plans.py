@@ -27,7 +27,7 @@ def of_agent(parent: State, version: str, round_: int, p: Proposal | AgentFailed
                      expected=p.expected, usage=p.usage)
 
 
-def of_crossover(parent: State, mate: State, version: str, parent_changes: frozenset[str],
+def of_crossover(parent: State, mate: State, version: str, *, parent_changes: frozenset[str],
                  mate_changes: frozenset[str], knobs: dict, files: dict) -> TrialPlan:
     """Two elites' harnesses merged (population.merge gave `knobs` and `files`); no agent, no round."""
     return TrialPlan(

@@ -99,7 +99,7 @@ def failing(children: Iterable[Child]) -> dict[tuple[str, int], int]:
 
 
 def parent_scores(elites: Sequence[Elite], children: Sequence[Child], trial: int,
-                  cfg: SelectionConfig = SelectionConfig(), recent_parents: Sequence[frozenset] = (),
+                  *, cfg: SelectionConfig = SelectionConfig(), recent_parents: Sequence[frozenset] = (),
                   exhausted: Collection[str] = ()) -> dict:
     """The parent score of each elite (by key) before trial `trial`; `exhausted`: versions the
     agent had nothing left for at some depth (ParentExhausted), a penalty at every other depth."""
@@ -123,14 +123,14 @@ def parent_scores(elites: Sequence[Elite], children: Sequence[Child], trial: int
 
 
 def select_parent(elites: Sequence[Elite], children: Sequence[Child], trial: int,
-                  cfg: SelectionConfig = SelectionConfig(), recent_parents: Sequence[frozenset] = (),
+                  *, cfg: SelectionConfig = SelectionConfig(), recent_parents: Sequence[frozenset] = (),
                   exhausted: Collection[str] = (), temperature: float = 0.0, seed: int | str = 0) -> Elite | None:
     """The elite with the highest parent score (fitness, then depth, then name break ties); at a
     temperature > 0, one drawn with probability proportional to exp(score / temperature), by a
     generator seeded with `seed` (the same seed, the same draw: a resume repeats the choice)."""
     if not elites:
         return None
-    s = parent_scores(elites, children, trial, cfg, recent_parents, exhausted)
+    s = parent_scores(elites, children, trial, cfg=cfg, recent_parents=recent_parents, exhausted=exhausted)
     ranked = sorted(elites, key=lambda e: (round(s[e.key], 12), e.fitness, e.depth, e.version), reverse=True)
     if temperature <= 0:
         return ranked[0]
@@ -202,7 +202,7 @@ class Merge:
     conflicts: tuple[str, ...] = ()                       # what both sides changed differently
 
 
-def merge(base_knobs: dict, a_knobs: dict, b_knobs: dict, base_files: dict[str, str],
+def merge(base_knobs: dict, a_knobs: dict, b_knobs: dict, *, base_files: dict[str, str],
           a_files: dict[str, str], b_files: dict[str, str]) -> Merge:
     """A three-way merge of two versions' harness diffs against their common ancestor: a knob
     or a slot file changed on one side only is taken; changed on both sides to different

@@ -49,7 +49,7 @@ def looks(cfg: PromotionConfig) -> int:
 
 
 def gate(child: Mapping[int, float], control: Mapping[int, float], blocking: Sequence[str] = (),
-         cfg: PromotionConfig = PromotionConfig(), null: Sequence[float] = (),
+         *, cfg: PromotionConfig = PromotionConfig(), null: Sequence[float] = (),
          extra: Sequence[tuple[float, float]] = ()) -> GateDecision:
     """child, control: validation fitness per run seed (each an average of the last evaluations);
     null: the run's null differences (stats.null_differences); extra: (child, control) fitness
