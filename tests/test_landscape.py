@@ -326,3 +326,26 @@ def test_a_version_off_the_table_is_trained_once_and_added_with_a_fill_trainer(t
     # recorded with the table: the next load finds it, and a simulated search reads it like any row
     assert Table.load(out).row_for(reached).val == row.val
     assert (out / "harnesses" / row.name / "reward.py").is_file()
+
+
+def test_a_screen_whose_base_is_not_built_yet_says_so_and_shows_the_build(tmp_path, capsys, monkeypatch):
+    """Where the config names no model and its base is not cached, the screen builds it first:
+    the plan and a line per 100 SFT steps on stderr (a log has no live bar)."""
+    from helpers import run_cli
+
+    from evotrainer.errors import UsageError
+    from evotrainer.trainer import pretrain as pt
+
+    def build(task, cfg, progress=None, require_target=None):  # the first probe check, then a stop
+        progress(pt.SftProgress(stage="arith level 1", step=100, expected=0, cap=300, loss=0.5, probe_acc=0.1,
+                                target=0.2))
+        raise UsageError("stopped here by the test")
+    monkeypatch.setattr(pt, "stages_to_build", lambda task, cfg: ["a stage"])
+    monkeypatch.setattr(pt, "announce", lambda stages: f"Building the base model once: {stages}")
+    monkeypatch.setattr(pt, "pretrain", build)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("task: arith\nlevel: 1\nseeds: [0, 1]\n")
+    code, _, err = run_cli(capsys, "screen", cfg, "--out", tmp_path / "screen", "--moves", "lower_lr")
+    assert code == 2 and "stopped here by the test" in err
+    assert "Building the base model once: ['a stage']" in err
+    assert "building the base, arith level 1: SFT step 100, loss 0.500, probe accuracy 0.10 of 0.20" in err

@@ -264,6 +264,12 @@ def cmd_replay(args) -> dict:
     return replay(args.diagnostic, labelled, args.harness, args.min_auc, timeout_s=args.timeout).to_dict()
 
 
+def _sft_line(e) -> str:
+    """A line of the base's build (an SftProgress), for output that is not a terminal."""
+    return (f"building the base, {e.stage}: SFT step {e.step}, loss {e.loss:.3f}, "
+            f"probe accuracy {e.probe_acc:.2f} of {e.target:.2f}")
+
+
 def _run_loop(cfg, out: Path) -> dict:
     from evotrainer.backtest.measured import verdict_note
     from evotrainer.evolve.controller import ControlFailed, Controller
@@ -296,8 +302,7 @@ def _run_loop(cfg, out: Path) -> dict:
             say(e.text)
         elif isinstance(e, SftProgress):
             if not view.console.is_terminal and e.step % 100 == 0:  # a log has no live bar
-                say(f"building the base, {e.stage}: SFT step {e.step}, loss {e.loss:.3f}, "
-                    f"probe accuracy {e.probe_acc:.2f} of {e.target:.2f}")
+                say(_sft_line(e))
             # steps of the SFT stage under way, against what it took when measured
             view.set_stage("building the base (SFT, cached afterwards)")
             view.training("base", [(e.stage, e.step, e.total, f"loss {e.loss:.3f} probe {e.probe_acc:.2f}")])
@@ -349,14 +354,19 @@ def cmd_screen(args) -> dict:
 
     from evotrainer.config import load_config
     from evotrainer.evolve.landscape import screen
+    from evotrainer.evolve.notices import BasePlan
+    from evotrainer.trainer.pretrain import SftProgress
     cfg = load_config(args.config)
     if len(cfg.seeds) < 2:
         raise UsageError(f"a screen needs at least 2 seeds for its intervals (the config's seeds: {cfg.seeds})")
     if args.model:
         cfg = dataclasses.replace(cfg, model=args.model)
+    def base(e):  # where the config's base is not cached yet: its build, a line per 100 SFT steps
+        if isinstance(e, BasePlan) or (isinstance(e, SftProgress) and e.step % 100 == 0):
+            print(e.text if isinstance(e, BasePlan) else _sft_line(e), file=sys.stderr, flush=True)
     rows, table = screen(cfg, args.out, args.moves, lambda r: print(
         f"  {r.name}: " + (f"val {100 * sum(r.val.values()) / len(r.val):.1f}%" if r.val else r.failed),
-        file=sys.stderr, flush=True))
+        file=sys.stderr, flush=True), on_event=base)
     from evotrainer.report import write_report
     page = write_report(args.out)["report"]
     print(f"{table}\n\nreport: {page}", file=sys.stderr)

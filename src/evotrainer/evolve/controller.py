@@ -250,8 +250,8 @@ class Controller:
         repo = setup.open_repo(self.run_dir, self.cfg.harness or REFERENCE)
         started = self.store.events(RunStarted)
         if not started:
-            first = setup.first_start(self.cfg, self.task, self.runtime, self.model, self.max_depth,
-                                      self.recorder.show)
+            first = setup.first_start(self.cfg, self.task, self.runtime, model=self.model, max_depth=self.max_depth,
+                                      on_event=self.recorder.show)
             self.recorder.record(dataclasses.replace(first, run_id=new_run_id()))  # this run's, whatever its directory
             started = self.store.events(RunStarted)
         self.base = started[0].base

@@ -35,6 +35,7 @@ from evotrainer.config import RunConfig
 from evotrainer.errors import UsageError
 from evotrainer.evidence.records import read_metrics
 from evotrainer.evolve import setup
+from evotrainer.evolve.notices import OnEvent, ignore
 from evotrainer.evolve.segments.cache import SegmentCache
 from evotrainer.evolve.segments.state import Clock, Segment, SegmentFailed, State
 from evotrainer.evolve.segments.training import Training
@@ -267,18 +268,19 @@ def _row(training: Training, c: Config, st: State | SegmentFailed, root: Path, h
                curve={s: curve(d) for s, d in st.dirs.items()})
 
 
-def screen(cfg: RunConfig, out: Path, moves: str = "catalog",
-           on_row: Callable[[Row], None] | None = None) -> tuple[dict[str, Row], str]:
+def screen(cfg: RunConfig, out: Path, moves: str = "catalog", on_row: Callable[[Row], None] | None = None,
+           on_event: OnEvent = ignore) -> tuple[dict[str, Row], str]:
     """`evotrainer screen`: the root and every move from it (screen_configs), each trained from
     the base for the run's whole budget on the config's seeds, in OUT (a rerun goes on where a
-    stop left it). Returns the rows and their table, also written to OUT/screen.md."""
+    stop left it). Returns the rows and their table, also written to OUT/screen.md. `on_event`
+    hears the base's build, where it is not cached (notices.BasePlan, SftProgress)."""
     cfg = replace(cfg, search=replace(cfg.search, mode="restart"))  # every move from the base
     task = get_task(cfg.task, cfg.level)
     root = Path(cfg.harness or REFERENCE)
     configs = screen_configs(root, task.target_level, moves)  # a bad name stops it before any work
     runtime = cfg.runtime().validate(here=cfg.executor == "local")
     model = resolve_model(cfg.model) if cfg.model else None
-    started = setup.first_start(cfg, task, runtime, model, 1, lambda kind, d: None)
+    started = setup.first_start(cfg, task, runtime, model=model, max_depth=1, on_event=on_event)
     setup.use_key(task, started)
     out.mkdir(parents=True, exist_ok=True)
     cache = cfg.cache_dir(out)

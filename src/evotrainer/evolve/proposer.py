@@ -133,12 +133,13 @@ class Proposer:
     def select_parent(self, n: int) -> State | None:
         view = self.view
         return parents.choose_parent(view, n, view.open_states(self.max_depth, self.cfg.search.restarts),
-                                     self.cfg.search, self.selection, self.escalation, self.policy,
-                                     f"parent {self.search_seed} {n}")
+                                     search=self.cfg.search, selection=self.selection, escalation=self.escalation,
+                                     policy=self.policy, seed=f"parent {self.search_seed} {n}")
 
     def crossover(self, n: int, parent: State) -> TrialPlan | None:
-        return parents.crossover(self.view, n, parent, self.cfg.search, self.selection, self.harnesses.files,
-                                 self.recorder.store.append, self.policy)  # a conflict is recorded, not shown
+        return parents.crossover(self.view, n, parent, search=self.cfg.search, selection=self.selection,
+                                 harness=self.harnesses.files, record=self.recorder.store.append,
+                                 policy=self.policy)  # a conflict is recorded, not shown
 
     def merge(self, n: int, parent: State) -> TrialPlan | None:
         return parents.merge_near_misses(self.view, n, parent, self.cfg.promotion.min_gain, self.policy)
@@ -147,8 +148,8 @@ class Proposer:
         """The escalation for the current view (search.escalation), decided and recorded once per view."""
         if self._escalated is None or self._escalated[0] is not self.view:
             self._escalated = (self.view, parents.escalation(
-                self.view, self.cfg.search, self.cfg.budget.trial_timeout_s, self.recorder.record,
-                self.recorder.store.append, self.policy.revert_after))
+                self.view, self.cfg.search, timeout_s=self.cfg.budget.trial_timeout_s, record=self.recorder.record,
+                note=self.recorder.store.append, revert_after=self.policy.revert_after))
         return self._escalated[1]
 
     def propose(self, n: int, parent: State, feedback: str = "", rejected: tuple[str, ...] = (),

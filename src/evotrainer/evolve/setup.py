@@ -44,7 +44,7 @@ def open_repo(run_dir: Path, root: Path) -> HarnessRepo:
     return HarnessRepo(repo_dir)
 
 
-def first_start(cfg: RunConfig, task: Task, runtime: Runtime, model: str | None, max_depth: int,
+def first_start(cfg: RunConfig, task: Task, runtime: Runtime, *, model: str | None, max_depth: int,
                 on_event: OnEvent) -> RunStarted:
     """The base built (or the user's model taken) and the task keyed: the run's `run_started`."""
     t = time.time()

@@ -38,7 +38,7 @@ from evotrainer.lineage.state import State
 Harness = Callable[[str], tuple[dict, dict[str, str]]]  # version -> its knobs and its slot files
 
 
-def choose_parent(view: RunView, n: int, open_: list[State], search: SearchConfig, selection: SelectionConfig,
+def choose_parent(view: RunView, n: int, open_: list[State], *, search: SearchConfig, selection: SelectionConfig,
                   escalation: Callable[[], Escalation | None], policy: ControllerPolicy = ControllerPolicy(),
                   seed: int | str = 0) -> State | None:
     """The parent of trial `n` among the open states. `escalation` is asked only where the
@@ -61,7 +61,7 @@ def choose_parent(view: RunView, n: int, open_: list[State], search: SearchConfi
     return by_key[pick.key] if pick else best
 
 
-def crossover(view: RunView, n: int, parent: State, search: SearchConfig, selection: SelectionConfig,
+def crossover(view: RunView, n: int, parent: State, *, search: SearchConfig, selection: SelectionConfig,
               harness: Harness, record: Callable[[Event], None],
               policy: ControllerPolicy = ControllerPolicy()) -> TrialPlan | None:
     """A crossover plan for trial `n` from `parent` where one is due, else None; a conflicting
@@ -99,7 +99,7 @@ def merge_near_misses(view: RunView, n: int, parent: State, min_gain: float,
     return plan.of_merge(parent, f"v{n}", *pair) if pair else None
 
 
-def escalation(view: RunView, search: SearchConfig, timeout_s: float, record: Callable[[Event], None],
+def escalation(view: RunView, search: SearchConfig, *, timeout_s: float, record: Callable[[Event], None],
                note: Callable[[Event], None], revert_after: int = 3) -> Escalation | None:
     """Three failures in a row (EvoTrainer; `revert_after`, the policy's): leave their layers,
     subtract first, roll back, and check the diagnostics that prompted them (replayed over
