@@ -45,3 +45,28 @@ def test_a_seeds_steps_follow_its_segments_and_a_half_written_line_is_skipped(tm
         (seed / f"segment-{d}" / "metrics.jsonl").write_text(body)
     assert [(r["step"], r["r"]) for r in seed_metrics(seed)] == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
     assert seed_metrics(tmp_path / "missing") == []
+
+
+def test_off_a_terminal_training_prints_a_line_per_quarter_with_the_time_left():
+    """A log or a pipe gets no live bars: a line at each quarter of a title's steps, with the
+    time spent and the estimate left; a count that is only a cap (the base's SFT) prints none."""
+    import io
+
+    from rich.console import Console
+
+    from evotrainer.live import LiveDisplay
+    now = [0.0]
+    view = LiveDisplay(Console(file=io.StringIO(), force_terminal=False, width=200), clock=lambda: now[0])
+    with view:
+        for t, done in [(0, 0), (10, 10), (20, 40), (30, 50), (40, 100), (80, 200)]:
+            now[0] = t
+            view.training("trial 1: v1 [lower_lr] and control v0", [("v1 s0", done // 2, 100), ("v0 s0", done - done // 2, 100)])
+        view.training("base", [("level 2", 300, 1500)], lines=False)
+    lines = view.console.file.getvalue().splitlines()
+    assert lines == ["  trial 1: v1 [lower_lr] and control v0: step 50 of 200 (25%), 0:00:30, about 0:01:30 left",
+                     "  trial 1: v1 [lower_lr] and control v0: step 100 of 200 (50%), 0:00:40, about 0:00:40 left",
+                     "  trial 1: v1 [lower_lr] and control v0: step 200 of 200 (100%), 0:01:20"]
+    terminal = LiveDisplay(Console(file=io.StringIO(), force_terminal=True, width=200))
+    with terminal:
+        terminal.training("trial 1", [("v1 s0", 100, 100)])
+    assert "step 100 of 100" not in terminal.console.file.getvalue()   # a terminal has the bars

@@ -305,7 +305,8 @@ def _run_loop(cfg, out: Path) -> dict:
                 say(_sft_line(e))
             # steps of the SFT stage under way, against what it took when measured
             view.set_stage("building the base (SFT, cached afterwards)")
-            view.training("base", [(e.stage, e.step, e.total, f"loss {e.loss:.3f} probe {e.probe_acc:.2f}")])
+            view.training("base", [(e.stage, e.step, e.total, f"loss {e.loss:.3f} probe {e.probe_acc:.2f}")],
+                          lines=False)
         elif isinstance(e, TrialRecord):
             mean = f" val {e.fitness.mean_val:.3f}" if e.fitness.val else ""
             why = f" ({verdict_note(e.label)})" if e.label == "backtest_rejected" else ""
