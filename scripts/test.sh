@@ -23,5 +23,7 @@ bash scripts/setup-venv.sh .venv-test dev
 .venv-test/bin/python -m pip install -q --no-deps "openenv-core>=0.3,<0.4" 2>&1 | grep -v "^WARNING: Location" || true
 if [ -n "$apt_job" ]; then wait "$apt_job"; fi
 # two test processes (pytest-xdist), a file's tests in one of them: a file's tests share its
-# fixtures, and the Ray cluster tests never run beside each other
-.venv-test/bin/python -m pytest tests -n 2 --dist loadfile --durations=25 "${tier[@]}" "$@"
+# fixtures, and the Ray cluster tests never run beside each other. Each test's seconds and
+# worker go to .test-home/test-times.jsonl (python scripts/test_profile.py FILE: where the time went)
+.venv-test/bin/python -m pytest tests -n 2 --dist loadfile --durations=25 --times .test-home/test-times.jsonl \
+  "${tier[@]}" "$@"

@@ -1,3 +1,4 @@
+import json
 import os
 from pathlib import Path
 
@@ -26,6 +27,31 @@ if _WORKER.startswith("gw") and hasattr(os, "sched_setaffinity"):
 TEST_HOME = Path(__file__).resolve().parents[1] / ".test-home" / os.environ.get("PYTEST_XDIST_WORKER", "main")
 os.environ["XDG_CACHE_HOME"] = str(TEST_HOME / "cache")
 os.environ["XDG_DATA_HOME"] = str(TEST_HOME / "data")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--times", metavar="FILE", default=None,
+                     help="write each test phase's seconds and pytest-xdist worker to FILE, a JSON line "
+                          "each (scripts/test_profile.py reads it: per file, per worker, idle at the end)")
+
+
+_TIMES: list[dict] = []
+
+
+def pytest_runtest_logreport(report):
+    """Every phase's time, recorded where the reports meet (the xdist controller, or the only
+    process): `report.node` is the worker that ran it."""
+    node = getattr(report, "node", None)
+    _TIMES.append({"test": report.nodeid, "when": report.when, "seconds": round(report.duration, 3),
+                   "start": report.start, "stop": report.stop,
+                   "worker": node.gateway.id if node is not None else "main"})
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--times")
+    if path and not hasattr(session.config, "workerinput"):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text("".join(json.dumps(t) + "\n" for t in _TIMES))
 
 
 from helpers import readable, tiny_run_config
