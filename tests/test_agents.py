@@ -58,8 +58,8 @@ def test_every_proposal_is_one_legal_knob_change_and_the_catalog_runs_dry():
         tried.add(p.intervention)
     # the reference already pays the verifier score, trains on one level and by token mean, keeps
     # every group (nothing to refill), samples without a filter and updates once per batch
-    # (every ratio 1: the ratio-shaped losses are its own)
-    conditional = {"dynamic_sampling", "token_level", "tis", "gspo", "cispo", "two_sided_clip"}
+    # (every ratio 1: the ratio-shaped losses are its own, and no clip bound is reached)
+    conditional = {"dynamic_sampling", "token_level", "tis", "gspo", "cispo", "two_sided_clip", "clip_higher"}
     assert tried & set(INTERVENTIONS.names()) == set(INTERVENTIONS.names()) - {"binary_reward", "frontier_curriculum"} - conditional
     assert tried - set(INTERVENTIONS.names()) == {p.intervention for p in space_moves(ctx([]))}  # then the space's
 
@@ -76,11 +76,11 @@ def test_the_skill_library_reorders_the_rules_by_what_the_same_finding_led_to(tm
     assert propose(ctx([DEAD], skills=lib.skills())).intervention == "partial_credit"  # no evidence: the rules
     for trial, (name, label, gain) in enumerate([("partial_credit", "discarded", -0.02),
                                                  ("partial_credit", "invalid", 0.01),
-                                                 ("clip_higher", "kept", 0.04)]):
+                                                 ("raise_temperature", "kept", 0.04)]):
         lib.record(run="r", trial=trial, task="arith", trigger="dead_group_ratio:critical", intervention=name,
                    family="x", patch={}, expected="", label=label, gain=gain)
     p = propose(ctx([DEAD], skills=lib.skills(), task="arith"))
-    assert p.intervention == "clip_higher"           # held before on this signature
+    assert p.intervention == "raise_temperature"     # held before on this signature
     # the measured loser goes last, not out: with everything else tried it is still proposed
     others = (set(INTERVENTIONS.names()) | {p.intervention for p in candidates(ctx([DEAD]))}) - {"partial_credit"}
     assert propose(ctx([DEAD], tried=others - {"drop_dead"}, skills=lib.skills(), task="arith")).intervention \
@@ -123,7 +123,8 @@ def finding(name: str, value: float) -> dict:
 
 
 @pytest.mark.parametrize("name, parent, proposed", [
-    ("entropy_drop", {}, ["clip_higher", "entropy_tokens"]),
+    ("entropy_drop", {"num_iterations": 2}, ["clip_higher", "entropy_tokens"]),
+    ("entropy_drop", {}, ["entropy_tokens"]),    # one update per batch: no clip bound is reached
     ("truncation_rate", {"reward": "partial_credit"}, ["mask_truncated"]),  # shaping is one reward at a time
     ("truncation_rate", {}, ["overlong_shaping", "mask_truncated"]),
     ("dead_group_ratio", {"group_filter": "drop_dead"}, ["dynamic_sampling", "score_spread"]),

@@ -44,9 +44,9 @@ def moves() -> dict[str, Proposal]:
 
 def test_a_row_is_found_by_what_its_harness_trains_as(tmp_path):
     m = moves()
-    a = write_harness(ROOT, tmp_path / "a", [m["lr_x0.8"], m["clip_high_x1.25"]])
-    b = write_harness(ROOT, tmp_path / "b", [m["clip_high_x1.25"], m["lr_x0.8"]])
-    c = write_harness(ROOT, tmp_path / "c", [m["lr_x1.25"], m["clip_high_x1.25"]])
+    a = write_harness(ROOT, tmp_path / "a", [m["lr_x0.8"], m["temperature_x1.25"]])
+    b = write_harness(ROOT, tmp_path / "b", [m["temperature_x1.25"], m["lr_x0.8"]])
+    c = write_harness(ROOT, tmp_path / "c", [m["lr_x1.25"], m["temperature_x1.25"]])
     assert content_key(a) == content_key(b) != content_key(c)
     # comments and order in knobs.yaml do not count; a slot file does
     (tmp_path / "d").mkdir()
@@ -55,7 +55,7 @@ def test_a_row_is_found_by_what_its_harness_trains_as(tmp_path):
     assert content_key(tmp_path / "d") == content_key(a)
     (tmp_path / "d" / "reward.py").write_text("x = 1\n")
     assert content_key(tmp_path / "d") != content_key(a)
-    assert changed_knobs(ROOT, a) == {"clip_high": m["clip_high_x1.25"].knobs["clip_high"],
+    assert changed_knobs(ROOT, a) == {"temperature": m["temperature_x1.25"].knobs["temperature"],
                                       "lr": m["lr_x0.8"].knobs["lr"]}
 
 
@@ -95,7 +95,7 @@ class FakeTraining:
 def test_a_stopped_build_goes_on_where_it_stopped(tmp_path):
     m = moves()
     configs = [Config("root", "root"), Config("replica-1", "replica", replica=1)] + [
-        Config(n, "move", (m[n],)) for n in ("lower_lr", "partial_credit", "drop_dead", "clip_higher")] + [
+        Config(n, "move", (m[n],)) for n in ("lower_lr", "partial_credit", "drop_dead", "entropy_bonus")] + [
         Config("broken", "move", (m["warmup"],))]
     acc = lambda name, s: 0.1 + 0.01 * s + (0.2 if name == "partial_credit" else 0.0)  # noqa: E731
     with pytest.raises(KeyboardInterrupt):
@@ -103,7 +103,7 @@ def test_a_stopped_build_goes_on_where_it_stopped(tmp_path):
     assert list(read_rows(tmp_path / ROWS)) == ["root", "replica-1", "lower_lr"]
     again = FakeTraining(acc)
     rows = build(again, ROOT, configs, seeds=SEEDS, out=tmp_path, batch=3)
-    assert again.trained == ["partial_credit", "drop_dead", "clip_higher", "broken"]
+    assert again.trained == ["partial_credit", "drop_dead", "entropy_bonus", "broken"]
     assert rows["partial_credit"].val[3] == pytest.approx(0.33) and rows["partial_credit"].findings[0] == [DEAD]
     assert rows["broken"].failed and not rows["broken"].val
     assert rows["replica-1"].key == "" and rows["lower_lr"].key == content_key(tmp_path / "harnesses" / "lower_lr")
@@ -247,18 +247,18 @@ def test_a_backtest_recorded_on_a_kept_childs_rollouts_vetoes_its_child(tmp_path
 
 
 def test_a_version_off_the_table_is_predicted_as_its_best_move_or_missed(tmp_path):
-    table = Table.load(synthetic(tmp_path, {"lower_lr": 0.05, "clip_higher": 0.03}))
+    table = Table.load(synthetic(tmp_path, {"lower_lr": 0.05, "entropy_bonus": 0.03}))
     m = moves()
-    both = table.row_for(write_harness(ROOT, tmp_path / "both", [m["clip_higher"], m["lower_lr"]]))
+    both = table.row_for(write_harness(ROOT, tmp_path / "both", [m["entropy_bonus"], m["lower_lr"]]))
     a = table.rows["lower_lr"]
-    assert both.kind == "predicted" and set(both.moves) == {"lower_lr", "clip_higher"}
+    assert both.kind == "predicted" and set(both.moves) == {"lower_lr", "entropy_bonus"}
     assert both.val == a.val and both.test == a.test  # as its best part: lower_lr gains more
     assert (table.predicted, table.misses) == (1, 0)
     # a learning rate no row sets: a resample drawn by another run's seed, which stands for the table's draw
     odd = Proposal("lr_resample", "optimisation", "", "", "", "", knobs={"lr": 1.234e-4})
     assert table.row_for(write_harness(ROOT, tmp_path / "odd", [odd, m["lower_lr"]])) is a  # lower_lr's own
-    drawn = table.row_for(write_harness(ROOT, tmp_path / "drawn", [m["clip_higher"], odd]))
-    assert set(drawn.moves) == {"clip_higher", "lr_resample"}
+    drawn = table.row_for(write_harness(ROOT, tmp_path / "drawn", [m["entropy_bonus"], odd]))
+    assert set(drawn.moves) == {"entropy_bonus", "lr_resample"}
     # a slot file no row writes: a miss
     own = Proposal("own_reward", "reward", "", "", "", "", knobs={"reward": "mine"},
                    files={"reward.py": "def mine(r):\n    return r.scores\n"})

@@ -58,7 +58,7 @@ def look(c):
 def test_crossover_merges_two_elites_changes_and_skips_a_conflicting_pair(ctl):
     root = ctl.store.trials()[0].fitness.state
     v1 = add(ctl, 1, root, "partial_credit", "kept", val=0.20, gain=0.05)
-    v2 = add(ctl, 2, root, "clip_higher", "kept", val=0.15, gain=0.03)
+    v2 = add(ctl, 2, root, "raise_temperature", "kept", val=0.15, gain=0.03)
     add(ctl, 3, root, "overlong_shaping", "kept", val=0.18, gain=0.02)   # reward, like v1's: conflicts
     add(ctl, 4, v1, "drop_dead", "discarded", val=0.10, gain=-0.01)
     look(ctl)
@@ -69,16 +69,16 @@ def test_crossover_merges_two_elites_changes_and_skips_a_conflicting_pair(ctl):
     assert conflict.parents == ["v1", "v3"] and conflict.conflicts == ["knob reward: 'partial_credit' vs "
                                                                        "'overlong_penalty'"]
     assert p.intervention == "crossover" and p.mate.version == "v2"
-    assert p.knobs == {"reward": "partial_credit", "clip_high": 0.28}
+    assert p.knobs == {"reward": "partial_credit", "temperature": 1.2}
     ctl.store.begin_trial(TrialStarted.of(5, p))
     ctl.harnesses.candidate("v1", "v5", p.knobs, p.files, p.hypothesis)
     merged = load_knobs(ctl.harnesses.dir("v5") / "knobs.yaml")
-    assert (merged.reward, merged.clip_high, merged.lr) == ("partial_credit", 0.28, REF.lr)
+    assert (merged.reward, merged.temperature, merged.lr) == ("partial_credit", 1.2, REF.lr)
     # the next operation is a mutation: never two crossovers in a row
     ctl.recorder.finish(TrialRecord(5, "v5", ["v1", "v2"], "crossover", "crossover", 3, p.hypothesis, "-", "",
                             "discarded", fitness={"gain": 0.0}), p)
     assert look(ctl) and ctl.proposer.crossover(6, v1) is None
-    assert ctl.view.elites([State("v5", 3, {}, {0: 0.0}, {})])[0].changes == {"partial_credit", "clip_higher"}
+    assert ctl.view.elites([State("v5", 3, {}, {0: 0.0}, {})])[0].changes == {"partial_credit", "raise_temperature"}
 
 
 def test_a_pair_whose_gains_come_from_the_same_ancestor_change_is_not_crossed():
@@ -102,7 +102,7 @@ def test_a_pair_whose_gains_come_from_the_same_ancestor_change_is_not_crossed():
 def test_crossover_refuses_a_state_of_the_ancestor_with_its_own_descendant(ctl):
     root = ctl.store.trials()[0].fitness.state
     v1 = add(ctl, 1, root, "partial_credit", "kept", val=0.20, gain=0.05)
-    v2 = add(ctl, 2, v1, "clip_higher", "kept", val=0.30, gain=0.04)
+    v2 = add(ctl, 2, v1, "raise_temperature", "kept", val=0.30, gain=0.04)
     add(ctl, 3, v1, "drop_dead", "discarded", val=0.10, gain=-0.01)
     add(ctl, 4, v2, "entropy_bonus", "discarded", val=0.20, gain=-0.01)
     later = State("v1", 3, {0: "x"}, {0: 0.25}, {0: 0.0})   # v1 trained on: v1's harness, deeper
@@ -120,7 +120,7 @@ def test_crossover_refuses_a_state_of_the_ancestor_with_its_own_descendant(ctl):
 def test_three_failures_in_a_row_escalate_once_roll_back_and_subtract(ctl):
     root = ctl.store.trials()[0].fitness.state
     v1 = add(ctl, 1, root, "partial_credit", "kept", val=0.20, gain=0.05)
-    v2 = add(ctl, 2, v1, "clip_higher", "kept", val=0.30, gain=0.04)
+    v2 = add(ctl, 2, v1, "raise_temperature", "kept", val=0.30, gain=0.04)
     assert look(ctl) and ctl.proposer.escalation() is None
     for n, name in ((3, "drop_dead"), (4, "dr_grpo"), (5, "entropy_bonus")):
         add(ctl, n, v2, name, "discarded", val=0.25, gain=-0.02)
@@ -133,7 +133,7 @@ def test_three_failures_in_a_row_escalate_once_roll_back_and_subtract(ctl):
     assert len(ctl.store.events(Escalated)) == 1                 # decided once per streak, in any view
     assert ctl.proposer.select_parent(6).version == "v2"                    # the last kept version
     prop = ctl.proposer.propose(6, v2)
-    assert prop.family == "subtract" and prop.intervention in ("revert_reward", "revert_clip_high")
+    assert prop.family == "subtract" and prop.intervention in ("revert_reward", "revert_temperature")
     # a kept trial ends the streak
     add(ctl, 6, v2, "seq_mean", "kept", val=0.35, gain=0.05)
     assert look(ctl) and ctl.proposer.escalation() is None
@@ -142,20 +142,20 @@ def test_three_failures_in_a_row_escalate_once_roll_back_and_subtract(ctl):
 def test_each_agent_trial_is_recorded_in_the_skill_library_once(ctl, tmp_path):
     root = ctl.store.trials()[0].fitness.state
     add(ctl, 1, root, "partial_credit", "kept", val=0.2, gain=0.05, trigger="dead_group_ratio:critical")
-    add(ctl, 2, root, "clip_higher", "discarded", val=0.1, gain=-0.01)
+    add(ctl, 2, root, "raise_temperature", "discarded", val=0.1, gain=-0.01)
     ctl.recorder.learn(look(ctl).planned)  # as a resumed run would: nothing doubles
     lib = SkillLibrary(tmp_path / "skills.sqlite")
     by = {s.intervention: s for s in lib.skills()}
-    assert set(by) == {"partial_credit", "clip_higher"}
+    assert set(by) == {"partial_credit", "raise_temperature"}
     assert by["partial_credit"].trigger == "dead_group_ratio:critical" and by["partial_credit"].tried == 1
-    assert by["partial_credit"].held_on == ("arith",) and by["clip_higher"].kept == 0
+    assert by["partial_credit"].held_on == ("arith",) and by["raise_temperature"].kept == 0
     assert by["partial_credit"].patch == {"reward": "partial_credit"}
 
 
 def test_greedy_selection_takes_the_best_open_state_and_population_the_best_parent_score(ctl):
     root = ctl.store.trials()[0].fitness.state
     v1 = add(ctl, 1, root, "partial_credit", "kept", val=0.30, gain=0.05)
-    add(ctl, 2, v1, "clip_higher", "discarded", val=0.20, gain=-0.04)
+    add(ctl, 2, v1, "raise_temperature", "discarded", val=0.20, gain=-0.04)
     add(ctl, 3, v1, "drop_dead", "discarded", val=0.20, gain=-0.04)
     add(ctl, 4, root, "entropy_bonus", "kept", val=0.28, gain=0.03)
     greedy = dataclasses.replace(ctl.cfg, search=dataclasses.replace(ctl.cfg.search, selection="greedy"))
@@ -177,11 +177,11 @@ def test_the_leaderboard_an_agent_reads_ranks_kept_versions_and_shows_the_best_p
                            fitness=fitness | ({"gain": gain} if gain is not None else {}))
     trials = [rec(0, [], "root", "kept", 0.10), rec(1, ["v0"], "partial_credit", "kept", 0.30, 0.2),
               rec(2, ["v0"], "raise_lr", "kept", 0.20, 0.1), rec(3, ["v1"], "drop_dead", "discarded", 0.25, -0.05),
-              rec(4, ["v1"], "clip_higher", "kept", 0.35, 0.05), rec(5, ["v4"], "kl_anchor", "invalid", 0.5, 0.15)]
+              rec(4, ["v1"], "raise_temperature", "kept", 0.35, 0.05), rec(5, ["v4"], "kl_anchor", "invalid", 0.5, 0.15)]
     text = leaderboard(trials, top=3)
     board = text.split("\n\n")[0].splitlines()[1:]
-    assert board == ["- v4 val 0.350: clip_higher", "- v1 val 0.300: partial_credit", "- v2 val 0.200: raise_lr"]
-    assert "Path from the root to the best: v0 [root] -> v1 [partial_credit] -> v4 [clip_higher]" in text
+    assert board == ["- v4 val 0.350: raise_temperature", "- v1 val 0.300: partial_credit", "- v2 val 0.200: raise_lr"]
+    assert "Path from the root to the best: v0 [root] -> v1 [partial_credit] -> v4 [raise_temperature]" in text
     assert text.endswith("Children of v4:\n- trial 5 kl_anchor: invalid, gain +0.150; hypothesis 5")
     assert leaderboard(trials[:0]) == ""
 
@@ -190,11 +190,11 @@ def test_a_free_text_intervention_counts_under_the_surface_its_proposal_recorded
     from evotrainer.evolve.search import history
     trials = [TrialRecord(0, "v0", [], "-", "root", 1, "", "-", "", "kept"),
               TrialRecord(1, "v1", ["v0"], "llm", "soften_the_format_gate", 2, "", "", "", "kept"),
-              TrialRecord(2, "v2", ["v0"], "rules", "clip_higher", 2, "", "", "", "kept")]
+              TrialRecord(2, "v2", ["v0"], "rules", "raise_temperature", 2, "", "", "", "kept")]
     starts = {1: "reward", 2: "reward"}  # the families their plans recorded
-    assert history.surfaces(trials) == {"v0": "root", "v1": "other", "v2": history.FAMILY["clip_higher"]}
+    assert history.surfaces(trials) == {"v0": "root", "v1": "other", "v2": history.FAMILY["raise_temperature"]}
     # the catalog's own family wins over a recorded one; a free-text name takes the recorded one
-    assert history.surfaces(trials, starts) == {"v0": "root", "v1": "reward", "v2": history.FAMILY["clip_higher"]}
+    assert history.surfaces(trials, starts) == {"v0": "root", "v1": "reward", "v2": history.FAMILY["raise_temperature"]}
 
 
 def test_two_rounds_of_proposing_cost_add_up_and_a_round_that_cost_nothing_adds_nothing():
@@ -229,7 +229,7 @@ def test_a_trial_redone_on_resume_reads_the_trials_finished_when_it_started_not_
     root = ctl.store.trials()[0].fitness.state
     p = INTERVENTIONS.get("partial_credit")(REF, 2)
     ctl.store.begin_trial(TrialStarted.of(1, of_agent(root, "v1", 0, p)))  # in flight when the kill came
-    add(ctl, 2, root, "clip_higher", "discarded", val=0.12, gain=0.01)      # its sibling, finished beside it
+    add(ctl, 2, root, "raise_temperature", "discarded", val=0.12, gain=0.01)      # its sibling, finished beside it
     ctl.store.append(ControlFinished(State("v0", 2, {0: "x"}, {0: 0.1}, {0: 0.1})))
     now = look(ctl)
     assert [t.id for t in now.trials] == [0, 2]

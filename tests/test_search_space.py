@@ -21,8 +21,9 @@ from evotrainer.harness.rollouts import Rollouts
 from evotrainer.tasks.base import Problem
 
 REF = load_knobs(REFERENCE / "knobs.yaml")
-# every coefficient on and two levels, so every kind of move applies
-ON = replace(REF, kl_coef=0.01, entropy_coef=0.005, warmup_steps=20, weight_decay=0.01, train_levels=(2, 3))
+# every coefficient on, two levels and two updates per batch, so every kind of move applies
+ON = replace(REF, kl_coef=0.01, entropy_coef=0.005, warmup_steps=20, weight_decay=0.01, train_levels=(2, 3),
+             num_iterations=2)
 DEAD = {"diagnostic": "dead_group_ratio", "severity": "critical", "evidence": "dead_group_ratio = 0.957",
         "suggest": "reward: make the reward more continuous (partial credit), most groups share one score"}
 
@@ -68,7 +69,8 @@ def test_every_move_changes_one_variable_to_a_valid_value_in_its_range(knobs):
 def test_perturbation_math_clamps_and_never_reverses():
     ms = moves(REF)
     assert ms["lr_x0.8"].knobs == {"lr": 2.4e-4} and ms["lr_x1.25"].knobs == {"lr": 3.75e-4}
-    assert ms["temperature_x0.8"].knobs == {"temperature": 0.8} and ms["clip_low_x1.25"].knobs == {"clip_low": 0.25}
+    assert ms["temperature_x0.8"].knobs == {"temperature": 0.8}
+    assert moves(ON)["clip_low_x1.25"].knobs == {"clip_low": 0.25}
     assert "top_p_x1.25" not in ms                                      # at its range's top: no move
     assert moves(replace(REF, temperature=1.4))["temperature_x1.25"].knobs == {"temperature": 1.5}  # clamped
     high = moves(replace(REF, lr=2e-3))                                 # a parent above the range
@@ -86,12 +88,23 @@ def test_a_coefficient_at_zero_is_switched_on_at_its_low_end_not_perturbed():
 
 
 def test_a_resample_is_deterministic_for_a_seed_and_differs_across_seeds():
-    draws = [{k: moves(REF, seed=s)[f"{k}_resample"].knobs[k] for k in RANGES} for s in (1, 1, 2)]
+    draws = [{k: moves(ON, seed=s)[f"{k}_resample"].knobs[k] for k in RANGES} for s in (1, 1, 2)]
     assert draws[0] == draws[1] and draws[0] != draws[2]
     assert all(draws[0][k] != draws[2][k] for k in ("lr", "temperature", "kl_coef"))
     lrs = [moves(REF, seed=s)["lr_resample"].knobs["lr"] for s in range(200)]
     assert all(1e-7 <= x <= 1e-3 for x in lrs)
     assert sum(x < 1e-5 for x in lrs) > 50                              # log scale: decades, not the top one
+
+
+def test_a_clip_bound_moves_only_where_the_parent_reuses_its_batch():
+    """With one update per sampled batch every ratio is 1: no clip bound is ever reached, and a
+    clip move would train a noise replica of its parent (a trial spent on nothing)."""
+    on_policy, reused = moves(REF), moves(replace(REF, num_iterations=2))
+    clips = {"clip_low_x0.8", "clip_low_x1.25", "clip_high_x0.8", "clip_high_x1.25", "clip_low_resample",
+             "clip_high_resample"}
+    assert not clips & set(on_policy) and clips <= set(reused)
+    assert "clip_higher" not in {p.intervention for p in candidates(ctx([], REF))}
+    assert "clip_higher" in {p.intervention for p in candidates(ctx([], replace(REF, num_iterations=2)))}
 
 
 def test_structural_moves_list_the_registries_implementations():

@@ -122,9 +122,11 @@ def entropy_bonus(k: Knobs, target: int) -> Proposal | None:
                 why="entropy is falling faster than accuracy rises", expect="slows the collapse of exploration")
 
 
+# with one update per sampled batch every ratio is 1 and no clip bound is reached: the
+# clip-higher of DAPO, which reuses each batch over several updates, applies where the parent does
 @intervention("exploration")
 def clip_higher(k: Knobs, target: int) -> Proposal | None:
-    if k.clip_high > k.clip_low:
+    if k.clip_high > k.clip_low or k.num_iterations == 1:
         return None
     return one_knob("clip_higher", "exploration", "clip_high", old=k.clip_high, new=0.28,
                     why="a symmetric clip caps how fast unlikely tokens can rise (DAPO clip-higher)",

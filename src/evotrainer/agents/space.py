@@ -32,6 +32,9 @@ Knobs not in the space, and why:
         entropy_tokens, tis, dynamic_sampling) at the value its paper uses.
     action_parser: must match the task's turn format (a JSON parser on the character model
         reads no action at all); it is a task fit, not a training choice to search.
+A knob or slot whose value cannot change training under the parent's other knobs gets no
+move (`MATTERS`): with one update per sampled batch every ratio is 1, so no clip bound is
+reached and a clip move would train a noise replica of its parent at a trial's cost.
 There is no filter-threshold or curriculum-weight knob to move: the dead-group threshold
 (filters.DEAD_STD), the std_ema filter's z and the frontier curriculum's floor are constants
 of their slot functions, so they move only by choosing another implementation.
@@ -140,6 +143,21 @@ RANGES: dict[str, Range] = {
                           log=True, off=True),
 }
 
+# knobs and slots whose value matters only under a condition on the other knobs
+MATTERS: dict[str, Callable[[Knobs], bool]] = {
+    "kl_estimator": lambda k: k.kl_coef > 0,            # no KL term, no estimator
+    "curriculum": lambda k: len(k.train_levels) > 1,    # one level: nothing to weigh
+    # one update per sampled batch: every ratio is 1, so gspo and cispo are the clipped loss
+    # and neither clip bound is ever reached
+    "policy_loss": lambda k: k.num_iterations > 1,
+    "clip_low": lambda k: k.num_iterations > 1,
+    "clip_high": lambda k: k.num_iterations > 1,
+}
+
+
+def matters(knob: str, k: Knobs) -> bool:
+    return MATTERS.get(knob, lambda _: True)(k)
+
 
 def perturb(parent: Parent) -> list[Proposal]:
     """x0.8 and x1.25 of every knob that is on, clamped to its range; a clamp that would
@@ -147,7 +165,7 @@ def perturb(parent: Parent) -> list[Proposal]:
     out = []
     for knob, r in RANGES.items():
         now = getattr(parent.knobs, knob)
-        if not now:
+        if not now or not matters(knob, parent.knobs):
             continue  # off, or 0 on a knob without an off state: a factor of 0 is 0
         for f in FACTORS:
             new = r.tidy(r.clamp(now * f))
@@ -163,7 +181,7 @@ def switch_on(parent: Parent) -> list[Proposal]:
     """An off coefficient switched on at the gentlest setting of its range."""
     out = []
     for knob, r in RANGES.items():
-        if r.off and not getattr(parent.knobs, knob):
+        if r.off and not getattr(parent.knobs, knob) and matters(knob, parent.knobs):
             new = r.tidy(r.lo if r.enable is None else r.enable)
             out.append(one_knob(f"{knob}_on", r.family, knob, old=0, new=new,
                                 why=f"{r.why}; it is off in the parent, and switching it on at its gentlest setting "
@@ -176,6 +194,8 @@ def resample(parent: Parent) -> list[Proposal]:
     and the knob's name, so a draw is the same for the same seed whatever else is proposed."""
     out = []
     for knob, r in RANGES.items():
+        if not matters(knob, parent.knobs):
+            continue
         now, new = getattr(parent.knobs, knob), r.tidy(r.draw(random.Random(f"{parent.seed}:{knob}")))
         out.append(one_knob(f"{knob}_resample", r.family, knob, old=now, new=new,
                             why=f"{r.why}, and a draw from its whole range [{r.lo:g}, {r.hi:g}] looks beyond the "
@@ -236,14 +256,6 @@ def _as_tuple(v):
     return tuple(v) if isinstance(v, (list, tuple)) else v
 
 
-# slots whose choice matters only under a condition on the other knobs
-SLOT_MATTERS: dict[str, Callable[[Knobs], bool]] = {
-    "kl_estimator": lambda k: k.kl_coef > 0,            # no KL term, no estimator
-    "curriculum": lambda k: len(k.train_levels) > 1,    # one level: nothing to weigh
-    # one update per sampled batch: every ratio is 1, and gspo and cispo are the clipped loss
-    "policy_loss": lambda k: k.num_iterations > 1,
-}
-
 
 def implementations(slot: str, files: Mapping[str, str]) -> dict[str, str]:
     """Name -> first docstring line of every implementation a harness may name for `slot`:
@@ -274,7 +286,7 @@ def structural(parent: Parent) -> list[Proposal]:
     """Each slot to every other implementation it has: `advantage_rloo`, `loss_agg_seq_mean_token_sum`."""
     out = []
     for slot, family in SLOT_FAMILY.items():
-        if not SLOT_MATTERS.get(slot, lambda k: True)(parent.knobs):
+        if not matters(slot, parent.knobs):
             continue
         now = getattr(parent.knobs, slot)
         for name, doc in implementations(slot, parent.files).items():
