@@ -112,6 +112,25 @@ def test_a_stopped_build_goes_on_where_it_stopped(tmp_path):
     assert done.trained == []
 
 
+def test_a_configuration_with_a_recorded_rows_files_takes_its_outcome_untrained(tmp_path):
+    """Two rows with the same harness files train identically (the sampling seeds come from the
+    content), so the second is the first's outcome under its own name: a search's reached row
+    that a space move names again costs nothing."""
+    m = moves()
+    acc = lambda name, s: 0.2 + 0.01 * s  # noqa: E731
+    first = FakeTraining(acc)
+    build(first, ROOT, [Config("reached-x", "reached", (m["mix_score1_partial0p5"],))], seeds=SEEDS, out=tmp_path)
+    again = FakeTraining(acc)
+    rows = build(again, ROOT, [Config("mix_score1_partial0p5", "move", (m["mix_score1_partial0p5"],)),
+                               Config("replica-1", "replica", replica=1), Config("lower_lr", "move", (m["lower_lr"],))],
+                 seeds=SEEDS, out=tmp_path)
+    assert again.trained == ["replica-1", "lower_lr"]      # a replica has the root's files but samples anew
+    twin, reached = rows["mix_score1_partial0p5"], rows["reached-x"]
+    assert (twin.kind, twin.moves, twin.key) == ("move", ["mix_score1_partial0p5"], reached.key)
+    assert twin.val == reached.val and twin.test == reached.test and twin.findings == reached.findings
+    assert list(read_rows(tmp_path / ROWS)) == ["reached-x", "mix_score1_partial0p5", "replica-1", "lower_lr"]
+
+
 def synthetic(tmp_path: Path, gains: dict[str, float], backtests: dict[str, str] | None = None,
               noise: float = 0.01) -> Path:
     """A table with every root move: `gains` (validation and test points, 0-1) where given,

@@ -192,24 +192,38 @@ def table_md(rows: dict[str, Row]) -> str:
 def build(training: Training, root: Path, configs: Sequence[Config], *, seeds: Sequence[int], out: Path,
           batch: int = 4, on_row: Callable[[Row], None] | None = None) -> dict[str, Row]:
     """Train every configuration not yet in OUT/ROWS on every seed, `batch` configurations to a
-    pool (one evaluator per batch), and append their rows. Returns every row, old and new."""
+    pool (one evaluator per batch), and append their rows; one whose harness has a recorded
+    row's files takes that row's outcome. Returns every row, old and new."""
     rows = read_rows(out / ROWS)
     todo = [c for c in configs if c.name not in rows]
     harnesses = {c.name: write_harness(c.harness or root, out / "harnesses" / c.name, c.moves) for c in configs}
     training.harness_dir = lambda name: harnesses.get(name, root)
     base = State("v0", 0, {}, {}, {})
+
+    def record(row: Row) -> None:
+        rows[row.name] = row
+        with open(out / ROWS, "a") as fh:
+            fh.write(json.dumps(asdict(row)) + "\n")
+        if on_row is not None:
+            on_row(row)
+
+    # a harness with the files of a recorded row trains exactly as that row did (its sampling
+    # seeds come from its content: a space move that a search reached first, say): its row is
+    # that row's outcome under the new name, not a second training
+    trained = {r.key: r for r in rows.values() if r.key and not r.failed and set(seeds) <= set(r.val)}
+    twins = {c.name: trained.get(content_key(harnesses[c.name])) for c in todo if not c.replica}
+    for c in todo:
+        if twins.get(c.name) is not None:
+            record(replace(twins[c.name], name=c.name, kind=c.kind, moves=[p.intervention for p in c.moves],
+                           families=c.families, knobs=changed_knobs(root, harnesses[c.name])))
+    todo = [c for c in todo if twins.get(c.name) is None]
     for i in range(0, len(todo), batch):
         part = todo[i:i + batch]
         segments = [Segment(c.name, base, 1, out / "versions" / c.name, replica=c.replica, seeds=tuple(seeds))
                     for c in part]
         states = training.train(segments, Clock())
         for c, st in zip(part, states):
-            row = _row(training, c, st, root, harnesses[c.name])
-            rows[c.name] = row
-            with open(out / ROWS, "a") as fh:
-                fh.write(json.dumps(asdict(row)) + "\n")
-            if on_row is not None:
-                on_row(row)
+            record(_row(training, c, st, root, harnesses[c.name]))
     return rows
 
 
