@@ -241,7 +241,9 @@ def trainer(name: str, workers: int = 2) -> tuple[dict, Training, Path]:
         config_name(name)
     raw = yaml.safe_load((CONFIGS / f"{stem}.yaml").read_text())
     raw["seeds"] = SEEDS
-    cfg = config_from_dict(raw).validate()
+    # a root harness shipped beside the configs (harness: harnesses/NAME), found from anywhere
+    shipped = {"harness": str((CONFIGS / raw["harness"]).resolve())} if raw.get("harness") else {}
+    cfg = config_from_dict({**raw, **shipped}).validate()
     task = get_task(cfg.task, cfg.level)
     here = key_path(base_path(task, resolved(task, cfg.base.pretrain_config())).name)
     if (out / KEY).exists() and not here.exists():  # the table's problems, on a machine that has none yet
