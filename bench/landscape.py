@@ -173,20 +173,20 @@ def best_by_val(rows: dict[str, Row], kinds: tuple[str, ...]) -> str:
     return max(cands, key=lambda r: statistics.fmean(r.val.values())).name
 
 
-def headroom(name: str, training: Training, rows: dict[str, Row], seeds: list[int],
-             timeout_s: float | None = None) -> str:
+def headroom(name: str, training: Training, src: Path, seeds: list[int], timeout_s: float | None = None) -> str:
     """The task's headroom on fresh seeds: the default recipe (the root), the tuned one (the
     sweep's recipe, or the move a sweep recipe equals, with the best mean validation accuracy
     on the pool) and the table's best entry by validation, each retrained from the base on
     fresh `seeds` no row saw; test gains paired by seed, with 95% t intervals. More seeds reuse
     the fewer's segments (the cache), and so does a run again after a stop. `timeout_s` per
-    segment (default: the config's trial timeout, sized for a core alone)."""
-    out = OUT / name
+    segment (default: the config's trial timeout, sized for a core alone). The rows and harnesses
+    are `src`'s: the table's, or a first look's (--headroom) before the table is built."""
+    out, rows = OUT / name, read_rows(src / ROWS)
     sweep_like = [n for n in ("lower_lr", "larger_groups", "partial_credit") if n in rows]
     tuned = best_by_val({n: r for n, r in rows.items() if r.kind == "sweep" or n in sweep_like},
                         ("sweep", "move"))
     best = best_by_val(rows, ("move", "sweep", "combo", "reached"))
-    arms = {n: Arm((str(out / "harnesses" / n),), training.cfg.budget.total_steps) for n in {"root", tuned, best}}
+    arms = {n: Arm((str(src / "harnesses" / n),), training.cfg.budget.total_steps) for n in {"root", tuned, best}}
     rep = retrain(training.task, training.base, arms, seeds, out / "fresh", evaluation=training.cfg.evaluation,
                   timeout_s=timeout_s or training.cfg.budget.trial_timeout_s, workers=2, runtime=training.runtime,
                   cache=training.cache)
@@ -199,7 +199,8 @@ def headroom(name: str, training: Training, rows: dict[str, Row], seeds: list[in
         lo, hi = t_interval(d)
         lines.append(f"| {n} | {why} | {statistics.fmean(test[n].values()):.1f} | "
                      f"{statistics.fmean(d):+.1f} [{lo:+.1f}, {hi:+.1f}] |")
-    (out / "fresh.json").write_text(json.dumps({"seeds": seeds, "tuned": tuned, "best": best, "test": test}) + "\n")
+    (out / "fresh.json").write_text(json.dumps({"seeds": seeds, "tuned": tuned, "best": best, "test": test,
+                                                "chosen_on": "table" if src == out else src.name}) + "\n")
     return "\n".join(lines)
 
 
@@ -283,7 +284,8 @@ def main() -> None:
                     help="root: the root and its noise replicas, the least a simulator's --fill (and "
                          "--validate) can start from; singles: no combinations")
     ap.add_argument("--fresh", action="store_true", help="the default, the tuned recipe and the table's best "
-                    f"retrained on fresh seeds {FRESH}, {FRESH + 1}, ... (the task's headroom), after the table")
+                    f"retrained on fresh seeds {FRESH}, {FRESH + 1}, ... (the task's headroom), after the table or, "
+                    "before it, after --headroom's first look")
     ap.add_argument("--fresh-seeds", type=int, default=5, help="how many fresh seeds --fresh trains on")
     ap.add_argument("--fresh-timeout", type=float, default=None,
                     help="seconds per segment for --fresh (default: the config's trial timeout); more where "
@@ -334,8 +336,8 @@ def main() -> None:
 
     first = singles(root, training.task.target_level)
     if args.fresh:
-        text = headroom(args.task, training, read_rows(out / ROWS), list(range(FRESH, FRESH + args.fresh_seeds)),
-                        args.fresh_timeout)
+        src = out if (out / ROWS).exists() else out / "headroom"  # before a table: the first look's rows
+        text = headroom(args.task, training, src, list(range(FRESH, FRESH + args.fresh_seeds)), args.fresh_timeout)
         (out / "fresh.md").write_text(text + "\n")
         print(text)
         return
