@@ -213,7 +213,7 @@ NOT_JOB_FILES = {
     "evolve/harnesses.py:Harnesses.files": "a harness checkout",
     "evolve/final_run.py:run_final": "writes final.json and final.md in the run directory",
     "evolve/landscape.py:backtests": "appends the table's backtests.jsonl (the builder's record)",
-    "evolve/landscape.py:build": "appends the table's rows.jsonl (the builder's record)",
+    "evolve/landscape.py:build.record": "appends the table's rows.jsonl (the builder's record)",
     "evolve/landscape.py:changed_knobs": "harness directories the builder or the controller wrote",
     "evolve/landscape.py:content_key": "harness directories the builder or the controller wrote",
     "evolve/landscape.py:read_backtests": "the table's records, written by the builder",
