@@ -11,7 +11,7 @@ printed above the live area. Off a terminal (a log file, a pipe) the live area i
 training prints a line at each quarter of its steps instead, with the time taken and an
 estimate of the time left, and the base's SFT a line every 100 steps:
 
-      trial 2 v2 [raise_temperature]: step 150 of 300 (50%), 0:00:41, about 0:00:41 left
+      training v2: 150 steps x 2 seeds: step 150 of 300 (50%), 0:00:55, about 0:00:55 left
 """
 from __future__ import annotations
 

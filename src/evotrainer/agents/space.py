@@ -256,7 +256,6 @@ def _as_tuple(v):
     return tuple(v) if isinstance(v, (list, tuple)) else v
 
 
-
 def implementations(slot: str, files: Mapping[str, str]) -> dict[str, str]:
     """Name -> first docstring line of every implementation a harness may name for `slot`:
     the package's registry, then the functions the parent's slot file defines (parsed, not
