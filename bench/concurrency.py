@@ -78,7 +78,7 @@ def search(raw: dict, n: int, executor: str, out: Path) -> dict:
     if executor == "ray":
         raw["ray"] = {"address": "local", "num_cpus": 1}
     cfg = config_from_dict(raw).validate()
-    setup.base_checkpoint(cfg, get_task(cfg.task, cfg.level), None, lambda kind, d: None)  # built (or cached) untimed
+    setup.base_checkpoint(cfg, get_task(cfg.task, cfg.level), None, lambda event: None)  # built (or cached) untimed
     cores = os.cpu_count() or 1
     cpu0, t0 = busy_cpu_seconds(), time.time()
     ctl = Controller(cfg, run, on_event=lambda e: isinstance(e, TrialRecord) and print(

@@ -252,7 +252,7 @@ def trainer(name: str, workers: int = 2) -> tuple[dict, Training, Path]:
         os.chmod(here.parent, 0o700)
         with os.fdopen(os.open(here, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
             fh.write((out / KEY).read_text().strip())
-    base = setup.base_checkpoint(cfg, task, None, lambda kind, d: None)
+    base = setup.base_checkpoint(cfg, task, None, lambda event: None)
     task.use_key(split_key(Path(base).name))
     meta_path = out / "meta.json"
     key, weights = key_digest(task.key), weights_digest(Path(base))

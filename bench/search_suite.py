@@ -345,7 +345,7 @@ def same_base(cfg, out: Path) -> str:
     this machine's split key: which held-out problems are validation and test follows a random
     key made once per cache (tasks/keys.py), so another machine's records were scored on other
     problems, and searches or replays added here would not compare with them."""
-    base = setup.base_checkpoint(cfg, get_task(cfg.task, cfg.level), None, lambda kind, d: None)
+    base = setup.base_checkpoint(cfg, get_task(cfg.task, cfg.level), None, lambda event: None)
     here = key_digest(split_key(Path(base).name))
     for done in sorted(out.glob("*-r*/search.json")):
         recorded = json.loads(done.read_text())["base"]
@@ -372,7 +372,7 @@ def headroom(config_path: Path, seeds: list[int], out: Path) -> str:
     out = out / config_path.stem
     cfg = config_from_dict(config(raw, "greedy", 0, out)).validate()
     task = get_task(cfg.task, cfg.level)
-    base = setup.base_checkpoint(cfg, task, None, lambda kind, d: None)
+    base = setup.base_checkpoint(cfg, task, None, lambda event: None)
     root = Path(cfg.harness or REFERENCE)
     name, arm, val = tuned(raw, root, base, out)
     scores = replays(cfg, {"default": Arm((str(root),), cfg.budget.total_steps), "tuned": arm}, base, seeds, out,
