@@ -139,6 +139,24 @@ def counts(cells: list[Verdict]) -> Agreement:
                      rejected_lost=sum(not c.passed and c.gain <= 0 for c in judged))
 
 
+def bottleneck(rows: dict[str, Row]) -> str:
+    """What limits the default recipe on this task: the health report's critical findings on
+    the root, each with the share of the pool's seeds that raised it and its median value. A
+    suite task is chosen for a bottleneck of its own, so that its best changes differ."""
+    root = rows["root"]
+    raised: dict[str, list[float]] = {}
+    for findings in root.findings.values():
+        for f in findings:
+            if f["severity"] == "critical":
+                raised.setdefault(f["diagnostic"], []).append(f["value"])
+    if not raised:
+        return "The root's bottleneck: no critical finding on any seed."
+    n = len(root.findings) or 1
+    parts = [f"`{d}` on {len(v)} of {n} seeds (median {statistics.median(v):.2f})"
+             for d, v in sorted(raised.items(), key=lambda kv: -len(kv[1]))]
+    return "The root's bottleneck (critical findings): " + ", ".join(parts) + "."
+
+
 def agreement(rows: dict[str, Row], bts: dict[str, dict[int, dict]]) -> str:
     """The backtest against training: each move's verdict on each seed's root rollouts beside
     its trained gain over the root (validation points, mean over the pool). A move "gains" where
@@ -314,7 +332,7 @@ def main() -> None:
         args.show = True
     if args.show:
         rows = read_rows(out / ROWS)
-        print(table_md(rows) + "\n\n" + agreement(rows, read_backtests(out / BACKTESTS)))
+        print(table_md(rows) + "\n\n" + bottleneck(rows) + "\n\n" + agreement(rows, read_backtests(out / BACKTESTS)))
         return
     t0 = time.time()
     raw, training, root = trainer(args.task, args.workers)
