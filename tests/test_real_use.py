@@ -77,6 +77,7 @@ from evotrainer.tasks import Problem, Task
 class AnyDigit(Task):
     """Prompts 'say N:'; the verifier gives full credit to any completion holding a digit."""
     name, levels, target_level, max_new_tokens = "any_digit", (1,), 1, 6
+    split_size = 64  # held-out problems each for validation and test: a plumbing check, not a score
 
     def generate(self, rng, level):
         n = rng.randrange(10 ** 6)
