@@ -47,10 +47,13 @@ def first_step(task: str, out: Path, limit_s: float) -> dict:
                              "--out", str(run)], stdout=subprocess.DEVNULL, stderr=log, env=env,
                             start_new_session=True)
     first = finished = None
-    while proc.poll() is None and time.perf_counter() - t0 < limit_s:
-        metrics = run / "metrics.jsonl"
+    metrics = run / "metrics.jsonl"
+    while True:
+        ended = proc.poll() is not None  # read before the metrics: a run that ended between polls is still seen
         if first is None and metrics.exists() and metrics.read_text().strip():
             first = time.perf_counter() - t0
+        if ended or time.perf_counter() - t0 >= limit_s:
+            break
         time.sleep(0.5)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
