@@ -6,13 +6,7 @@ venv=${1:?usage: setup-venv.sh VENV [EXTRAS]}
 extras=${2:-}
 cd "$(dirname "$0")/.."
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-pip=("$venv/bin/python" -m pip install -q --no-compile)
-"${pip[@]}" --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-"${pip[@]}" -c constraints-cpu.txt "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
-"${pip[@]}" -c constraints-cpu.txt -e ".${extras:+[$extras]}" 2>&1 | grep -v "^WARNING: Location" || true
-# bytecode for every installed module, on every core at once: pip compiles one file at a time,
-# which was two thirds of the install (--no-compile above); a file that does not compile (a
-# template shipped as .py) is left as pip leaves it
-"$venv/bin/python" -m compileall -q -j 0 "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-  >/dev/null 2>&1 || true
+"$venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+"$venv/bin/python" -m pip install -q -c constraints-cpu.txt "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
+"$venv/bin/python" -m pip install -q -c constraints-cpu.txt -e ".${extras:+[$extras]}" 2>&1 | grep -v "^WARNING: Location" || true
 "$venv/bin/python" -c "import evotrainer, torch; print('evotrainer', evotrainer.__version__, 'torch', torch.__version__)"
