@@ -141,7 +141,7 @@ def counts(cells: list[Verdict]) -> Agreement:
 
 def bottleneck(rows: dict[str, Row]) -> str:
     """What limits the default recipe on this task: the health report's critical findings on
-    the root, each with the share of the pool's seeds that raised it and its median value. A
+    the root, each with how many of the pool's seeds raised it and its median value. A
     suite task is chosen for a bottleneck of its own, so that its best changes differ."""
     root = rows["root"]
     raised: dict[str, list[float]] = {}
@@ -151,8 +151,7 @@ def bottleneck(rows: dict[str, Row]) -> str:
                 raised.setdefault(f["diagnostic"], []).append(f["value"])
     if not raised:
         return "The root's bottleneck: no critical finding on any seed."
-    n = len(root.findings) or 1
-    parts = [f"`{d}` on {len(v)} of {n} seeds (median {statistics.median(v):.2f})"
+    parts = [f"`{d}` on {len(v)} of {len(root.findings)} seeds (median {statistics.median(v):.2f})"
              for d, v in sorted(raised.items(), key=lambda kv: -len(kv[1]))]
     return "The root's bottleneck (critical findings): " + ", ".join(parts) + "."
 
