@@ -4,6 +4,7 @@ task and strategy, in minutes instead of days.
     .venv/bin/python bench/simulate.py arith3-weak --trials 8 16
     .venv/bin/python bench/simulate.py arith3-weak --fill      # train what the table lacks (this
                                                              # machine must hold the table's base)
+    .venv/bin/python bench/simulate.py chain_sum-weak --real 3 --trials 8   # out of the box for real
 
 Each replicate runs the real controller, agents, population and gate against the table
 results/landscape/TASK/ (bench/landscape.py builds it), on two seeds of the table's pool
@@ -22,7 +23,9 @@ reward x group size), in an order drawn per replicate, each on the run's two see
 mean validation accuracy, the root's included, wins.
 
 Records: results/simulate/TASK.json (every replicate, by strategy and budget, written as
-each finishes: a stopped simulation goes on from them) and TASK.md (the table).
+each finishes: a stopped simulation goes on from them) and TASK.md (the table); a fill's
+in TASK-fill.json/md, the real runs' in TASK-real.json/md and TASK-real/ (each search, with
+its winner's harness files).
 """
 from __future__ import annotations
 
@@ -47,8 +50,9 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from evotrainer.evolve.simulate import Replicate, Table, draw, simulate  # noqa: E402
-from evotrainer.evolve.stats.paired import t_interval  # noqa: E402
-from landscape import OUT as TABLES, trainer  # noqa: E402
+from evotrainer.evolve.segments.retrain import Arm, retrain  # noqa: E402
+from evotrainer.evolve.stats.paired import crossed_t_interval, paired_differences, t_interval  # noqa: E402
+from landscape import FRESH, OUT as TABLES, trainer  # noqa: E402
 from search_suite import STRATEGIES  # noqa: E402
 
 OUT = ROOT / "results" / "simulate"
@@ -155,10 +159,14 @@ def report(task: str, table: Table, results: dict[tuple[str, int], list[Replicat
 def real(task: str, table: Table, name: str, seeds: tuple[int, ...], trials: int) -> dict:
     """The same search for real: the controller trains (reusing the table's segment cache, so
     what the table holds is not trained again) and the evaluator scores; its record is kept in
-    OUT/TASK-real/NAME-TRIALS-SEEDS.json and read back, not redone."""
+    OUT/TASK-real/NAME-TRIALS-SEEDS.json, with the winner's harness files beside it, and read
+    back, not redone. The winner is named by its table row, or `reached-KEY` where the table
+    lacks it (the name a fill gives it)."""
     from evotrainer.config import config_from_dict
     from evotrainer.evolve.controller import Controller
-    done = OUT / f"{task}-real" / f"{name}-{trials}-{'-'.join(map(str, seeds))}.json"
+    from evotrainer.evolve.landscape import content_key
+    stem = f"{name}-{trials}-{'-'.join(map(str, seeds))}"
+    done = OUT / f"{task}-real" / f"{stem}.json"
     if done.exists():
         return json.loads(done.read_text())
     strategy = RUN[name]
@@ -166,17 +174,28 @@ def real(task: str, table: Table, name: str, seeds: tuple[int, ...], trials: int
            "cache": str((TABLES / task / "segment-cache").resolve()), "harness": str(table.root_dir)}
     raw["search"] = {**raw.get("search", {}), **strategy["search"], "skills": None}
     raw["budget"] = {**raw["budget"], "trials": trials}
-    run_dir = OUT / "runs" / f"{task}-{name}-{trials}-{'-'.join(map(str, seeds))}"  # not kept by git
+    run_dir = OUT / "runs" / f"{task}-{stem}"  # not kept by git
     t = time.time()
     ctl = Controller(config_from_dict(raw).validate(), run_dir)
     ctl.run()
-    _, versions, _ = ctl.winner_schedule()
-    row = table.row_for(ctl.harnesses.dir(versions[-1])) or table.root
+    label, versions, _ = ctl.winner_schedule()
+    harness = ctl.harnesses.dir(versions[-1])
+    key = content_key(harness)
+    row = table.by_key.get(key)
     trials_done = [t for t in ctl.store.trials() if t.parents]
-    rec = {"strategy": name, "seeds": list(seeds), "trials": trials, "winner": row.name, "seconds": round(time.time() - t),
+    made = {t.version: t for t in trials_done if t.version}
+    moves, v = [], versions[-1]
+    while v in made:  # the winner's path from the root, first move first
+        moves.insert(0, made[v].intervention)
+        v = made[v].parents[0]
+    kept = done.parent / stem
+    done.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(kept, ignore_errors=True)
+    shutil.copytree(harness, kept, ignore=shutil.ignore_patterns("__pycache__", ".git"))
+    rec = {"strategy": name, "seeds": list(seeds), "trials": trials, "winner": row.name if row else f"reached-{key}",
+           "version": label, "moves": moves, "harness": kept.name, "seconds": round(time.time() - t),
            "labels": [t.label for t in trials_done], "interventions": [t.intervention for t in trials_done],
            "first_kept": next((t.id for t in trials_done if t.label == "kept"), None)}
-    done.parent.mkdir(parents=True, exist_ok=True)
     done.write_text(json.dumps(rec, indent=2) + "\n")
     return rec
 
@@ -196,6 +215,48 @@ def validate(task: str, table: Table, names: list[str], draws: int, trials: int)
             lines.append(f"| {name} | {list(sim.seeds)} | {rec['winner']} | {sim.winner} | "
                          f"{rec['first_kept']}, {sim.first_kept} | {alike} of {len(rec['labels'])} |")
     return "\n".join(lines)
+
+
+def real_runs(task: str, table: Table, replicates: int, trials: int, fresh: list[int]) -> tuple[str, dict]:
+    """The out-of-the-box strategy for real, as a user runs it: `replicates` searches of
+    `trials` trials on disjoint seed pairs of the pool ((0, 1), (2, 3), ...), then each winner,
+    the default recipe (the root) and the tuned one (the sweep's best by validation on the
+    pool) retrained from the base on `fresh` seeds no search saw (the segment cache reuses what
+    --fresh trained). Test gains are paired by fresh seed; the interval over replicates and
+    seeds is crossed (both random: every winner is replayed on the same seeds)."""
+    recs = [real(task, table, "out-of-the-box", (2 * r, 2 * r + 1), trials) for r in range(replicates)]
+    _, training, _ = trainer(task)
+    steps, best_tuned = training.cfg.budget.total_steps, tuned(table)
+    arms = {"root": Arm((str(table.root_dir),), steps),
+            best_tuned: Arm((str(table.root_dir.parent / best_tuned),), steps)}
+    for rec in recs:  # one arm per distinct winner: a winner two searches share trains once
+        arms.setdefault(rec["winner"], Arm((str(OUT / f"{task}-real" / rec["harness"]),), steps))
+    rep = retrain(training.task, training.base, arms, fresh, TABLES / task / "fresh", evaluation=training.cfg.evaluation,
+                  timeout_s=training.cfg.budget.trial_timeout_s, workers=2, runtime=training.runtime,
+                  cache=training.cache)
+    test = {n: {s: 100 * rep.scores[n][s]["test"] for s in fresh} for n in arms}
+    lines = [f"## {task}: the out-of-the-box strategy for real ({replicates} searches of {trials} trials; "
+             f"winners retrained on fresh seeds {fresh[0]}-{fresh[-1]}; test %)", "",
+             "| search seeds | winner | its changes | trials kept | first kept | seconds | test % | − default | "
+             "− tuned |", "|---|---|---|---|---|---|---|---|---|"]
+    for rec in recs:
+        w = test[rec["winner"]]
+        kept = [i for i, lab in zip(rec["interventions"], rec["labels"]) if lab == "kept"]
+        lines.append(f"| {rec['seeds']} | {rec['winner']} | {', '.join(rec['moves']) or '(the root)'} | "
+                     f"{', '.join(kept) or 'none'} | {rec['first_kept'] or '–'} | {rec['seconds']} | "
+                     f"{statistics.fmean(w.values()):.1f} | {ci(paired_differences(w, test['root']))} | "
+                     f"{ci(paired_differences(w, test[best_tuned]))} |")
+    summary = {}
+    for ref in ("root", best_tuned):
+        diffs = [paired_differences(test[rec["winner"]], test[ref]) for rec in recs]
+        lo, hi = crossed_t_interval(diffs)
+        summary[ref] = (statistics.fmean(map(statistics.fmean, diffs)), lo, hi)
+    lines += ["", f"Default (root) {statistics.fmean(test['root'].values()):.1f}%, tuned ({best_tuned}) "
+              f"{statistics.fmean(test[best_tuned].values()):.1f}%. Out of the box − default: "
+              "{0:+.1f} [{1:+.1f}, {2:+.1f}]; − tuned: {3:+.1f} [{4:+.1f}, {5:+.1f}] "
+              "(crossed over searches and seeds).".format(*summary["root"], *summary[best_tuned])]
+    return "\n".join(lines), {"fresh": fresh, "tuned": best_tuned, "searches": recs, "test": test,
+                              "minus_default": summary["root"], "minus_tuned": summary[best_tuned]}
 
 
 def transfer(task: str, table: Table, sources: list[str], replicates: int, budgets: list[int],
@@ -259,7 +320,19 @@ def main() -> None:
     ap.add_argument("--transfer-from", nargs="+", default=[], metavar="TABLE",
                     help="the skill library's transfer: a library from out-of-the-box searches on these tables, "
                          "the task's searches at --trials with it and without (records: TASK-transfer.json/md)")
+    ap.add_argument("--real", type=int, default=0, metavar="SEARCHES",
+                    help="the out-of-the-box strategy for real at the first --trials, its winners retrained on "
+                         "--fresh-seeds seeds (records: TASK-real.json/md)")
+    ap.add_argument("--fresh-seeds", type=int, default=5, help=f"--real's fresh seeds: {FRESH}, {FRESH + 1}, ...")
     args = ap.parse_args()
+    if args.real:
+        text, rec = real_runs(args.task, Table.load(TABLES / args.task), args.real, args.trials[0],
+                              list(range(FRESH, FRESH + args.fresh_seeds)))
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / f"{args.task}-real.json").write_text(json.dumps(rec) + "\n")
+        (OUT / f"{args.task}-real.md").write_text(text + "\n")
+        print(text)
+        return
     if args.transfer_from:
         text, reps = transfer(args.task, Table.load(TABLES / args.task), args.transfer_from, args.replicates, args.trials)
         OUT.mkdir(parents=True, exist_ok=True)
@@ -276,7 +349,9 @@ def main() -> None:
         return
     settings = dict(setting(s) for s in args.settings)
     table = with_settings(table, settings)
-    stem = args.task + "".join(f"-{s}" for s in sorted(args.settings))
+    # a fill's searches see a table that grows as they run: their record is one of its own
+    # (TASK-fill), so the finished cells of the table's own record neither stop it nor mix with it
+    stem = args.task + "".join(f"-{s}" for s in sorted(args.settings)) + ("-fill" if fill else "")
     cells = [(name, trials) for trials in args.trials for name in args.strategies]
     record = OUT / f"{stem}.json"
     done = {k: v for k, v in (json.loads(record.read_text()).get("cells", {}) if record.exists() else {}).items()
