@@ -81,6 +81,28 @@ def test_argparse_errors_are_one_line_too(capsys):
 
 
 @pytest.mark.slow
+def test_help_of_the_cli_and_of_every_command_prints_and_exits_0(capsys):
+    """`evotrainer --help` is a new user's first command: argparse formats each help text with
+    %, so a stray one ("95% intervals") fails the whole listing with a traceback."""
+    import argparse
+    from evotrainer.cli import build_parser, main
+
+    def commands(parser, path=()):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield (*path, name)
+                    yield from commands(sub, (*path, name))
+
+    every = list(commands(build_parser()))
+    assert {("run",), ("screen",), ("skills", "list")} <= set(every)
+    for argv in [(), *every]:
+        with pytest.raises(SystemExit) as exit:
+            main([*argv, "--help"])
+        out, err = capsys.readouterr()
+        assert exit.value.code == 0 and out.startswith("usage: evotrainer") and "Traceback" not in err, argv
+
+
 def test_train_command_end_to_end_prints_summary_json_last(tmp_path, ckpt):
     out_dir = tmp_path / "run"
     summary = cli("train", "--task", "arith", "--steps", 3, "--seed", 1, "--out", out_dir, "--model", ckpt,

@@ -1,4 +1,4 @@
-"""One entry point: `evotrainer pretrain | train | evaluate | diagnose | backtest | replay | screen | run | resume | status | lineage`.
+"""RL of a language model that evolves its training harness as it trains (`evotrainer COMMAND --help`).
 
 Bad input (unknown task or slot, malformed knobs, missing checkpoint) prints one line
 naming the problem and the valid choices and exits with code 2, without a traceback.
@@ -543,7 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print the run's status as one JSON line on stdout at the end")
     sp.set_defaults(fn=cmd_run)
     sp = sub.add_parser("screen", help="every single change from the root harness, each trained from the base on "
-                        "the config's seeds: gains over the root with 95% intervals (OUT/screen.md)")
+                        "the config's seeds: gains over the root with 95%% intervals (OUT/screen.md)")
     sp.add_argument("config", type=Path, help="run config (YAML): its task, model, root harness, steps and seeds")
     sp.add_argument("--out", type=Path, required=True, help="the screen's directory (run it again to go on)")
     sp.add_argument("--moves", default="catalog", help="catalog: the named, literature-backed changes; all: the "
