@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, Sequence
 
 from evotrainer.agents import AgentContext, AgentFailed, Escalation, Proposal
 from evotrainer.config import RunConfig
@@ -24,7 +24,7 @@ from evotrainer.evolve.search.view import RunView
 from evotrainer.evolve.segments.state import State
 from evotrainer.evolve.segments.training import Training
 from evotrainer.labels import Label
-from evotrainer.lineage.events import ParentExhausted, Stopped
+from evotrainer.lineage.events import ControllerRevised, ParentExhausted, Stopped
 from evotrainer.skills import SkillLibrary
 from evotrainer.tasks.base import Task
 
@@ -126,7 +126,7 @@ class Proposer:
         self.recorder.record(revised)
         self.write_policy(self.recorder.look().revisions)
 
-    def write_policy(self, revisions) -> None:
+    def write_policy(self, revisions: Sequence[ControllerRevised]) -> None:
         """RUN/controller/policy.yaml and one file per revision (a resume rewrites what a kill cut off)."""
         search_policy.write_files(self.recorder.run_dir / "controller", self.initial_policy, revisions)
 
