@@ -136,10 +136,10 @@ def report(task: str, table: Table, results: dict[tuple[str, int], list[Replicat
         return r.gain - statistics.fmean(100 * (table.rows[best_tuned].test[s] - table.root.test[s]) for s in r.fresh)
     top = max((r for r in table.rows.values() if r.val and r.kind != "replica"),
               key=lambda r: statistics.fmean(r.test.values()))
+    top_gain = 100 * (statistics.fmean(top.test.values()) - statistics.fmean(table.root.test.values()))
     lines = [f"## {task}: {len(table.rows)} rows, seeds {table.seeds}", "",
              f"Tuned recipe: `{best_tuned}`; the table's best test entry: `{top.name}` "
-             f"({100 * (statistics.fmean(top.test.values()) - statistics.fmean(table.root.test.values())):+.1f} "
-             "test points over the root on the whole pool).", "",
+             f"({top_gain:+.1f} test points over the root on the whole pool).", "",
              "| strategy | trials | replicates (draws) | test − default | − tuned | winners (most common) | "
              "first kept (median) |", "|---|---|---|---|---|---|---|"]
     for (name, trials), reps in results.items():
@@ -153,7 +153,31 @@ def report(task: str, table: Table, results: dict[tuple[str, int], list[Replicat
                      f"{ci(by_draw(reps, lambda r: r.gain))} | {ci(by_draw(reps, vs_tuned))} | {common} | {first} |")
     lines += ["", f"Versions the table lacked: {table.filled} trained and added, {lacked[0]} predicted "
               f"as their best move, {lacked[1]} misses."]
-    return "\n".join(lines)
+    return "\n".join(lines + versus(results, top_gain))
+
+
+def versus(results: dict[tuple[str, int], list[Replicate]], top_gain: float, ours: str = "out-of-the-box") -> list[str]:
+    """The out-of-the-box strategy against every other at each budget: test gain paired by
+    replicate (the same seed draws), averaged per draw, 95% t over draws; and the share of the
+    gap between the default and the table's best entry it recovers."""
+    budgets = sorted({t for n, t in results if n == ours})
+    others = [n for n, _ in results if n != ours]
+    if not budgets or not others:
+        return []
+    lines = ["", f"{ours} against each strategy, test points paired by replicate (95% t over seed draws); "
+             f"the share of the gap to the table's best entry ({top_gain:+.1f}) it recovers:", "",
+             "| trials | " + " | ".join(f"− {n}" for n in dict.fromkeys(others)) + " | gap recovered |",
+             "|---|" + "---|" * (len(dict.fromkeys(others)) + 1)]
+    for t in budgets:
+        mine = {r.replicate: r for r in results[(ours, t)]}
+        cells = []
+        for n in dict.fromkeys(others):
+            theirs = {r.replicate: r for r in results.get((n, t), [])}
+            pairs = [replace(mine[k], gain=mine[k].gain - theirs[k].gain) for k in mine if k in theirs]
+            cells.append(ci(by_draw(pairs, lambda r: r.gain)) if pairs else "–")
+        share = statistics.fmean(r.gain for r in mine.values()) / top_gain if top_gain > 0 else float("nan")
+        lines.append(f"| {t} | " + " | ".join(cells) + f" | {100 * share:.0f}% |")
+    return lines
 
 
 def real(task: str, table: Table, name: str, seeds: tuple[int, ...], trials: int) -> dict:
