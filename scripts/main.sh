@@ -6,7 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh .venv report
-unset PYTHONDONTWRITEBYTECODE  # modules compile on first import, once (setup-venv.sh)
 out="runs/quickstart-$(date +%Y%m%d-%H%M%S)"
 .venv/bin/evotrainer run configs/quickstart.yaml --out "$out"
 .venv/bin/evotrainer lineage "$out"

@@ -17,13 +17,10 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
   apt_job=$!
 fi
 bash scripts/setup-venv.sh .venv-test dev
-# the install leaves most modules to compile on first import (setup-venv.sh): each compiles
-# once, into the environment, only where Python may write bytecode
-unset PYTHONDONTWRITEBYTECODE
 # OpenEnv's Environment API for the openenv adapter's tests, without its web UI: openenv-core
 # requires gradio (a minute and 300 MB more to install), which it imports only where present;
 # its interfaces import fastapi and fastmcp (the dev extra; fastmcp 3, since verifiers 0.2 needs mcp < 2)
-.venv-test/bin/python -m pip install -q --no-compile --no-deps "openenv-core>=0.3,<0.4" 2>&1 | grep -v "^WARNING: Location" || true
+.venv-test/bin/python -m pip install -q --no-deps "openenv-core>=0.3,<0.4" 2>&1 | grep -v "^WARNING: Location" || true
 pip_s=$((SECONDS - start))
 if [ -n "$apt_job" ]; then wait "$apt_job"; fi
 # what bounds the install (the two run side by side): said once, before the tests
