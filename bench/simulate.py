@@ -161,17 +161,17 @@ def versus(results: dict[tuple[str, int], list[Replicate]], top_gain: float, our
     replicate (the same seed draws), averaged per draw, 95% t over draws; and the share of the
     gap between the default and the table's best entry it recovers."""
     budgets = sorted({t for n, t in results if n == ours})
-    others = [n for n, _ in results if n != ours]
+    others = list(dict.fromkeys(n for n, _ in results if n != ours))  # in the record's order, once each
     if not budgets or not others:
         return []
     lines = ["", f"{ours} against each strategy, test points paired by replicate (95% t over seed draws); "
-             f"the share of the gap to the table's best entry ({top_gain:+.1f}) it recovers:", "",
-             "| trials | " + " | ".join(f"− {n}" for n in dict.fromkeys(others)) + " | gap recovered |",
-             "|---|" + "---|" * (len(dict.fromkeys(others)) + 1)]
+             f"the share of the gap to the table's best entry ({top_gain:+.1f}) it recovers (its mean over replicates):",
+             "", "| trials | " + " | ".join(f"− {n}" for n in others) + " | gap recovered |",
+             "|---|" + "---|" * (len(others) + 1)]
     for t in budgets:
         mine = {r.replicate: r for r in results[(ours, t)]}
         cells = []
-        for n in dict.fromkeys(others):
+        for n in others:
             theirs = {r.replicate: r for r in results.get((n, t), [])}
             pairs = [replace(mine[k], gain=mine[k].gain - theirs[k].gain) for k in mine if k in theirs]
             cells.append(ci(by_draw(pairs, lambda r: r.gain)) if pairs else "–")
