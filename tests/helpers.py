@@ -118,6 +118,15 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
     return code, out, err
 
 
+def here(capsys, *argv, code: int = 0) -> "Ran":
+    """`cli` in this process, for a test whose subject is not the command line itself: the
+    same exit-code check and output, without a new interpreter importing torch and
+    transformers (about 6 s a call). Training and evaluation still run in their workers."""
+    got, out, err = run_cli(capsys, *argv)
+    assert got == code, err[-3000:]
+    return Ran(out, err)
+
+
 def start_cli(*args, **popen) -> subprocess.Popen:
     """`python -m evotrainer.cli ARGS` started as a user starts it: no stdin, in a session of its
     own (a test may kill it and its workers as one group), with this process's sys.path (a

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import worker_targets
 import yaml
-from helpers import agent_context, cli, start_cli
+from helpers import agent_context, cli, here, start_cli
 
 from evotrainer.agents.rules import candidates
 from evotrainer.evolve.search import specialists
@@ -69,9 +69,9 @@ def _config(cfg: Path, trials: int) -> Path:
 
 
 @pytest.mark.slow
-def test_two_trials_in_flight_from_different_specialists_each_recorded_once(tiny_run):
+def test_two_trials_in_flight_from_different_specialists_each_recorded_once(tiny_run, capsys):
     cfg, run = tiny_run
-    cli("run", _config(cfg, 4), "--out", run, "--json")
+    here(capsys, "run", _config(cfg, 4), "--out", run, "--json")
     store = LineageStore(run / "lineage.sqlite")
     trials, starts = store.trials(), store.events(TrialStarted)
     controls = store.events(ControlFinished)
@@ -97,7 +97,7 @@ def test_two_trials_in_flight_from_different_specialists_each_recorded_once(tiny
     assert "Trials over time" in html and 'class="timeline"' in html and "1 and 2" in html
     # what each proposal read off the blackboard, in the report and in `lineage`
     assert "proposed while #1 ran" in html
-    assert "proposed while #1 ran" in cli("lineage", run).err  # (the tree is for people: stderr)
+    assert "proposed while #1 ran" in here(capsys, "lineage", run).err  # (the tree is for people: stderr)
 
 
 def test_every_catalog_and_space_move_reaches_only_its_own_familys_surface():

@@ -168,6 +168,7 @@ def test_planted_length_reward_is_stopped_by_the_backtest_and_without_it_by_the_
     raw["budget"] |= {"trials": 1, "steps_per_segment": 10, "total_steps": 20}
     raw["model"] = str(sft_base)
     raw["final_seeds"] = []
+    raw["cache"] = str(run / "segment-cache")  # the gate-only run's root is the guarded run's: trained once
     root = Path(raw["harness"])
     (root / "knobs.yaml").write_text((root / "knobs.yaml").read_text().replace("prompts_per_step: 4",
                                                                               "prompts_per_step: 16"))
@@ -202,7 +203,8 @@ def test_unplanted_partial_credit_on_a_longer_target_is_invalid(tmp_path, sft_ba
                             "search": {"skills": None},
                             "model": str(sft_base),  # trained on 1-digit sums only
                             "budget": {"trials": 1, "steps_per_segment": 30, "total_steps": 60,
-                                       "trial_timeout_s": 300}, "evaluation": {"every": 15}}).validate()
+                                       "trial_timeout_s": 300}, "evaluation": {"every": 15},
+                            "promotion": {"replicas": 1}}).validate()  # a blocking finding decides, not the noise
     ctl = Controller(cfg, tmp_path / "run")
     with fixed_keys():
         ctl.run()

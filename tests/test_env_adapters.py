@@ -17,7 +17,7 @@ from evotrainer.catalog import get_task
 from evotrainer.envs.base import FAIL, SUCCESS, TURN_CAP
 from evotrainer.errors import UsageError
 from evotrainer.harness.actions import ACTION_PARSERS
-from helpers import cli, write_harness
+from helpers import here, write_harness
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SMALL = "max_turns=2&turn_tokens=24&split_size=8"  # plumbing on a CPU: short episodes, 8 held-out problems a split
@@ -35,11 +35,11 @@ def calculator_rows(path: Path, n: int = 400) -> Path:
     return path
 
 
-def train_two_steps(tmp_path: Path, spec: str, model: str) -> tuple[dict, list[dict]]:
+def train_two_steps(capsys, tmp_path: Path, spec: str, model: str) -> tuple[dict, list[dict]]:
     """`evotrainer train` on SPEC for 2 steps (embedded backend, a 4x4 harness): its summary and
     evidence records."""
     out = tmp_path / "train"
-    summary = cli("train", "--task", spec, "--model", model, "--harness", write_harness(tmp_path / "h"),
+    summary = here(capsys, "train", "--task", spec, "--model", model, "--harness", write_harness(tmp_path / "h"),
                   "--steps", 2, "--eval-every", 2, "--out", out).json
     return summary, [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
 
@@ -115,10 +115,10 @@ def test_an_environment_without_demonstrations_asks_for_a_model_in_one_line(tmp_
 
 
 @pytest.mark.slow
-def test_a_trl_environment_trains_with_the_embedded_backend(tmp_path, tiny_qwen):
+def test_a_trl_environment_trains_with_the_embedded_backend(tmp_path, tiny_qwen, capsys):
     rows = calculator_rows(tmp_path / "rows.jsonl")
     spec = f"trl-env:{FIXTURES / 'trl_envs.py'}:Calculator?data={rows}&{SMALL}"
-    summary, records = train_two_steps(tmp_path, spec, tiny_qwen)
+    summary, records = train_two_steps(capsys, tmp_path, spec, tiny_qwen)
     assert records and all(r["turns"] >= 1 and r["stop"] in (SUCCESS, FAIL, TURN_CAP, "token_cap") for r in records)
     assert all(r["score"] in (0.0, 1.0) for r in records)       # the environment's get_reward(), the score
     assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1  # the evaluator played held-out rows
@@ -168,10 +168,10 @@ def test_a_textarena_game_for_two_players_or_an_unknown_game_is_one_error():
 
 
 @pytest.mark.slow
-def test_a_textarena_game_trains_with_the_embedded_backend(tmp_path, tiny_qwen):
+def test_a_textarena_game_trains_with_the_embedded_backend(tmp_path, tiny_qwen, capsys):
     pytest.importorskip("textarena")
     spec = f"textarena:GuessTheNumber-v0?{SMALL}"
-    summary, records = train_two_steps(tmp_path, spec, tiny_qwen)
+    summary, records = train_two_steps(capsys, tmp_path, spec, tiny_qwen)
     assert records and all(r["prompt"].startswith("[GAME] You are Player 0") for r in records)  # reset's, not the seed
     assert all(0.0 <= r["score"] <= 1.0 and r["turns"] >= 1 for r in records)
     assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1
@@ -231,10 +231,10 @@ def test_a_verifiers_spec_that_is_not_an_environment_is_one_error():
 
 
 @pytest.mark.slow
-def test_a_verifiers_env_trains_with_the_embedded_backend(tmp_path, tiny_qwen):
+def test_a_verifiers_env_trains_with_the_embedded_backend(tmp_path, tiny_qwen, capsys):
     pytest.importorskip("verifiers")
     spec = verifiers_spec("load_tools", SMALL)
-    summary, records = train_two_steps(tmp_path, spec, tiny_qwen)
+    summary, records = train_two_steps(capsys, tmp_path, spec, tiny_qwen)
     assert records and all(r["prompt"].startswith("user: What is") and r["turns"] >= 1 for r in records)
     assert all(r["score"] in (0.0, 1.0) for r in records)   # the rubric's reward
     assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1
@@ -314,9 +314,9 @@ def test_an_openenv_spec_that_is_not_an_environment_or_has_no_action_class_is_on
 
 
 @pytest.mark.slow
-def test_an_openenv_environment_trains_with_the_embedded_backend(tmp_path, tiny_qwen):
+def test_an_openenv_environment_trains_with_the_embedded_backend(tmp_path, tiny_qwen, capsys):
     pytest.importorskip("openenv")
-    summary, records = train_two_steps(tmp_path, openenv_spec("GuessNumber", SMALL), tiny_qwen)
+    summary, records = train_two_steps(capsys, tmp_path, openenv_spec("GuessNumber", SMALL), tiny_qwen)
     assert records and all(r["prompt"].startswith("I picked an integer") for r in records)  # reset's, not the seed
     assert all(r["score"] in (0.0, 1.0) and r["turns"] >= 1 for r in records)
     assert 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1

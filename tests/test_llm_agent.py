@@ -155,6 +155,7 @@ def test_a_run_with_the_llm_agent_goes_on_past_every_failure_and_its_lineage_sho
     raw |= {"agent": "llm", "llm": {"base_url": server.url, "model": "scripted", "timeout_s": 1, "max_retries": 0,
                                     "repair_turns": 1}}
     raw["budget"]["trials"] = 6
+    raw["final_seeds"] = []  # the final comparison is tested elsewhere; nothing here reads it
     cfg.write_text(yaml.safe_dump(raw))
     assert main(["run", str(cfg), "--out", str(run), "--json"]) == 0
     st = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

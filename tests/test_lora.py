@@ -6,7 +6,7 @@ import torch
 import yaml
 from safetensors import safe_open
 
-from helpers import DIGITS, cli, readable, write_harness
+from helpers import DIGITS, here, readable, write_harness
 from evotrainer.catalog import get_task
 from evotrainer.config import config_from_dict
 from evotrainer.errors import UsageError
@@ -190,11 +190,11 @@ def test_gradient_checkpointing_gives_the_update_it_gives_without(tmp_path, peak
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["embedded", "trl"])
 def test_lora_trains_with_each_backend_its_reward_rises_and_checkpoints_hold_adapters_only(
-        tmp_path, peaked_qwen, backend):
+        tmp_path, peaked_qwen, backend, capsys):
     h = write_harness(tmp_path / "h", {"reward.py": DIGITS}, rewrite=True, reward="digit_share", lr=2e-2,
                       prompts_per_step=8, group_size=8)
     out = tmp_path / "out"
-    summary = cli("train", "--task", "arith", "--level", "2", "--model", peaked_qwen, "--harness", h,
+    summary = here(capsys, "train", "--task", "arith", "--level", "2", "--model", peaked_qwen, "--harness", h,
                   "--backend", backend, "--lora-rank", 8, "--steps", 30, "--eval-every", 15, "--out", out).json
     rewards = [json.loads(line)["reward_mean"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
@@ -211,7 +211,8 @@ def test_lora_trains_with_each_backend_its_reward_rises_and_checkpoints_hold_ada
 
 
 @pytest.mark.slow
-def test_a_lora_run_continues_adapters_across_segments_and_the_final_replay_and_report_show_them(tmp_path, peaked_qwen):
+def test_a_lora_run_continues_adapters_across_segments_and_the_final_replay_and_report_show_them(tmp_path, peaked_qwen,
+                                                                                                 capsys):
     root = write_harness(tmp_path / "root", {"reward.py": DIGITS}, reward="digit_share", lr=2e-2)
     cfg = tmp_path / "run.yaml"
     cfg.write_text(yaml.safe_dump({
@@ -221,7 +222,7 @@ def test_a_lora_run_continues_adapters_across_segments_and_the_final_replay_and_
         "budget": {"trials": 1, "steps_per_segment": 2, "total_steps": 4, "trial_timeout_s": 300},
         "promotion": {"replicas": 1}, "evaluation": {"every": 1}}))
     run = tmp_path / "run"
-    status = cli("run", cfg, "--out", run, "--json").json
+    status = here(capsys, "run", cfg, "--out", run, "--json").json
     assert status["state"] == "finished"
     assert status["policy"].startswith("LoRA r4 (alpha 8, all-linear) on fp32 weights: adapters of ")
     # every checkpoint any job wrote is an adapter; the depth-2 segments trained on from depth 1's adapter
@@ -231,11 +232,11 @@ def test_a_lora_run_continues_adapters_across_segments_and_the_final_replay_and_
     assert second and all(r["lora"]["rank"] == 4 and r["trainable_params"] > 0 for r in second)
     final = json.loads((run / "final.json").read_text())
     assert {"val", "test"} <= set(final["comparison"])
-    cli("report", run)
+    here(capsys, "report", run)
     assert "LoRA r4" in (run / "report.html").read_text()
     # a user scores a checkpoint of the run: its base and adapter spec come from the run's record
     ckpt = sorted(run.glob("final/*/seed-100/segment-2/checkpoint"))[0]
-    scored = cli("evaluate", "--task", "arith", "--level", 1, "--model", ckpt, "--run", run, "--split", "val").json
+    scored = here(capsys, "evaluate", "--task", "arith", "--level", 1, "--model", ckpt, "--run", run, "--split", "val").json
     assert 0 <= scored["greedy"] <= 1
-    refused = cli("evaluate", "--task", "arith", "--level", 1, "--model", ckpt, code=2)
+    refused = here(capsys, "evaluate", "--task", "arith", "--level", 1, "--model", ckpt, code=2)
     assert "is a LoRA adapter: pass --run RUN" in refused.err and "Traceback" not in refused.err

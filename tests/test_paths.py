@@ -1,13 +1,11 @@
 """Where evotrainer keeps bases, keys and skills: the XDG base directories, and in the tests
 the clone's own (conftest.py), never the user's; and paths named with any character, in task
-specs and in what a job reads."""
-import json
+specs and in what a job reads (a whole run over such paths: test_real_use's JSONL task)."""
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from evotrainer.paths import xdg_dir
 
@@ -79,31 +77,3 @@ def test_a_job_without_declared_reads_reads_whole_paths_never_a_prefix_of_one(tm
     assert named_paths({"task": f"jsonl:{data}?verifier=exact", "level": 1}) == set()
     assert named_paths({"rows": [str(data)], "jobs": {str(data.parent): ["val"]}}) == {str(data), str(data.parent)}
     assert declared_paths((f"jsonl:{data}", str(data), str(tmp_path / "gone"))) == {str(data)}
-
-
-@pytest.mark.slow
-def test_a_jsonl_run_into_a_directory_named_like_a_spec_finishes_its_root_trial(tmp_path, ckpt):
-    """`evotrainer run` of a JSONL task whose file and run directory are named with '=', ':',
-    '?' and ',': its training jobs read the train view, its evaluator the file, and the root
-    trial is scored."""
-    import yaml
-    from helpers import cli, readable, write_harness
-    from evotrainer.lineage import LineageStore
-    from evotrainer.tasks.spec import canonical
-    data = tmp_path / "exp=2,a:b?c" / "t.jsonl"
-    data.parent.mkdir()
-    data.write_text("".join(json.dumps({"prompt": f"What is {i} + 0? ", "answer": str(i)}) + "\n" for i in range(80)))
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "task": canonical(f"jsonl:{data}", {}), "model": str(ckpt), "harness": str(write_harness(tmp_path / "root")),
-        "seeds": [0], "final_seeds": [], "search": {"skills": str(tmp_path / "skills.sqlite")},
-        "budget": {"trials": 1, "steps_per_segment": 2, "total_steps": 2, "trial_timeout_s": 120},
-        "evaluation": {"every": 1}, "promotion": {"replicas": 1}}))
-    readable(tmp_path)
-    run = tmp_path / "lr=1e-5,x:y?z"
-    status = cli("run", cfg, "--out", run, "--json").json
-    store = LineageStore(run / "lineage.sqlite")
-    root = store.trials()[0]
-    store.close()
-    assert status["state"] == "finished" and root.label not in ("crash", "timeout", "oom"), (status, root)
-    assert (run / "train-data" / "t.jsonl").is_file()

@@ -131,23 +131,36 @@ def constant_answer_model(path, answer: str):
 
 
 def test_a_jsonl_math_task_scored_by_math_verify_goes_through_train_and_run(tmp_path):
-    # half the answers are 1/2 in LaTeX: a policy that always writes "1/2" is right on those only if
-    # the verifier understands mathematics (exact match would score it 0)
+    """Half the answers are 1/2 in LaTeX: a policy that always writes "1/2" is right on those only
+    if the verifier understands mathematics (exact match would score it 0). The file and the run
+    directory are named with '=', ':', '?' and ',' (what a spec's syntax uses): the training jobs
+    read the train view, the evaluator the file, and the run's root trial is scored."""
+    from helpers import readable
+    from evotrainer.lineage import LineageStore
+    from evotrainer.tasks.spec import canonical
     rows = [{"prompt": f"What is {i}/{2 * i if i % 2 else 3 * i}? ",
              "answer": "\\frac{1}{2}" if i % 2 else "\\frac{1}{3}"} for i in range(1, 400)]
-    data = tmp_path / "fractions.jsonl"
+    data = tmp_path / "exp=2,a:b?c" / "fractions.jsonl"
+    data.parent.mkdir()
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = canonical(f"jsonl:{data}", {"verifier": "math"})
     model = constant_answer_model(tmp_path / "half", "1/2")
     h = write_harness(tmp_path / "h", rewrite=True)
-    summary = cli("train", "--task", f"jsonl:{data}?verifier=math", "--model", model, "--harness", h,
+    readable(tmp_path)
+    summary = cli("train", "--task", spec, "--model", model, "--harness", h,
                   "--steps", 2, "--eval-every", 1, "--out", tmp_path / "train").json
     assert 0.3 < summary["base_val"] < 0.7 and 0.3 < summary["val"] < 0.7   # the evaluator: math-verify
     assert sum(m["score_mean"] for m in metrics(tmp_path / "train")) > 0   # the training worker: math-verify too
     from evotrainer.catalog import get_task  # the same rows under exact match: "1/2" is never right
-    exact = get_task(f"jsonl:{data}")
+    exact = get_task(canonical(f"jsonl:{data}", {}))
     assert sum(exact.score(p, "1/2") for p in exact.split("val")) == 0
-    run = tmp_path / "run"
-    cfg = run_config(tmp_path, f"jsonl:{data}?verifier=math", model, final_seeds=())
+    run = tmp_path / "lr=1e-5,x:y?z"
+    cfg = run_config(tmp_path, spec, model, final_seeds=())
     status = cli("run", cfg, "--out", run, "--json").json
     assert status["state"] == "finished" and status["trials"] == 2
     assert 0.3 < status["best"]["val"]["0"] < 0.7  # the root, scored by math-verify in the evaluator
+    store = LineageStore(run / "lineage.sqlite")
+    root = store.trials()[0]
+    store.close()
+    assert root.label not in ("crash", "timeout", "oom"), root
+    assert (run / "train-data" / "fractions.jsonl").is_file()
