@@ -141,14 +141,15 @@ def test_what_data_parallelism_cannot_do_yet_is_refused_in_one_line():
 
 
 @pytest.mark.slow
-def test_train_with_two_processes_records_the_whole_batch_once_and_saves_one_checkpoint(tmp_path, tiny_qwen):
-    from helpers import cli
+def test_train_with_two_processes_records_the_whole_batch_once_and_saves_one_checkpoint(tmp_path, tiny_qwen,
+                                                                                     capsys):
+    from helpers import here
     import json
     h = write_harness(tmp_path / "h", {"reward.py": DIGITS}, reward="digit_share", lr=3e-3, prompts_per_step=6,
                       group_size=4)
     out = tmp_path / "out"
-    summary = cli("train", "--task", "arith", "--level", "2", "--model", tiny_qwen, "--harness", h,
-                  "--data-parallel", 2, "--steps", 4, "--eval-every", 2, "--out", out).json
+    summary = here(capsys, "train", "--task", "arith", "--level", "2", "--model", tiny_qwen, "--harness", h,
+                   "--data-parallel", 2, "--steps", 4, "--eval-every", 2, "--out", out).json
     assert json.loads((out / "run.json").read_text())["data_parallel"] == 2
     records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
     assert len(records) == 4 * 6 * 4 and len((out / "metrics.jsonl").read_text().splitlines()) == 4

@@ -301,12 +301,12 @@ def test_handed_draws_cover_the_levels_the_harness_curriculum_can_pick(tmp_path)
 
 
 @pytest.mark.slow
-def test_rg_composite_trains_and_the_evaluator_scores_its_held_out_mix(tmp_path, tiny_qwen):
-    from helpers import cli, write_harness
+def test_rg_composite_trains_and_the_evaluator_scores_its_held_out_mix(tmp_path, tiny_qwen, capsys):
+    from helpers import here, write_harness
     out = tmp_path / "out"
     h = write_harness(tmp_path / "h")  # a few prompts a step: the mix's plumbing, not its learning
-    summary = cli("train", "--task", "rg:composite", "--model", tiny_qwen, "--harness", h, "--steps", 2,
-                  "--out", out).json
+    summary = here(capsys, "train", "--task", "rg:composite", "--model", tiny_qwen, "--harness", h, "--steps", 2,
+                   "--out", out).json
     records = [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
     assert {r["prompt"] != "" for r in records} == {True} and 0 <= summary["val"] <= 1 and 0 <= summary["test"] <= 1
     assert json.loads((out / "run.json").read_text())["task"].startswith("rg:composite?families=")
