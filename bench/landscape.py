@@ -63,6 +63,7 @@ OUT = ROOT / "results" / "landscape"
 SEEDS = [0, 1, 2, 3, 4, 5]  # the pool every row trains on
 HEADROOM_SEEDS = SEEDS[:3]  # --headroom's first look
 FRESH = 300                 # --fresh: seeds FRESH, FRESH+1, ... (no row trained on them)
+SWEPT = ("lower_lr", "larger_groups", "partial_credit")  # the moves that equal a hand-sweep recipe
 KEY = "split.key"           # the table's split key (which held-out problems are validation and test)
 WEIGHTS = ("config.json", "model.safetensors")  # what identifies a base across machines
 REPLICAS = 2                # the root again on the same problems, other sampling seeds
@@ -199,7 +200,7 @@ def headroom(name: str, training: Training, src: Path, seeds: list[int], timeout
     segment (default: the config's trial timeout, sized for a core alone). The rows and harnesses
     are `src`'s: the table's, or a first look's (--headroom) before the table is built."""
     out, rows = OUT / name, read_rows(src / ROWS)
-    sweep_like = [n for n in ("lower_lr", "larger_groups", "partial_credit") if n in rows]
+    sweep_like = [n for n in SWEPT if n in rows]
     tuned = best_by_val({n: r for n, r in rows.items() if r.kind == "sweep" or n in sweep_like},
                         ("sweep", "move"))
     best = best_by_val(rows, ("move", "sweep", "combo", "reached"))
@@ -297,9 +298,10 @@ def main() -> None:
     ap.add_argument("--show", action="store_true", help="print the recorded table and stop")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=4, help="configurations per pool and evaluator")
-    ap.add_argument("--only", choices=("root", "singles", "all"), default="all",
+    ap.add_argument("--only", choices=("root", "sweep", "singles", "all"), default="all",
                     help="root: the root and its noise replicas, the least a simulator's --fill (and "
-                         "--validate) can start from; singles: no combinations")
+                         "--validate) can start from; sweep: those and the hand sweep's recipes, the least "
+                         "that names a tuned recipe; singles: no combinations")
     ap.add_argument("--fresh", action="store_true", help="the default, the tuned recipe and the table's best "
                     f"retrained on fresh seeds {FRESH}, {FRESH + 1}, ... (the task's headroom), after the table or, "
                     "before it, after --headroom's first look")
@@ -370,9 +372,10 @@ def main() -> None:
     # singles are all in (a better single makes new ones)
     lead = [c for c in first if c.kind != "move" or c.name in FAMILY]
     rows = build(training, root, lead[:1], seeds=SEEDS, out=out, batch=args.batch, on_row=on_row)
-    if args.only == "root":
-        build(training, root, [c for c in first if c.kind in ("root", "replica")], seeds=SEEDS, out=out,
-              batch=args.batch, on_row=on_row)
+    if args.only in ("root", "sweep"):
+        kinds = ("root", "replica") + (("sweep",) if args.only == "sweep" else ())
+        build(training, root, [c for c in first if c.kind in kinds or (args.only == "sweep" and c.name in SWEPT)],
+              seeds=SEEDS, out=out, batch=args.batch, on_row=on_row)
         return
     configs = []
     for part in (lead, first):

@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from evotrainer.evolve.simulate import Replicate, Table, draw, simulate  # noqa: E402
 from evotrainer.evolve.segments.retrain import Arm, retrain  # noqa: E402
 from evotrainer.evolve.stats.paired import crossed_t_interval, paired_differences, t_interval  # noqa: E402
-from landscape import FRESH, OUT as TABLES, trainer  # noqa: E402
+from landscape import FRESH, OUT as TABLES, SWEPT, trainer  # noqa: E402
 from search_suite import STRATEGIES  # noqa: E402
 
 OUT = ROOT / "results" / "simulate"
@@ -69,7 +69,7 @@ def sweep(table: Table, replicates: int, trials: int) -> list[Replicate]:
     recipes = sorted(n for n, r in table.rows.items() if r.kind == "sweep" and r.val)
     moves = {n: r for n, r in table.rows.items() if r.kind == "move" and r.val}
     # the sweep's recipes that a move makes too are trained as that move: in the sweep by the move's row
-    pool = recipes + [n for n in ("lower_lr", "larger_groups", "partial_credit") if n in moves]
+    pool = recipes + [n for n in SWEPT if n in moves]
     out = []
     for r in range(replicates):
         seeds = draw(table.seeds, r)
@@ -108,8 +108,7 @@ def _scored(table: Table, strategy: str, r: int, seeds, winner: str, holds, firs
 
 def tuned(table: Table) -> str:
     """The sweep recipe (or the move a sweep recipe equals) with the best mean validation accuracy."""
-    names = [n for n, r in table.rows.items() if r.val and (r.kind == "sweep" or n in ("lower_lr", "larger_groups",
-                                                                                       "partial_credit", "root"))]
+    names = [n for n, r in table.rows.items() if r.val and (r.kind == "sweep" or n in SWEPT + ("root",))]
     return max(names, key=lambda n: statistics.fmean(table.rows[n].val.values()))
 
 
