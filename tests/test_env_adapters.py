@@ -40,7 +40,7 @@ def train_two_steps(capsys, tmp_path: Path, spec: str, model: str) -> tuple[dict
     evidence records."""
     out = tmp_path / "train"
     summary = here(capsys, "train", "--task", spec, "--model", model, "--harness", write_harness(tmp_path / "h"),
-                  "--steps", 2, "--eval-every", 2, "--out", out).json
+                   "--steps", 2, "--eval-every", 2, "--out", out).json
     return summary, [json.loads(line) for line in (out / "evidence.jsonl").read_text().splitlines()]
 
 

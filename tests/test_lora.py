@@ -195,7 +195,7 @@ def test_lora_trains_with_each_backend_its_reward_rises_and_checkpoints_hold_ada
                       prompts_per_step=8, group_size=8)
     out = tmp_path / "out"
     summary = here(capsys, "train", "--task", "arith", "--level", "2", "--model", peaked_qwen, "--harness", h,
-                  "--backend", backend, "--lora-rank", 8, "--steps", 30, "--eval-every", 15, "--out", out).json
+                   "--backend", backend, "--lora-rank", 8, "--steps", 30, "--eval-every", 15, "--out", out).json
     rewards = [json.loads(line)["reward_mean"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.15, (first, last)
@@ -236,7 +236,8 @@ def test_a_lora_run_continues_adapters_across_segments_and_the_final_replay_and_
     assert "LoRA r4" in (run / "report.html").read_text()
     # a user scores a checkpoint of the run: its base and adapter spec come from the run's record
     ckpt = sorted(run.glob("final/*/seed-100/segment-2/checkpoint"))[0]
-    scored = here(capsys, "evaluate", "--task", "arith", "--level", 1, "--model", ckpt, "--run", run, "--split", "val").json
+    scored = here(capsys, "evaluate", "--task", "arith", "--level", 1, "--model", ckpt, "--run", run,
+                  "--split", "val").json
     assert 0 <= scored["greedy"] <= 1
     refused = here(capsys, "evaluate", "--task", "arith", "--level", 1, "--model", ckpt, code=2)
     assert "is a LoRA adapter: pass --run RUN" in refused.err and "Traceback" not in refused.err

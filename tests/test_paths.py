@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from evotrainer.paths import xdg_dir
 
 CLONE = Path(__file__).resolve().parents[1]
