@@ -373,8 +373,9 @@ def main() -> None:
     lead = [c for c in first if c.kind != "move" or c.name in FAMILY]
     rows = build(training, root, lead[:1], seeds=SEEDS, out=out, batch=args.batch, on_row=on_row)
     if args.only in ("root", "sweep"):
-        kinds = ("root", "replica") + (("sweep",) if args.only == "sweep" else ())
-        build(training, root, [c for c in first if c.kind in kinds or (args.only == "sweep" and c.name in SWEPT)],
+        swept = args.only == "sweep"
+        build(training, root, [c for c in first if c.kind in ("root", "replica")
+                               or swept and (c.kind == "sweep" or c.name in SWEPT)],
               seeds=SEEDS, out=out, batch=args.batch, on_row=on_row)
         return
     configs = []

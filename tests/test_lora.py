@@ -6,7 +6,7 @@ import torch
 import yaml
 from safetensors import safe_open
 
-from helpers import DIGITS, here, readable, write_harness
+from helpers import DIGITS, cli, here, readable, write_harness
 from evotrainer.catalog import get_task
 from evotrainer.config import config_from_dict
 from evotrainer.errors import UsageError
@@ -239,5 +239,6 @@ def test_a_lora_run_continues_adapters_across_segments_and_the_final_replay_and_
     scored = here(capsys, "evaluate", "--task", "arith", "--level", 1, "--model", ckpt, "--run", run,
                   "--split", "val").json
     assert 0 <= scored["greedy"] <= 1
-    refused = here(capsys, "evaluate", "--task", "arith", "--level", 1, "--model", ckpt, code=2)
+    # the refusal is a user's command line: one error line, exit 2, no traceback (a subprocess shows all three)
+    refused = cli("evaluate", "--task", "arith", "--level", 1, "--model", ckpt, code=2)
     assert "is a LoRA adapter: pass --run RUN" in refused.err and "Traceback" not in refused.err

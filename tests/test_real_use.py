@@ -6,7 +6,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import DIGITS, cli, write_harness
+from helpers import DIGITS, cli, readable, write_harness
 
 # rewrite=True: the bytes these harnesses always had; a job's sampling seed hashes them, and the
 # checks on what two steps of training reach were written against those draws
@@ -135,7 +135,6 @@ def test_a_jsonl_math_task_scored_by_math_verify_goes_through_train_and_run(tmp_
     if the verifier understands mathematics (exact match would score it 0). The file and the run
     directory are named with '=', ':', '?' and ',' (what a spec's syntax uses): the training jobs
     read the train view, the evaluator the file, and the run's root trial is scored."""
-    from helpers import readable
     from evotrainer.lineage import LineageStore
     from evotrainer.tasks.spec import canonical
     rows = [{"prompt": f"What is {i}/{2 * i if i % 2 else 3 * i}? ",
