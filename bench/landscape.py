@@ -298,10 +298,11 @@ def main() -> None:
     ap.add_argument("--show", action="store_true", help="print the recorded table and stop")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=4, help="configurations per pool and evaluator")
-    ap.add_argument("--only", choices=("root", "sweep", "singles", "all"), default="all",
+    ap.add_argument("--only", choices=("root", "sweep", "singles", "catalog", "all"), default="all",
                     help="root: the root and its noise replicas, the least a simulator's --fill (and "
                          "--validate) can start from; sweep: those and the hand sweep's recipes, the least "
-                         "that names a tuned recipe; singles: no combinations")
+                         "that names a tuned recipe; singles: no combinations; catalog: the catalog's moves "
+                         "and the sweep, then combinations, without the space's moves")
     ap.add_argument("--fresh", action="store_true", help="the default, the tuned recipe and the table's best "
                     f"retrained on fresh seeds {FRESH}, {FRESH + 1}, ... (the task's headroom), after the table or, "
                     "before it, after --headroom's first look")
@@ -379,12 +380,12 @@ def main() -> None:
               seeds=SEEDS, out=out, batch=args.batch, on_row=on_row)
         return
     configs = []
-    for part in (lead, first):
+    for part in (lead,) if args.only == "catalog" else (lead, first):
         if args.only == "all":
             configs += [c for c in combos(rows, by_name) if c not in configs]
         configs += [c for c in part if c not in configs]
         rows = build(training, root, configs, seeds=SEEDS, out=out, batch=args.batch, on_row=on_row)
-    if args.only == "all":
+    if args.only in ("all", "catalog"):
         configs += [c for c in combos(rows, by_name) if c not in configs]
         rows = build(training, root, configs, seeds=SEEDS, out=out, batch=args.batch, on_row=on_row)
     bts = backtests(out, configs, seeds=SEEDS, timeout_s=training.cfg.budget.trial_timeout_s,

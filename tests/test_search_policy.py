@@ -237,6 +237,26 @@ def test_family_weights_order_what_the_agents_try_and_findings_lead_among_equals
     assert fams[0] == "exploration" and set(fams[fams.index("reward"):]) == {"reward"}
 
 
+def test_the_spread_order_tries_every_family_once_before_any_twice_findings_leading_among_equals():
+    finding = {"diagnostic": "dead_group_ratio", "severity": "critical", "value": 0.8, "thresholds": "",
+               "suggest": "reward: give partial credit", "evidence": "80% of groups all wrong"}
+    assert family_order(["reward"], {}, {}) == family_order(["reward"], {})  # nothing tried yet: as findings
+    order = family_order(["reward"], {}, {"reward": 1, "signal": 2})
+    firsts = [f for f, kind in order if kind == "catalog"]
+    assert firsts[-2:] == ["reward", "signal"]                          # the least tried lead
+    assert firsts[:-2] == [f for f in FAMILY_ORDER if f not in ("reward", "signal")]
+    assert order[order.index(("reward", "catalog")) + 1] == ("reward", "space")  # a family's space after its catalog
+    ctx = agent_context([finding], family_trials={"reward": 1})
+    assert candidates(ctx)[0].family != "reward"                        # the finding's family waits its turn
+    assert candidates(agent_context([finding], family_trials={}))[0].family == "reward"
+    heavy = {"exploration": 2.0}                                        # an evolving controller's weights still rule
+    assert candidates(agent_context([finding], family_weights=heavy, family_trials={"exploration": 3}))[0].family \
+        == "exploration"
+    assert config_from_dict({"task": "arith"}).validate().search.order == "findings"
+    with pytest.raises(UsageError, match=r"'search.order' must be one of findings, spread, got 'wide'"):
+        config_from_dict({"task": "arith", "search": {"order": "wide"}}).validate()
+
+
 def test_an_escalation_does_not_leave_a_family_the_weights_favour():
     esc = Escalation(avoid=frozenset({"curriculum", "reward"}), subtract=False)
     weights = {"curriculum": 1.27, "reward": 0.61}

@@ -39,6 +39,7 @@ TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
 SELECTIONS = ("population", "greedy")
 CONTROLLERS = ("fixed", "evolving")
 WINNERS = ("kept", "trained")
+ORDERS = ("findings", "spread")
 EXECUTORS = ("local", "ray")
 CACHES = ("run", "off")  # or an absolute directory path
 RAY_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+")
@@ -179,6 +180,12 @@ class SearchConfig:
                            "evolving: revised every revise_every trials from the lineage (evolve/search/policy.py)",
                            CONTROLLERS)
     revise_every: int = knob(3, "an evolving controller's trials between revisions")
+    order: str = knob("findings", "the order the rules agent tries families in. findings: the families the "
+                      "parent's findings name, each to its last move, then the rest in a fixed order; spread: "
+                      "the families this run has tried least first (one move of each before a second of "
+                      "any), the named ones leading among equals (on three landscape tables: +0.1 to +0.4 test "
+                      "points at 8 trials, -0.8 at 16 on arith3-weak, whose best recipes stack two changes "
+                      "on one lineage; docs/benchmarks.md)", ORDERS)
     concurrency: int = knob(1, "trials in flight at once, each from a specialist for one surface (reward, data, "
                             "optimisation, exploration, diagnostics); two in flight never change one surface of "
                             "one parent (evolve/search/specialists.py)")
@@ -327,6 +334,8 @@ class RunConfig:
              f"must be one of {', '.join(CONTROLLERS)}, got '{self.search.controller}'")
         need(self.search.winner in WINNERS, "search.winner",
              f"must be one of {', '.join(WINNERS)}, got '{self.search.winner}'")
+        need(self.search.order in ORDERS, "search.order",
+             f"must be one of {', '.join(ORDERS)}, got '{self.search.order}'")
         need(self.search.revise_every >= 1, "search.revise_every", f"must be >= 1, got {self.search.revise_every}")
         need(self.search.seed is None or (isinstance(self.search.seed, int) and not isinstance(self.search.seed, bool)),
              "search.seed", f"must be an integer or null, got {self.search.seed!r}")

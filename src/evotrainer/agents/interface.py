@@ -73,6 +73,9 @@ class AgentContext:
     # an evolving search controller's weights per intervention family (evolve/search/policy.py;
     # none: every family alike, the fixed order)
     family_weights: Mapping[str, float] = field(default_factory=dict)
+    # trials per intervention family so far in this run (search.order: spread; none: the
+    # findings' order): among families of equal weight, the least tried lead
+    family_trials: Mapping[str, int] | None = None
     # families another trial in flight is changing from the same parent (search.concurrency > 1):
     # a proposal from here leaves them to that trial's specialist (evolve/search/specialists.py)
     closed: frozenset[str] = frozenset()

@@ -37,18 +37,26 @@ def family_of(suggestion: str) -> str | None:
     return head if head in FAMILY_ORDER else None
 
 
-def family_order(named: Sequence[str], weights: Mapping[str, float]) -> list[tuple[str, str]]:
+def family_order(named: Sequence[str], weights: Mapping[str, float],
+                 trials: Mapping[str, int] | None = None) -> list[tuple[str, str]]:
     """(family, "catalog" | "space") in the order the agent tries their moves: the heavier
     families first (an evolving controller's weights); among equal weights (all of them, with
     none), each family a finding names, its catalog moves then the space's, then the other
-    families' catalog moves in FAMILY_ORDER, then their space moves."""
+    families' catalog moves in FAMILY_ORDER, then their space moves. With `trials` (trials
+    per family in this run: search.order spread), the least tried families of a weight lead,
+    in that order among themselves: a finding's family is tried once, then every other
+    family once, before any is tried again (the tables found the best single move outside
+    the family the root's findings name on most tasks: Dr. GRPO on codegen, a lower
+    learning rate on arith)."""
     out = []
     for w in sorted({weights.get(f, 1.0) for f in FAMILY_ORDER}, reverse=True):
         tier = [f for f in FAMILY_ORDER if weights.get(f, 1.0) == w]
-        lead = [f for f in named if f in tier]
-        rest = [f for f in tier if f not in lead]
-        out += [(f, kind) for f in lead for kind in ("catalog", "space")]
-        out += [(f, "catalog") for f in rest] + [(f, "space") for f in rest]
+        for n in sorted({trials.get(f, 0) for f in tier}) if trials is not None else [None]:
+            group = [f for f in tier if n is None or trials.get(f, 0) == n]
+            lead = [f for f in named if f in group]
+            rest = [f for f in group if f not in lead]
+            out += [(f, kind) for f in lead for kind in ("catalog", "space")]
+            out += [(f, "catalog") for f in rest] + [(f, "space") for f in rest]
     return out
 
 
@@ -68,7 +76,7 @@ def candidates(ctx: AgentContext) -> list[Proposal]:
     named = list(dict.fromkeys(f for f in (family_of(x.get("suggest", "")) for x in findings) if f))
     moves_of = {"catalog": catalog_moves(ctx), "space": space_moves(ctx)}
     out = []
-    for family, kind in family_order(named, ctx.family_weights):
+    for family, kind in family_order(named, ctx.family_weights, ctx.family_trials):
         moves = moves_of[kind]
         why = next((x for x in findings if family_of(x.get("suggest", "")) == family), None)
         for p in sorted(moves, key=lambda p: named_at(why, p)):  # what the finding names first, in its order

@@ -185,7 +185,9 @@ class Proposer:
             harness_dir=self.harnesses.dir(parent.version), lineage=shown, feedback=feedback, trial=n,
             workdir=self.recorder.run_dir / "agents", closed=closed, reference_acc=self.view.reference_acc,
             backend=self.cfg.backend,
-            family_weights=search_policy.weights_now(self.policy, trials, self.view.plans) if self.evolving else {})
+            family_weights=search_policy.weights_now(self.policy, trials, self.view.plans) if self.evolving else {},
+            family_trials=search_policy.tried_families(trials, self.view.plans)
+            if self.cfg.search.order == "spread" else None)
 
     def skills(self) -> list:
         if not self.cfg.search.skills:

@@ -294,12 +294,23 @@ def weights_now(policy: ControllerPolicy, trials: Sequence, plans: Mapping[int, 
     weights = dict(policy.family_weights)
     if not due(policy, trials, 0):
         return weights
-    untrained = {t.id for t in trials if t.label == Label.EQUIVALENT}
-    tried = {history.family(p.intervention, p.family) for n, p in plans.items() if n not in untrained}
+    tried = tried_families(trials, plans)
     for fam in COVERED:
         if fam not in tried and weights.get(fam, 1.0) < COVER:
             weights[fam] = COVER
     return weights
+
+
+def tried_families(trials: Sequence, plans: Mapping[int, TrialPlan]) -> dict[str, int]:
+    """Trials per family this run has started (`plans`: in flight included); a trial that ended
+    `equivalent` trained nothing, so it tried nothing."""
+    untrained = {t.id for t in trials if t.label == Label.EQUIVALENT}
+    out: dict[str, int] = {}
+    for n, p in plans.items():
+        if n not in untrained:
+            fam = history.family(p.intervention, p.family)
+            out[fam] = out.get(fam, 0) + 1
+    return out
 
 
 def decide(policy: ControllerPolicy, trials: Sequence, plans: Mapping[int, TrialPlan],
