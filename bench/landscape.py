@@ -191,18 +191,23 @@ def best_by_val(rows: dict[str, Row], kinds: tuple[str, ...]) -> str:
     return max(cands, key=lambda r: statistics.fmean(r.val.values())).name
 
 
+def tuned_recipe(rows: dict[str, Row]) -> str:
+    """What a careful engineer's full sweep picks: of its recipes (the root is one of them, the
+    learning rate as it is with the binary reward and the groups as they are; a recipe a move
+    makes is that move's row), the best mean validation accuracy over the pool."""
+    names = [n for n, r in rows.items() if r.val and (r.kind in ("root", "sweep") or n in SWEPT)]
+    return max(names, key=lambda n: statistics.fmean(rows[n].val.values()))
+
+
 def headroom(name: str, training: Training, src: Path, seeds: list[int], timeout_s: float | None = None) -> str:
-    """The task's headroom on fresh seeds: the default recipe (the root), the tuned one (the
-    sweep's recipe, or the move a sweep recipe equals, with the best mean validation accuracy
-    on the pool) and the table's best entry by validation, each retrained from the base on
+    """The task's headroom on fresh seeds: the default recipe (the root), the tuned one
+    (`tuned_recipe`) and the table's best entry by validation, each retrained from the base on
     fresh `seeds` no row saw; test gains paired by seed, with 95% t intervals. More seeds reuse
     the fewer's segments (the cache), and so does a run again after a stop. `timeout_s` per
     segment (default: the config's trial timeout, sized for a core alone). The rows and harnesses
     are `src`'s: the table's, or a first look's (--headroom) before the table is built."""
     out, rows = OUT / name, read_rows(src / ROWS)
-    sweep_like = [n for n in SWEPT if n in rows]
-    tuned = best_by_val({n: r for n, r in rows.items() if r.kind == "sweep" or n in sweep_like},
-                        ("sweep", "move"))
+    tuned = tuned_recipe(rows)
     best = best_by_val(rows, ("move", "sweep", "combo", "reached"))
     arms = {n: Arm((str(src / "harnesses" / n),), training.cfg.budget.total_steps) for n in {"root", tuned, best}}
     rep = retrain(training.task, training.base, arms, seeds, out / "fresh", evaluation=training.cfg.evaluation,

@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from evotrainer.evolve.simulate import Replicate, Table, draw, simulate  # noqa: E402
 from evotrainer.evolve.segments.retrain import Arm, retrain  # noqa: E402
 from evotrainer.evolve.stats.paired import crossed_t_interval, paired_differences, t_interval  # noqa: E402
-from landscape import FRESH, OUT as TABLES, SWEPT, trainer  # noqa: E402
+from landscape import FRESH, OUT as TABLES, SWEPT, trainer, tuned_recipe  # noqa: E402
 from search_suite import STRATEGIES  # noqa: E402
 
 OUT = ROOT / "results" / "simulate"
@@ -106,12 +106,6 @@ def _scored(table: Table, strategy: str, r: int, seeds, winner: str, holds, firs
     return Replicate(strategy, r, seeds, winner, holds, gain, first, labels, fresh=fresh)
 
 
-def tuned(table: Table) -> str:
-    """The sweep recipe (or the move a sweep recipe equals) with the best mean validation accuracy."""
-    names = [n for n, r in table.rows.items() if r.val and (r.kind == "sweep" or n in SWEPT + ("root",))]
-    return max(names, key=lambda n: statistics.fmean(table.rows[n].val.values()))
-
-
 def by_draw(reps: list[Replicate], value) -> list[float]:
     """One value per distinct seed draw: the mean over the replicates that drew it."""
     groups: dict[tuple, list[float]] = {}
@@ -129,7 +123,7 @@ def ci(xs: list[float]) -> str:
 
 
 def report(task: str, table: Table, results: dict[tuple[str, int], list[Replicate]], lacked: list[int]) -> str:
-    best_tuned = tuned(table)
+    best_tuned = tuned_recipe(table.rows)
 
     def vs_tuned(r: Replicate) -> float:
         return r.gain - statistics.fmean(100 * (table.rows[best_tuned].test[s] - table.root.test[s]) for s in r.fresh)
@@ -249,7 +243,7 @@ def real_runs(task: str, table: Table, replicates: int, trials: int, fresh: list
     seeds is crossed (both random: every winner is replayed on the same seeds)."""
     recs = [real(task, table, "out-of-the-box", (2 * r, 2 * r + 1), trials) for r in range(replicates)]
     _, training, _ = trainer(task)
-    steps, best_tuned = training.cfg.budget.total_steps, tuned(table)
+    steps, best_tuned = training.cfg.budget.total_steps, tuned_recipe(table.rows)
     arms = {"root": Arm((str(table.root_dir),), steps),
             best_tuned: Arm((str(table.root_dir.parent / best_tuned),), steps)}
     for rec in recs:  # one arm per distinct winner: a winner two searches share trains once
