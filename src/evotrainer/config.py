@@ -183,7 +183,7 @@ class SearchConfig:
     order: str = knob("findings", "the order the rules agent tries families in. findings: the families the "
                       "parent's findings name, each to its last move, then the rest in a fixed order; spread: "
                       "the families this run has tried least first (one move of each before a second of "
-                      "any), the named ones leading among equals (on three landscape tables: +0.1 to +0.4 test "
+                      "any), the named ones leading among equals (on four landscape tables: +0.0 to +0.3 test "
                       "points at 8 trials, -0.8 at 16 on arith3-weak, whose best recipes stack two changes "
                       "on one lineage; docs/benchmarks.md)", ORDERS)
     concurrency: int = knob(1, "trials in flight at once, each from a specialist for one surface (reward, data, "
