@@ -313,6 +313,23 @@ def transfer(task: str, table: Table, sources: list[str], replicates: int, budge
     return "\n".join(lines), {f"{arm}@{t}": [asdict(r) for r in reps] for (arm, t), reps in arms.items()}
 
 
+def against(results: dict[tuple[str, int], list[Replicate]], record: Path) -> str:
+    """Each cell against the same cell of another record (the code before a change, say),
+    test gain paired by replicate: both ran the same seed draws in the same order."""
+    theirs = json.loads(record.read_text())["cells"]
+    lines = ["", "", f"Against `{record.stem}`, test points paired by replicate (95% t over seed draws):", "",
+             "| strategy | trials | this | that | this − that |", "|---|---|---|---|---|"]
+    for (name, trials), reps in results.items():
+        other = {r["replicate"]: r for r in theirs.get(f"{name}@{trials}", {}).get("replicates", [])}
+        pairs = [(r, other[r.replicate]) for r in reps if r.replicate in other]
+        if not pairs:
+            continue
+        lines.append(f"| {name} | {trials} | {statistics.fmean(r.gain for r, _ in pairs):+.1f} | "
+                     f"{statistics.fmean(o['gain'] for _, o in pairs):+.1f} | "
+                     f"{ci(by_draw([replace(r, gain=r.gain - o['gain']) for r, o in pairs], lambda r: r.gain))} |")
+    return "\n".join(lines)
+
+
 def setting(text: str) -> tuple[str, object]:
     """"promotion.alpha=0.1" -> ("promotion.alpha", 0.1): the value read as YAML, as a config's."""
     key, sep, value = text.partition("=")
@@ -332,6 +349,10 @@ def main() -> None:
     ap.add_argument("--set", nargs="+", default=[], metavar="SECTION.KEY=VALUE", dest="settings",
                     help="every search under these config settings over the table's, e.g. promotion.alpha=0.1 "
                          "search.winner=trained (records: TASK-SECTION.KEY=VALUE.json/md)")
+    ap.add_argument("--tag", default="", help="records under TASK-TAG.json/md: a change to the code judged "
+                                               "beside the records of the code before it (see --against)")
+    ap.add_argument("--against", type=Path, default=None, metavar="RECORD",
+                    help="pair every cell with the same cell of another record (a TASK*.json), replicate by replicate")
     ap.add_argument("--validate", type=int, default=0, metavar="DRAWS",
                     help="run the first DRAWS seed draws of each strategy for real too, and compare (implies --fill)")
     ap.add_argument("--transfer-from", nargs="+", default=[], metavar="TABLE",
@@ -368,7 +389,8 @@ def main() -> None:
     table = with_settings(table, settings)
     # a fill's searches see a table that grows as they run: their record is one of its own
     # (TASK-fill), so the finished cells of the table's own record neither stop it nor mix with it
-    stem = args.task + "".join(f"-{s}" for s in sorted(args.settings)) + ("-fill" if fill else "")
+    stem = args.task + "".join(f"-{s}" for s in sorted(args.settings)) + ("-fill" if fill else "") + \
+        (f"-{args.tag}" if args.tag else "")
     cells = [(name, trials) for trials in args.trials for name in args.strategies]
     record = OUT / f"{stem}.json"
     done = {k: v for k, v in (json.loads(record.read_text()).get("cells", {}) if record.exists() else {}).items()
@@ -391,7 +413,7 @@ def main() -> None:
                                      "fresh": tuple(r["fresh"])}) for r in done[f"{n}@{t}"]["replicates"]]
                for n, t in cells}
     lacked = [sum(done[f"{n}@{t}"][k] for n, t in cells) for k in ("predicted", "missed")]
-    text = report(args.task, table, results, lacked)
+    text = report(args.task, table, results, lacked) + (against(results, args.against) if args.against else "")
     (OUT / f"{stem}.md").write_text(text + "\n")
     print(text)
 
