@@ -104,8 +104,8 @@ def test_a_promising_child_gets_its_extra_pairs_and_then_a_decision():
 def test_blocking_finding_makes_it_invalid_however_well_it_scores():
     d = gate({0: 0.9, 1: 0.9}, {0: 0.5, 1: 0.5}, ["reward_length_coupling = 0.9"], cfg=CFG, null=NULL)
     assert d.label == "invalid" and d.reasons == ("blocking finding: reward_length_coupling = 0.9",)
-    both = ["reward_score_divergence = 0.18", "reward_length_coupling = 0.9"]
-    assert gate({0: 0.9, 1: 0.9}, {0: 0.5, 1: 0.5}, both, cfg=CFG, null=NULL).label == "invalid"
+    assert gate({0: 0.9, 1: 0.9}, {0: 0.5, 1: 0.5}, ["reward_length_coupling = 0.9"],
+                unbacked=["reward_score_divergence = 0.18"], cfg=CFG, null=NULL).label == "invalid"
 
 
 def test_a_reward_rise_the_score_did_not_back_stands_unless_validation_rose_beyond_the_noise():
@@ -113,15 +113,15 @@ def test_a_reward_rise_the_score_did_not_back_stands_unless_validation_rose_beyo
     the training rollouts; a validation gain the gate keeps is that score, on held-out problems,
     risen beyond the noise. Short of a keep the claim stands: invalid, never discarded."""
     claim = ["reward_score_divergence = 0.05"]
-    kept = gate({0: 0.9, 1: 0.9}, {0: 0.5, 1: 0.5}, claim, cfg=CFG, null=NULL)
+    kept = gate({0: 0.9, 1: 0.9}, {0: 0.5, 1: 0.5}, unbacked=claim, cfg=CFG, null=NULL)
     assert kept.label == "kept" and kept.rule == "keep"
     assert kept.reasons[-1] == ("blocking finding refuted: reward_score_divergence = 0.05, "
                                 "but the validation score rose beyond the noise")
-    flat = gate({0: 0.51, 1: 0.5}, {0: 0.5, 1: 0.5}, claim, cfg=CFG, null=NULL)
+    flat = gate({0: 0.51, 1: 0.5}, {0: 0.5, 1: 0.5}, unbacked=claim, cfg=CFG, null=NULL)
     assert gate({0: 0.51, 1: 0.5}, {0: 0.5, 1: 0.5}, cfg=CFG, null=NULL).label == "discarded"
     assert flat.label == "invalid" and flat.rule == "blocking" and flat.reasons[0] == f"blocking finding: {claim[0]}"
     args = ({0: 0.549, 1: 0.162}, {0: 0.006, 1: 0.002})  # promising, not yet kept: one more pair first
-    assert gate(*args, claim, cfg=CFG, null=NULL[:2]).more and gate(*args, cfg=CFG, null=NULL[:2]).more
+    assert gate(*args, unbacked=claim, cfg=CFG, null=NULL[:2]).more and gate(*args, cfg=CFG, null=NULL[:2]).more
 
 
 def test_the_gate_keeps_a_null_child_no_more_often_than_alpha_and_keeps_real_gains():

@@ -24,11 +24,11 @@ def test_a_promising_child_trains_an_extra_pair_and_is_decided_on_it(tiny_run, m
     cfg_path.write_text(yaml.safe_dump(raw))
     looks = []
 
-    def first_look_is_promising(child, control, blocking=(), cfg=None, null=(), extra=()):
+    def first_look_is_promising(child, control, blocking=(), unbacked=(), cfg=None, null=(), extra=()):
         looks.append(list(extra))
         if not extra:  # whatever the tiny run scored: the plumbing of `more` is what is tested
             return GateDecision(None, 0.1, 0.05, 0.2, "more", ("promising: one more seed pair",))
-        return gate(child, control, blocking, cfg=cfg, null=null, extra=extra)
+        return gate(child, control, blocking, unbacked=unbacked, cfg=cfg, null=null, extra=extra)
     monkeypatch.setattr(trial_module, "gate", first_look_is_promising)
     Controller(load_config(cfg_path), run).run()
 

@@ -30,7 +30,7 @@ from evotrainer.evolve.search import history
 from evotrainer.evolve.search.plans import TrialPlan
 from evotrainer.evolve.segments.findings import Replayed, replay_revised
 from evotrainer.evolve.segments.state import EXTRA_PAIR_DATA, Clock, ControlFailed, Segment, SegmentFailed, State
-from evotrainer.evolve.stats.gate import gate
+from evotrainer.evolve.stats.gate import UNBACKED, gate
 from evotrainer.evolve.stats.paired import null_differences
 from evotrainer.evolve.tools import TrialTools
 from evotrainer.harness.versions import PatchError
@@ -313,10 +313,12 @@ class Trial:
         finding), then a person at the completion approval where there is one: an abort there is
         measured and recorded, never kept."""
         findings = self.tools.findings(child)
-        blocking = [f"{f['diagnostic']} = {f['value']:g}" for f in findings if f["blocking"]]
+        said = {f["diagnostic"]: f"{f['diagnostic']} = {f['value']:g}" for f in findings if f["blocking"]}
+        blocking = [s for name, s in said.items() if name not in UNBACKED]  # invalid at once
+        unbacked = [s for name, s in said.items() if name in UNBACKED]      # unless validation refutes them
         null, extra = self._null(), []
-        while (decision := gate(child.val, control.val, blocking, cfg=self.tools.cfg.promotion, null=null,
-                                extra=extra)).more:
+        while (decision := gate(child.val, control.val, blocking, unbacked=unbacked,
+                                cfg=self.tools.cfg.promotion, null=null, extra=extra)).more:
             self.stage(f"gate: {decision.reasons[0]}")
             pair = self.extra_pair(len(extra) + 1)
             if isinstance(pair, Outcome):

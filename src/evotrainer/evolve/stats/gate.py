@@ -60,16 +60,16 @@ def looks(cfg: PromotionConfig) -> int:
 
 
 def gate(child: Mapping[int, float], control: Mapping[int, float], blocking: Sequence[str] = (),
-         *, cfg: PromotionConfig = PromotionConfig(), null: Sequence[float] = (),
+         *, unbacked: Sequence[str] = (), cfg: PromotionConfig = PromotionConfig(), null: Sequence[float] = (),
          extra: Sequence[tuple[float, float]] = ()) -> GateDecision:
     """child, control: validation fitness per run seed (each an average of the last evaluations);
-    null: the run's null differences (stats.null_differences); extra: (child, control) fitness
-    of the extra seed pairs trained so far. Pure: the caller trains a pair where it says `more`."""
+    blocking, unbacked: the blocking findings ("name = value"), those of UNBACKED apart; null:
+    the run's null differences (stats.null_differences); extra: (child, control) fitness of the
+    extra seed pairs trained so far. Pure: the caller trains a pair where it says `more`."""
     diffs = paired_differences(child, control) + [c - k for c, k in extra]
-    unbacked = [b for b in blocking if b.split(" =", 1)[0] in UNBACKED]
-    if len(unbacked) < len(blocking):
+    if blocking:
         return GateDecision(Label.INVALID, sum(diffs) / len(diffs), float("nan"), float("nan"), "blocking",
-                            tuple(f"blocking finding: {b}" for b in blocking))
+                            tuple(f"blocking finding: {b}" for b in [*blocking, *unbacked]))
     d = _test(diffs, null, cfg, 1 + len(extra))
     if not unbacked or d.label is None:
         return d
