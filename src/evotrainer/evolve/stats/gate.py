@@ -20,9 +20,9 @@ evaluator can check: that the reward rose while the verifier's score did not (UN
 off the training rollouts, where a short segment's score trend is noisy). The child is judged
 as any other, and the claim stands (`invalid`) unless the gate keeps it: a validation gain
 whose lower bound clears `min_gain` is the verifier's score on held-out problems, risen beyond
-the noise. On codegen-weak from one machine's base, per-test partial credit gained 5.5
-validation points on both seeds while its training score rose less than its reward (0.05,
-above the 0.03 the diagnostic blocks at), and the search never kept it.
+the noise. On codegen-weak from one machine's base, per-test partial credit gained +5.5
+validation points over two seeds while its training score rose less than its reward (a
+divergence of 0.05, where 0.03 blocks).
 """
 from __future__ import annotations
 
