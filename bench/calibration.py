@@ -54,25 +54,28 @@ def old_gate_keeps(diffs: Sequence[float], null: Sequence[float], z: float = 2.0
     return gain > max(min_gain, z * se)
 
 
-def gate_run(draw: Callable[[], float], seeds: int, null: Sequence[float], cfg: PromotionConfig) -> tuple[str, int]:
+def gate_run(draw: Callable[[], float], seeds: int, null: Sequence[float], cfg: PromotionConfig,
+             unbacked: Sequence[str] = ()) -> tuple[str, int]:
     """One trial through the real gate: `draw()` gives one seed pair's gain; extra pairs are
-    drawn while the gate says `more`. Returns (label, seed pairs used)."""
+    drawn while the gate says `more`; `unbacked`: the child's refutable blocking claims.
+    Returns (label, seed pairs used)."""
     child = {s: draw() for s in range(seeds)}
     control = {s: 0.0 for s in range(seeds)}
     extra: list[tuple[float, float]] = []
     while True:
-        d = gate(child, control, cfg=cfg, null=null, extra=extra)
+        d = gate(child, control, unbacked=unbacked, cfg=cfg, null=null, extra=extra)
         if not d.more:
             return d.label, seeds + len(extra)
         extra.append((draw(), 0.0))
 
 
 def simulate_gate(effect: float | Sequence[float] = 0.0, sd: float = 0.022, seeds: int = 2, replicas: int = 2,
-                  cfg: PromotionConfig = PromotionConfig(), trials: int = 20_000, seed: int = 0) -> dict:
+                  cfg: PromotionConfig = PromotionConfig(), trials: int = 20_000, seed: int = 0,
+                  unbacked: Sequence[str] = ()) -> dict:
     """Trials of a child whose pairs differ from the control by `effect` (one value, or one per
     pair, cycled) plus normal noise of sd `sd`; the null measured from `replicas` x `seeds`
     differences of the same noise. The new gate's keep rate and the old one's, and the mean
-    seed pairs the new one spent."""
+    seed pairs the new one spent; `unbacked`: a refutable blocking claim on every child."""
     rng = random.Random(seed)
     effects = [effect] if isinstance(effect, (int, float)) else list(effect)
     new = old = pairs = 0
@@ -82,7 +85,7 @@ def simulate_gate(effect: float | Sequence[float] = 0.0, sd: float = 0.022, seed
 
         def draw() -> float:
             return effects[next(pair) % len(effects)] + rng.gauss(0, sd)
-        label, used = gate_run(draw, seeds, null, cfg)
+        label, used = gate_run(draw, seeds, null, cfg, unbacked)
         new += label == Label.KEPT
         pairs += used
         first = [effects[j % len(effects)] + rng.gauss(0, sd) for j in range(seeds)]

@@ -175,6 +175,13 @@ def simulated(alpha: float | None = None) -> None:
                          ([0.547, 0.16], "+54.7 and +16.0 (issue 32's run)")):
         r = simulate_gate(effect, trials=4000, cfg=cfg)
         print(f"  {name:34} new {str(r['new']):34} old {str(r['old']):34} pairs {r['mean_pairs']:.2f}")
+    print("\nchildren with a reward-score divergence (a refutable blocking claim: kept only where the gate "
+          "keeps), 2 seeds, 2 replicas")
+    claim = ["reward_score_divergence = 0.05"]
+    for effect, name, n in ((0.0, "null (20,000 trials)", 20_000), (0.022, "+2.2 points", 4000),
+                            (0.044, "+4.4", 4000), (0.066, "+6.6", 4000)):
+        r = simulate_gate(effect, trials=n, cfg=cfg, unbacked=claim)
+        print(f"  {name:34} kept {str(r['new']):34} pairs {r['mean_pairs']:.2f}")
     print("\nnull final comparisons: how often a 95% interval misses 0 (nominal 5%) and says 'beat' (2.5%)")
     for n in (2, 3, 5):
         r = simulate_interval(n)

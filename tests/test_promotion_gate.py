@@ -134,6 +134,11 @@ def test_the_gate_keeps_a_null_child_no_more_often_than_alpha_and_keeps_real_gai
     assert strong["new"].rate > 0.99 and strong["old"].rate < 0.5
     moderate = simulate_gate(0.066, trials=1000, seed=3)         # 3 noise sd
     assert moderate["new"].rate > 0.85
+    # a child every look of which carries a reward-score divergence: kept only where the test keeps
+    claim = ["reward_score_divergence = 0.05"]
+    claimed = simulate_gate(0.0, trials=4000, seed=1, unbacked=claim)
+    assert claimed["new"].rate <= CFG.alpha and claimed["new"].rate == null["new"].rate
+    assert simulate_gate(0.066, trials=1000, seed=3, unbacked=claim)["new"].rate == moderate["new"].rate
 
 
 def test_the_t_interval_holds_its_level_where_the_bootstrap_did_not():
