@@ -74,7 +74,9 @@ def null_agent(ctx) -> Proposal:
 def bench_config(config: Path, harness: Path, seeds: list[int], trials: int, steps: int) -> dict:
     raw = yaml.safe_load(config.read_text())
     raw |= {"seeds": seeds, "final_seeds": [], "agent": "rules", "harness": str(harness),
-            "search": {"selection": "greedy", "crossover": False, "escalation": False, "skills": None}}
+            # the config's search mode stays: restart mode trains every child from the base
+            "search": raw.get("search", {}) | {"selection": "greedy", "crossover": False, "escalation": False,
+                                               "skills": None}}
     raw["budget"] = raw.get("budget", {}) | {"trials": trials, "total_steps": steps, "steps_per_segment": steps,
                                              "wall_clock_s": 10 ** 6}
     return raw

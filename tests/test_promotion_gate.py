@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evotrainer.config import PromotionConfig
+from evotrainer.config import PromotionConfig, config_from_dict
 from evotrainer.evolve.stats.gate import gate
 from evotrainer.evolve.stats.paired import (
     average_last,
@@ -234,3 +234,19 @@ def test_clustered_t_interval_carries_the_spread_between_search_replicates():
     seeds_only = t_interval([sum(col) / 3 for col in zip(*rows)])
     assert hi - lo > 3 * (seeds_only[1] - seeds_only[0])
     assert clustered_t_interval([[0.05, 0.06, 0.04]]) == t_interval([0.05, 0.06, 0.04])
+
+
+def test_null_calibration_runs_the_quickstart_in_its_own_search_mode():
+    # the real-mode null bench overrides the search's selection; it dropped `search.mode` once,
+    # so in continue mode at one segment's budget no child could be trained and every run ended
+    # after its root
+    spec = importlib.util.spec_from_file_location(
+        "null_calibration", Path(__file__).resolve().parents[1] / "bench" / "null_calibration.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    root = Path(__file__).resolve().parents[1]
+    raw = mod.bench_config(root / "configs" / "quickstart.yaml", root / "examples" / "harnesses" / "partial_credit",
+                           [10, 11], 6, 60)
+    cfg = config_from_dict(raw).validate()
+    assert cfg.search.restarts and cfg.search.selection == "greedy"
+    assert cfg.budget.total_steps == cfg.budget.steps_per_segment == 60
