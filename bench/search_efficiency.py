@@ -74,7 +74,7 @@ def search(raw: dict, method: str, r: int, out: Path, library: Path | None) -> d
     raw["agent"] = settings["agent"]
     raw["seeds"] = [2 * r, 2 * r + 1]
     raw["final_seeds"] = []  # the bench replays every winner itself, on shared fresh seeds
-    raw["search"] = dict(settings["search"])
+    raw["search"] = {**raw.get("search", {}), **settings["search"]}  # the config's search mode stays
     if "skills" not in raw["search"]:  # evolved: a library of its own (a copy of `library` for the transfer row)
         raw["search"]["skills"] = str(run / "skills.sqlite")
         if library is not None and not (run / "lineage.sqlite").exists():
