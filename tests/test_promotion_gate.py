@@ -22,16 +22,18 @@ from evotrainer.evolve.stats.paired import (
 )
 
 
-def _bench_calibration():
-    spec = importlib.util.spec_from_file_location(
-        "calibration", Path(__file__).resolve().parents[1] / "bench" / "calibration.py")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["calibration"] = mod   # its dataclasses look their module up there
+    sys.modules[name] = mod   # its dataclasses look their module up there, other benches import it
     spec.loader.exec_module(mod)
     return mod
 
 
-calibration = _bench_calibration()
+calibration = _bench_module("calibration")
 
 
 def test_statistics():
@@ -240,13 +242,8 @@ def test_null_calibration_runs_the_quickstart_in_its_own_search_mode():
     # the real-mode null bench overrides the search's selection; it dropped `search.mode` once,
     # so in continue mode at one segment's budget no child could be trained and every run ended
     # after its root
-    spec = importlib.util.spec_from_file_location(
-        "null_calibration", Path(__file__).resolve().parents[1] / "bench" / "null_calibration.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    root = Path(__file__).resolve().parents[1]
-    raw = mod.bench_config(root / "configs" / "quickstart.yaml", root / "examples" / "harnesses" / "partial_credit",
-                           [10, 11], 6, 60)
+    raw = _bench_module("null_calibration").bench_config(
+        ROOT / "configs" / "quickstart.yaml", ROOT / "examples" / "harnesses" / "partial_credit", [10, 11], 6, 60)
     cfg = config_from_dict(raw).validate()
     assert cfg.search.restarts and cfg.search.selection == "greedy"
     assert cfg.budget.total_steps == cfg.budget.steps_per_segment == 60
