@@ -164,25 +164,27 @@ def finals_report(values: list[float]) -> None:
                   f"{subset_rate(values, n, said_beat)}, misses 0 {subset_rate(values, n, missed)}", flush=True)
 
 
-def simulated(alpha: float | None = None) -> None:
+def simulated(alpha: float | None = None, sd: float = 0.022) -> None:
+    """The gate and the interval on normal noise of sd `sd` (fractions: 0.022 is 2.2 points);
+    the planted gains are 1, 2 and 3 of those sd."""
     cfg = PromotionConfig() if alpha is None else PromotionConfig(alpha=alpha)
-    print(f"simulated: the real gate on normal noise (sd 2.2 points), alpha {cfg.alpha}, "
+    print(f"simulated: the real gate on normal noise (sd {100 * sd:.1f} points), alpha {cfg.alpha}, "
           f"{cfg.replicas} replicas, {cfg.extra_pairs} extra pairs at most; 20,000 null trials a row")
     print(f"{'seeds':>5} {'replicas':>8}  {'new gate keeps':>34}  {'old gate keeps':>34}  {'pairs':>5}")
     for seeds, reps in ((2, 1), (2, 2), (3, 2)):
-        r = simulate_gate(0.0, seeds=seeds, replicas=reps, cfg=cfg)
+        r = simulate_gate(0.0, sd=sd, seeds=seeds, replicas=reps, cfg=cfg)
         print(f"{seeds:>5} {reps:>8}  {str(r['new']):>34}  {str(r['old']):>34}  {r['mean_pairs']:5.2f}")
     print("\npower (2 seeds, 2 replicas): how often a real gain is kept; 4,000 trials a row")
-    for effect, name in ((0.022, "+2.2 points (1 sd)"), (0.044, "+4.4 (2 sd)"), (0.066, "+6.6 (3 sd)"),
-                         ([0.547, 0.16], "+54.7 and +16.0 (issue 32's run)")):
-        r = simulate_gate(effect, trials=4000, cfg=cfg)
+    for effect, name in ((sd, f"+{100 * sd:.1f} points (1 sd)"), (2 * sd, f"+{200 * sd:.1f} (2 sd)"),
+                         (3 * sd, f"+{300 * sd:.1f} (3 sd)"), ([0.547, 0.16], "+54.7 and +16.0 (issue 32's run)")):
+        r = simulate_gate(effect, sd=sd, trials=4000, cfg=cfg)
         print(f"  {name:34} new {str(r['new']):34} old {str(r['old']):34} pairs {r['mean_pairs']:.2f}")
     print("\nchildren with a reward-score divergence (a refutable blocking claim: kept only where the gate "
           "keeps), 2 seeds, 2 replicas")
     claim = ["reward_score_divergence = 0.05"]
-    for effect, name, n in ((0.0, "null (20,000 trials)", 20_000), (0.022, "+2.2 points", 4000),
-                            (0.044, "+4.4", 4000), (0.066, "+6.6", 4000)):
-        r = simulate_gate(effect, trials=n, cfg=cfg, unbacked=claim)
+    for effect, name, n in ((0.0, "null (20,000 trials)", 20_000), (sd, f"+{100 * sd:.1f} points", 4000),
+                            (2 * sd, f"+{200 * sd:.1f}", 4000), (3 * sd, f"+{300 * sd:.1f}", 4000)):
+        r = simulate_gate(effect, sd=sd, trials=n, cfg=cfg, unbacked=claim)
         print(f"  {name:34} kept {str(r['new']):34} pairs {r['mean_pairs']:.2f}")
     print("\nnull final comparisons: how often a 95% interval misses 0 (nominal 5%) and says 'beat' (2.5%)")
     for n in (2, 3, 5):
@@ -217,9 +219,11 @@ def main() -> None:
     p.add_argument("--only", choices=("trials", "finals"), help="one half of the real mode")
     p.add_argument("--alpha", type=float, default=None, help="the simulated gate at this promotion.alpha "
                    "instead of the default")
+    p.add_argument("--sd", type=float, default=2.2, help="the simulated noise's sd, in points (2.2: the "
+                   "quickstart root's replicas; at 60 steps they read 0.2-9.9, median 2.0, over five bases)")
     args = p.parse_args()
     if args.simulate:
-        return simulated(args.alpha)
+        return simulated(args.alpha, args.sd / 100)
     import transformers
     transformers.logging.disable_progress_bar()
     t0 = time.time()
