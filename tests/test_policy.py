@@ -42,19 +42,46 @@ def test_kv_cached_greedy_matches_transformers_generate_with_left_padding():
         assert torch.equal(ours.completion_ids[row][m], ref[row, :n][m])
 
 
+def test_finished_rows_leave_the_batch_and_every_row_still_matches_transformers_generate():
+    """Rows that end early drop out of the model's batch; the rest go on as if alone."""
+    tok = build_tokenizer()
+    model = build_model(len(tok), seed=1).eval()
+    prompts = ["1+2=", "345+678=", "12+34=", "9+9=", "77+1=", "5+50=", "800+8=", "3+3="]
+    ids, mask = encode_prompts(tok, prompts)
+    stops = [10, 17, 23]  # this model's greedy rows write these at steps 1, 2 and 4, or never
+    sizes = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: sizes.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    ours = generate(model, ids, mask, max_new_tokens=8, stop_ids=stops, pad_id=tok.pad_token_id, greedy=True)
+    hook.remove()
+    assert sizes[:2] == [len(prompts), len(prompts) - 3] and min(sizes) == 3  # the batch shrank as rows ended
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                         eos_token_id=-1, pad_token_id=0)[:, ids.shape[1]:]
+    n = ours.completion_ids.shape[1]
+    for row in range(len(prompts)):
+        m = ours.completion_mask[row].bool()
+        assert torch.equal(ours.completion_ids[row][m], ref[row, :n][m])
+        assert (ours.completion_ids[row][~m] == tok.pad_token_id).all()
+        assert (ours.logprobs[row][~m] == 0).all() and (ours.entropy[row][~m] == 0).all()
+    assert ours.lengths.tolist() == [1, 4, 1, 8, 1, 2, 8, 8] and ours.truncated.sum() == 3
+
+
 class ScriptedLM(torch.nn.Module):
-    """Emits a fixed token sequence per row, whatever the input: tests generate's bookkeeping."""
+    """Emits a fixed token sequence per row, whatever the input: tests generate's bookkeeping.
+    Its cache follows the rows generate keeps in the batch."""
 
     def __init__(self, script, vocab=100):
         super().__init__()
         self.script, self.vocab, self.calls = torch.tensor(script), vocab, 0
+        self.rows = torch.arange(len(script))
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True):
         t = self.calls
         self.calls += 1
+        assert input_ids.shape[0] == len(self.rows)
         logits = torch.full((input_ids.shape[0], input_ids.shape[1], self.vocab), -1e9)
-        logits[torch.arange(input_ids.shape[0]), -1, self.script[:, t]] = 0.0
-        cache = type("Cache", (), {"batch_select_indices": lambda self, idx: None})()
+        logits[torch.arange(input_ids.shape[0]), -1, self.script[self.rows, t]] = 0.0
+        lm = self
+        cache = type("Cache", (), {"batch_select_indices": lambda self, idx: setattr(lm, "rows", lm.rows[idx])})()
         return type("Out", (), {"logits": logits, "past_key_values": cache})()
 
 

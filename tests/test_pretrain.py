@@ -118,6 +118,9 @@ def test_each_task_builds_its_default_base_its_own_way_and_says_so_before_sft(tm
     assert "arith level 2 from scratch to 25% of a train probe, then arith level 3" in text
     assert f"about {sum(s.typical for s in stages)} SFT steps" in text and "\n" not in text
     assert all(s.typical > 0 for s in stages)
+    # the main job's weak base (stopped at 5%) was measured too
+    weak = stages_to_build(arith3, PretrainConfig(target_acc=0.05, warm_start=2), tmp_path)
+    assert [s.typical for s in weak] == [320, 170] and "measured: about 490 SFT steps" in announce(weak)
     # another recipe was not measured: the cap is said instead of a time
     assert "not measured for this recipe: at most 3000 SFT steps" in announce(
         stages_to_build(arith3, PretrainConfig(target_acc=0.4), tmp_path))

@@ -250,6 +250,18 @@ def test_rg_budget_fits_the_familys_answers():
     assert long.max_new_tokens > short.max_new_tokens
 
 
+def test_rg_sft_cap_shrinks_with_the_longest_rows_so_every_base_builds_in_about_the_same_time():
+    from evotrainer.tasks.reasoning_gym import SFT_CHARS, SFT_STEPS
+    from evotrainer.trainer.pretrain import PretrainConfig, resolved
+    short, mix = get_task("rg:chain_sum"), get_task("rg:composite")
+    longest = lambda t: max(len(p.prompt) + len(p.answer) for p in t.split("val", n=100))  # noqa: E731
+    assert longest(mix) > 2 * longest(short)  # leg_counting's questions pad the mix's batches
+    assert short.sft_max_steps == SFT_STEPS[1] and SFT_STEPS[0] < mix.sft_max_steps < SFT_STEPS[1] / 2
+    assert abs(mix.sft_max_steps * longest(mix) - SFT_CHARS) < 0.2 * SFT_CHARS  # the characters SFT reads
+    assert resolved(mix, PretrainConfig()).max_steps == mix.sft_max_steps  # the base's recipe, and its key
+    assert resolved(mix, PretrainConfig(max_steps=500)).max_steps == 500  # a config's own cap stands
+
+
 def test_rg_composite_mixes_families_each_scored_by_its_own_and_its_spec_names_the_mix():
     task = get_task("rg:composite")
     assert task.spec == "rg:composite?families=basic_arithmetic:1,chain_sum:1,leg_counting:1"

@@ -1,10 +1,12 @@
 """KV-cached sampling of a batch of completions, shared by training and evaluation.
 
-A hand-rolled loop instead of `model.generate`, for two savings: each distinct prompt goes
+A hand-rolled loop instead of `model.generate`, for three savings: each distinct prompt goes
 through the model once and its KV cache is shared by all the rows that answer it (a GRPO
-group of 8 pays for one prompt forward, not 8), and we stop as soon as every row has
-written its end token. Without left padding we pass no attention mask, so attention takes
-the fused causal path. Prompts are encoded by `evotrainer.policy.prompts`.
+group of 8 pays for one prompt forward, not 8); rows that wrote their end token leave the
+batch (and the cache) once an eighth of it has, so a batch whose answers differ in length
+stops paying for the finished ones; and we stop as soon as every row has ended. Without left
+padding we pass no attention mask, so attention takes the fused causal path. Prompts are
+encoded by `evotrainer.policy.prompts`.
 """
 from __future__ import annotations
 
@@ -98,7 +100,10 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, max_
     logits, cache = prompt_forward(model, prompt_ids, prompt_mask, index)
     mask = prompt_mask[index] if bool((prompt_mask == 0).any()) else None
     next_pos = position_ids(prompt_mask)[index, -1:] + 1
-    tokens, logps, ents, done = [], [], [], torch.zeros(B, dtype=torch.bool, device=dev)
+    # `rows`: the batch rows still in the model's batch (and its cache), in order; `logits`,
+    # `mask` and `next_pos` hold those rows only
+    rows, done = torch.arange(B, device=dev), torch.zeros(B, dtype=torch.bool, device=dev)
+    tokens, logps, ents = [], [], []
     for t in range(max_new_tokens):
         # evidence comes for free: the sampling distribution is already computed here
         scaled = logits.float() / (1.0 if greedy else temperature)
@@ -109,16 +114,23 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, max_
             nxt = logits.argmax(-1)
         else:
             nxt = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
-        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-        tokens.append(nxt)
-        logps.append(logp_all.gather(-1, nxt[:, None]).squeeze(-1))
+        nxt = torch.where(done[rows], torch.full_like(nxt, pad_id), nxt)
         p = logp_all.exp()
-        ents.append(-(p * logp_all.masked_fill(p == 0, 0.0)).sum(-1))
-        done |= torch.isin(nxt, stops)
+        # rows out of the batch ended earlier: a pad, log-prob and entropy 0
+        tokens.append(torch.full((B,), pad_id, dtype=nxt.dtype, device=dev).index_put((rows,), nxt))
+        logps.append(logp_all.new_zeros(B).index_put((rows,), logp_all.gather(-1, nxt[:, None]).squeeze(-1)))
+        ents.append(logp_all.new_zeros(B).index_put((rows,), -(p * logp_all.masked_fill(p == 0, 0.0)).sum(-1)))
+        done[rows] |= torch.isin(nxt, stops)
         if bool(done.all()) or t == max_new_tokens - 1:
             break
+        stay = ~done[rows]
+        if int(stay.sum()) <= len(rows) * 7 // 8:  # an eighth of the batch ended: drop it
+            keep = stay.nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            rows, nxt, next_pos = rows[keep], nxt[keep], next_pos[keep]
+            mask = None if mask is None else mask[keep]
         if mask is not None:
-            mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=dev)], dim=1)
+            mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype, device=dev)], dim=1)
         out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=next_pos,
                     **with_cache(model, cache), use_cache=True)
         cache, logits, next_pos = cache_of(out), out.logits[:, -1], next_pos + 1

@@ -13,10 +13,11 @@ from evotrainer.tasks.base import Problem, Task
 from evotrainer.tasks.registry import Builtin, register
 
 
-# SFT steps the default base of a level took from an empty cache (Task.sft_typical_steps; that
-# stage alone): 2 digits from scratch to 25%, 320 steps (probe 34%); 3 digits from it to 25%,
-# 930 steps (probe 31%)
-SFT_TYPICAL_STEPS = {2: 320, 3: 930}
+# SFT steps a level's base took from an empty cache, by its stop target (Task.sft_measured_steps;
+# that stage alone): 2 digits from scratch to 25%, 320 steps (probe 34%); 3 digits from it to
+# 25%, 930 steps (probe 31%); and to 5%, the main job's weak base, 70-330 steps on nine bases
+# (five on an AMD machine, four on an Intel one), median 170
+SFT_MEASURED_STEPS = {(2, 0.25): 320, (3, 0.25): 930, (3, 0.05): 170}
 
 
 @dataclass
@@ -45,10 +46,13 @@ class ArithTask(Task):
         # The default base (pretrain.py): SFT from scratch up to 2 digits, above that continued
         # from the level below. 3-digit SFT from scratch sat on a loss plateau for 700-1500 steps
         # on 2 of 3 initialisations (9+ minutes to a first RL step); continued from the 2-digit
-        # base it climbs from its first steps. Measured steps: SFT_TYPICAL_STEPS.
+        # base it climbs from its first steps. Measured steps: SFT_MEASURED_STEPS.
         if self.target_level >= 3:
             self.sft_warm_start = self.target_level - 1
-        self.sft_typical_steps = SFT_TYPICAL_STEPS.get(self.target_level, 0)
+        self.sft_typical_steps = self.sft_measured_steps(self.sft_target_acc)
+
+    def sft_measured_steps(self, target_acc: float) -> int:
+        return SFT_MEASURED_STEPS.get((self.target_level, target_acc), 0)
 
     def problem_space(self, level: int) -> int:
         lo = 0 if level == 1 else 10 ** (level - 1)

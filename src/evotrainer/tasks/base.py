@@ -100,6 +100,11 @@ class Task(ABC):
     def score(self, problem: Problem, completion: str) -> float:
         """The verifier: 1.0 if the completion solves the problem, else 0.0 (or in [0, 1])."""
 
+    def sft_measured_steps(self, target_acc: float) -> int:
+        """SFT steps this level's default base recipe took to stop at `target_acc` when
+        measured (that stage alone); 0: not measured. A task that measured other targets says so."""
+        return self.sft_typical_steps if target_acc == self.sft_target_acc else 0
+
     def judge_many(self, problems: list[Problem], completions: list[str]) -> list[Judgement]:
         """Verdicts on a whole batch: one call per training step and evaluation batch, so a
         task that runs programs starts its sandbox once per batch, not once per completion."""

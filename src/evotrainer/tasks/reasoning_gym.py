@@ -22,6 +22,7 @@ a colon, 1 if none). Without `families` it is COMPOSITE_DEFAULT. It has one leve
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 
@@ -41,10 +42,17 @@ SIZE_CAPS = {
     "list_functions": 1_000_000,  # likewise
     "word_ladder": 20_000,       # its config refuses more
 }
-BUDGET_SAMPLE = 64
+BUDGET_SAMPLE = 64  # items of the target level whose longest answer sets the completion budget
+# The default base's SFT cap. SFT pays for every batch padded to its longest row: at
+# chain_sum's ~120 characters (question and answer), 500 steps of 32 took 143 s on 2 cores,
+# and rg:composite's default mix, whose leg_counting questions (~270 characters) pad most
+# batches, took 362 s for the same 500. So a family gets SFT_CHARS characters of its longest
+# row's length in steps, between the bounds: every family's base builds in about the same time.
+SFT_CHARS = 500 * 120
+SFT_STEPS = (100, 500)
 # rg:composite without `families`: three short-answer numeric families, equally weighted
 COMPOSITE_DEFAULT = "basic_arithmetic:1,chain_sum:1,leg_counting:1"
-QUERY_KEYS = ("families",)  # only rg:composite takes it  # items of the target level whose longest answer sets the completion budget
+QUERY_KEYS = ("families",)  # only rg:composite takes it
 
 
 def families() -> list[str]:
@@ -95,13 +103,13 @@ def level_configs(family: str) -> list[dict]:
 
 class ReasoningGymTask(Task):
     # The default base, for a run that names no model: SFT of the built-in 1M-parameter
-    # character model, which learns some families and not others, so it is capped and kept
-    # whatever its probe reached (`rg:chain_sum` at its defaults was still short of 25% after
-    # 420 s of SFT from scratch; with the target required, a family out of its reach would fail
-    # after 1500 steps and three restarts). A family's questions are long (a step of 128 took
-    # 1.3 s on chain_sum, arith's 0.16 s), so batches are smaller. A config asks for more with
-    # `base.max_steps`, `base.batch_size` and `base.require_target`, or names a real model.
-    sft_max_steps = 500
+    # character model, which learns some families and not others, so it is capped
+    # (sft_max_steps) and kept whatever its probe reached (`rg:chain_sum` at its defaults was
+    # still short of 25% after 420 s of SFT from scratch; with the target required, a family out
+    # of its reach would fail after 1500 steps and three restarts). A family's questions are
+    # long (a step of 128 took 1.3 s on chain_sum, arith's 0.16 s), so batches are smaller. A
+    # config asks for more with `base.max_steps`, `base.batch_size` and `base.require_target`,
+    # or names a real model.
     sft_batch_size = 32
     sft_require_target = False
 
@@ -130,11 +138,21 @@ class ReasoningGymTask(Task):
         # plus slack (budget_from_answers); the built-in character model writes one token per
         # character, models that reason first pass `?max_new_tokens=N` in the spec instead
         if max_new_tokens is None:
-            rng = random.Random(f"{self.name}/budget/{self.target_level}")
-            ds = self._dataset(self.target_level)
-            max_new_tokens = budget_from_answers(str(ds[rng.randrange(self.size)]["answer"])
-                                                 for _ in range(BUDGET_SAMPLE))
+            max_new_tokens = budget_from_answers(str(e["answer"]) for e in self._fixed_sample())
         self.max_new_tokens = max_new_tokens
+
+    def _fixed_sample(self) -> list[dict]:
+        """BUDGET_SAMPLE items of the target level, the same for every run of the family and level."""
+        rng = random.Random(f"{self.name}/budget/{self.target_level}")
+        ds = self._dataset(self.target_level)
+        return [ds[rng.randrange(self.size)] for _ in range(BUDGET_SAMPLE)]
+
+    @functools.cached_property
+    def sft_max_steps(self) -> int:
+        """The default base's SFT cap: SFT_CHARS over the longest row of the fixed sample (a
+        batch's longest, about), within SFT_STEPS."""
+        longest = max(len(e["question"]) + len(str(e["answer"])) for e in self._fixed_sample())
+        return max(SFT_STEPS[0], min(SFT_STEPS[1], SFT_CHARS // longest))
 
     def _dataset(self, level: int):
         """The level's dataset, built once; its seed is fixed by (family, level)."""

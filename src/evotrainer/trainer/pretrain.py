@@ -175,9 +175,10 @@ class SftStage:
 
     @property
     def typical(self) -> int:
-        """SFT steps the task's default base took when measured; 0 for another recipe."""
-        own = resolved(self.task, replace(PretrainConfig(), seed=self.cfg.seed))
-        return self.task.sft_typical_steps if self.cfg == own else 0
+        """SFT steps the task's default base recipe took to this stage's target when measured;
+        0 for another recipe or an unmeasured target."""
+        own = resolved(self.task, replace(PretrainConfig(), seed=self.cfg.seed, target_acc=self.cfg.target_acc))
+        return self.task.sft_measured_steps(self.cfg.target_acc) if self.cfg == own else 0
 
 
 @dataclass(frozen=True)
