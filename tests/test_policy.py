@@ -65,6 +65,22 @@ def test_finished_rows_leave_the_batch_and_every_row_still_matches_transformers_
     assert ours.lengths.tolist() == [1, 4, 1, 8, 1, 2, 8, 8] and ours.truncated.sum() == 3
 
 
+def test_a_seed_samples_the_same_completions_whether_finished_rows_leave_the_batch_or_not(monkeypatch):
+    import evotrainer.policy.generate as gen_module
+    tok = build_tokenizer()
+    model = build_model(len(tok), seed=1).eval()
+    ids, mask = encode_prompts(tok, ["1+2=", "345+678=", "12+34=", "9+9="])
+    sample = lambda: generate(model, ids, mask, max_new_tokens=12, stop_ids=list(range(3, 13)),  # noqa: E731
+                              pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(7), repeats=8)
+    dropping = sample()
+    monkeypatch.setattr(gen_module, "LEAVE_SHARE", 2.0)  # never: every row stays to the end
+    staying = sample()
+    assert len(set(dropping.lengths.tolist())) > 3 and dropping.completion_ids.shape[1] > 4  # rows end at many steps
+    assert torch.equal(dropping.completion_ids, staying.completion_ids)
+    assert torch.allclose(dropping.logprobs, staying.logprobs, atol=1e-5)
+    assert torch.allclose(dropping.entropy, staying.entropy, atol=1e-5)
+
+
 class ScriptedLM(torch.nn.Module):
     """Emits a fixed token sequence per row, whatever the input: tests generate's bookkeeping.
     Its cache follows the rows generate keeps in the batch."""

@@ -4,7 +4,8 @@ A hand-rolled loop instead of `model.generate`, for three savings: each distinct
 through the model once and its KV cache is shared by all the rows that answer it (a GRPO
 group of 8 pays for one prompt forward, not 8); rows that wrote their end token leave the
 batch (and the cache) once an eighth of it has, so a batch whose answers differ in length
-stops paying for the finished ones; and we stop as soon as every row has ended. Without left
+stops paying for the finished ones (a seed still samples what it sampled with the whole
+batch); and we stop as soon as every row has ended. Without left
 padding we pass no attention mask, so attention takes the fused causal path. Prompts are
 encoded by `evotrainer.policy.prompts`.
 """
@@ -31,6 +32,11 @@ class Generation:
     @property
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(-1)
+
+
+# rows that ended leave the model's batch once this share of it has: each time, the KV cache
+# is copied without them (about what one more token's cache update costs)
+LEAVE_SHARE = 1 / 8
 
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
@@ -110,12 +116,19 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, max_
         if not greedy:
             scaled = filter_logits(scaled, top_k, top_p)
         logp_all = torch.log_softmax(scaled, -1)
+        p = logp_all.exp()
         if greedy:
             nxt = logits.argmax(-1)
+        elif len(rows) < B:
+            # the rows out of the batch draw too (a pad, surely): the sampler's draws per row do
+            # not depend on its probabilities, so every row gets the draws it got with the whole batch
+            whole = p.new_zeros(B, p.shape[-1])
+            whole[:, pad_id] = 1.0
+            whole[rows] = p
+            nxt = torch.multinomial(whole, 1, generator=generator).squeeze(-1)[rows]
         else:
-            nxt = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+            nxt = torch.multinomial(p, 1, generator=generator).squeeze(-1)
         nxt = torch.where(done[rows], torch.full_like(nxt, pad_id), nxt)
-        p = logp_all.exp()
         # rows out of the batch ended earlier: a pad, log-prob and entropy 0
         tokens.append(torch.full((B,), pad_id, dtype=nxt.dtype, device=dev).index_put((rows,), nxt))
         logps.append(logp_all.new_zeros(B).index_put((rows,), logp_all.gather(-1, nxt[:, None]).squeeze(-1)))
@@ -124,7 +137,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, max_
         if bool(done.all()) or t == max_new_tokens - 1:
             break
         stay = ~done[rows]
-        if int(stay.sum()) <= len(rows) * 7 // 8:  # an eighth of the batch ended: drop it
+        if len(rows) - int(stay.sum()) >= LEAVE_SHARE * len(rows):
             keep = stay.nonzero().squeeze(-1)
             cache.batch_select_indices(keep)
             rows, nxt, next_pos = rows[keep], nxt[keep], next_pos[keep]
