@@ -5,9 +5,9 @@ through the model once and its KV cache is shared by all the rows that answer it
 group of 8 pays for one prompt forward, not 8); rows that wrote their end token leave the
 batch (and the cache) once an eighth of it has, so a batch whose answers differ in length
 stops paying for the finished ones (a seed still samples what it sampled with the whole
-batch); and we stop as soon as every row has ended. Without left
-padding we pass no attention mask, so attention takes the fused causal path. Prompts are
-encoded by `evotrainer.policy.prompts`.
+batch); and we stop as soon as every row has ended. Without left padding we pass no
+attention mask, so attention takes the fused causal path. Prompts are encoded by
+`evotrainer.policy.prompts`.
 """
 from __future__ import annotations
 

@@ -49,7 +49,6 @@ class ArithTask(Task):
         # base it climbs from its first steps. Measured steps: SFT_MEASURED_STEPS.
         if self.target_level >= 3:
             self.sft_warm_start = self.target_level - 1
-        self.sft_typical_steps = self.sft_measured_steps(self.sft_target_acc)
 
     def sft_measured_steps(self, target_acc: float) -> int:
         return SFT_MEASURED_STEPS.get((self.target_level, target_acc), 0)
