@@ -25,7 +25,8 @@ mean validation accuracy, the root's included, wins.
 Records: results/simulate/TASK.json (every replicate, by strategy and budget, written as
 each finishes: a stopped simulation goes on from them) and TASK.md (the table); a fill's
 in TASK-fill.json/md, the real runs' in TASK-real.json/md and TASK-real/ (each search, with
-its winner's harness files).
+its winner's harness files). --real needs no table: before one is built it reads the first look
+(bench/landscape.py TASK --headroom) for the root and the tuned recipe, chosen on its 3 seeds.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from evotrainer.evolve.landscape import ROWS  # noqa: E402
 from evotrainer.evolve.simulate import Replicate, Table, draw, simulate  # noqa: E402
 from evotrainer.evolve.segments.retrain import Arm, retrain  # noqa: E402
 from evotrainer.evolve.stats.paired import crossed_t_interval, paired_differences, t_interval  # noqa: E402
@@ -364,7 +366,9 @@ def main() -> None:
     ap.add_argument("--fresh-seeds", type=int, default=5, help=f"--real's fresh seeds: {FRESH}, {FRESH + 1}, ...")
     args = ap.parse_args()
     if args.real:
-        text, rec = real_runs(args.task, Table.load(TABLES / args.task), args.real, args.trials[0],
+        table = TABLES / args.task
+        table = table if (table / ROWS).exists() else table / "headroom"  # before a table: the first look's rows
+        text, rec = real_runs(args.task, Table.load(table), args.real, args.trials[0],
                               list(range(FRESH, FRESH + args.fresh_seeds)))
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / f"{args.task}-real.json").write_text(json.dumps(rec) + "\n")

@@ -102,6 +102,10 @@ def test_escalation_subtracts_first_then_switches_layer():
     spent = {"revert_reward", "revert_clip_high"}
     p = propose(ctx([DEAD], shaped, tried=spent, escalation=Escalation(avoid=frozenset({"reward"}))))
     assert p.family != "reward"                       # the layer that failed is left
+    assert p.intervention == "lower_lr"               # for the learning rate, where a sweep starts
+    weighed = propose(ctx([DEAD], shaped, tried=spent, escalation=Escalation(avoid=frozenset({"reward"})),
+                          family_weights={"curriculum": 2.0}))
+    assert weighed.family == "curriculum"             # unless the controller weighs another family more
     ignored = Escalation(avoid=frozenset(), ignore=frozenset({"dead_group_ratio"}), subtract=False)
     assert propose(ctx([DEAD], tried={"partial_credit"}, escalation=ignored)).trigger == "none"
 

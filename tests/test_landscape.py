@@ -174,6 +174,17 @@ def test_the_simulated_search_keeps_what_the_table_says_gains(tmp_path):
     assert len({r.seeds for r in reps}) > 1
 
 
+def test_a_first_look_loads_as_a_table_with_its_tasks_meta(tmp_path):
+    """Before a table is built, its first look (TASK/headroom) is what --real reads: the rows,
+    harnesses and backtests there, the config and pool from the task's meta.json one folder up."""
+    look = synthetic(tmp_path / "headroom", {"partial_credit": 0.25})
+    (look / "meta.json").rename(tmp_path / "meta.json")
+    table = Table.load(look)
+    assert table.root_dir == look / "harnesses" / "root" and table.config == CONFIG
+    assert table.rows["partial_credit"].val == Table.load(synthetic(tmp_path / "t", {"partial_credit": 0.25})).rows[
+        "partial_credit"].val
+
+
 def test_a_move_back_to_a_trained_harness_is_passed_over_off_the_budget(tmp_path):
     """Restart mode: after three failures from the kept child, escalation undoes its change
     first; that harness has the root's files, which trained from the base on these seeds

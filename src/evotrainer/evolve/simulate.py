@@ -82,7 +82,9 @@ class Table:
 
     @classmethod
     def load(cls, out: Path, fill: Training | None = None) -> "Table":
-        meta = json.loads((out / "meta.json").read_text())
+        """The table recorded in `out`; a first look (TASK/headroom, before its table is built)
+        reads its task's meta.json, one folder up."""
+        meta = json.loads((out / "meta.json" if (out / "meta.json").exists() else out.parent / "meta.json").read_text())
         from_root = {("root", name): by_seed for name, by_seed in read_backtests(out / BACKTESTS).items()}
         return cls(read_rows(out / ROWS), meta["seeds"], meta["config"], out / "harnesses" / "root", from_root, out, fill)
 
