@@ -91,9 +91,8 @@ def candidates(ctx: AgentContext) -> list[Proposal]:
                 p = replace(p, hypothesis=f"{p.hypothesis} (the search controller weighs {family} {w:g})")
             out.append(p)
     if esc:
-        # the findings led to three failures in a row: the learning rate's family leads what is
-        # left, the first knob a careful engineer's sweep tunes
-        # (among families of equal weight: an evolving controller's heavier families still lead)
+        # the findings led to three failures in a row: the learning rate's family, the first knob
+        # a careful engineer's sweep tunes, leads its equals (an evolving controller's heavier still lead)
         out = sorted(out, key=lambda p: (-ctx.family_weights.get(p.family, 1.0), p.family != ESCALATED_FIRST))
         if esc.subtract:  # subtracting first: each change of the parent from the root, undone
             out = [p for p in revert(ctx.knobs, ctx.root_knobs) if p.intervention not in ctx.tried] + out
