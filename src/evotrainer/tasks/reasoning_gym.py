@@ -138,11 +138,13 @@ class ReasoningGymTask(Task):
         # plus slack (budget_from_answers); the built-in character model writes one token per
         # character, models that reason first pass `?max_new_tokens=N` in the spec instead
         if max_new_tokens is None:
-            max_new_tokens = budget_from_answers(str(e["answer"]) for e in self._fixed_sample())
+            max_new_tokens = budget_from_answers(str(e["answer"]) for e in self._fixed_sample)
         self.max_new_tokens = max_new_tokens
 
+    @functools.cached_property
     def _fixed_sample(self) -> list[dict]:
-        """BUDGET_SAMPLE items of the target level, the same for every run of the family and level."""
+        """BUDGET_SAMPLE items of the target level, the same for every run of the family and level
+        (drawn once: the budget and the SFT cap both read it)."""
         rng = random.Random(f"{self.name}/budget/{self.target_level}")
         ds = self._dataset(self.target_level)
         return [ds[rng.randrange(self.size)] for _ in range(BUDGET_SAMPLE)]
@@ -151,7 +153,7 @@ class ReasoningGymTask(Task):
     def sft_max_steps(self) -> int:
         """The default base's SFT cap: SFT_CHARS over the longest row of the fixed sample (a
         batch's longest, about), within SFT_STEPS."""
-        longest = max(len(e["question"]) + len(str(e["answer"])) for e in self._fixed_sample())
+        longest = max(len(e["question"]) + len(str(e["answer"])) for e in self._fixed_sample)
         return max(SFT_STEPS[0], min(SFT_STEPS[1], SFT_CHARS // longest))
 
     def _dataset(self, level: int):
