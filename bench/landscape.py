@@ -315,8 +315,9 @@ def main() -> None:
     ap.add_argument("--fresh-timeout", type=float, default=None,
                     help="seconds per segment for --fresh (default: the config's trial timeout); more where "
                          "the machine is shared")
-    ap.add_argument("--headroom", action="store_true", help="first look, before a whole table: the root, the "
-                    f"catalog's moves and the sweep on seeds {HEADROOM_SEEDS}, in TASK/headroom/ (the table reuses them)")
+    ap.add_argument("--headroom", action="store_true", help="first look, before a whole table: the root and the "
+                    f"sweep, then the catalog's moves (not with --only root or sweep), on seeds {HEADROOM_SEEDS}, in "
+                    "TASK/headroom/ (the table reuses them)")
     ap.add_argument("--backtests", action="store_true", help="backtest every recorded row on the root's rollouts "
                     "(a stopped build's rows), without training")
     ap.add_argument("--calibrate", action="store_true", help="count every table's backtest verdicts against "
@@ -367,7 +368,11 @@ def main() -> None:
         print(text)
         return
     if args.headroom:
-        look = [c for c in first if c.kind in ("root", "sweep") or (c.kind == "move" and c.name in FAMILY)]
+        # the root and the sweep first: they name the tuned recipe, so --fresh can measure the
+        # headroom (and a task without it be dropped) before the catalog's moves are trained
+        look = [c for c in first if c.kind in ("root", "sweep")]
+        if args.only not in ("root", "sweep"):
+            look += [c for c in first if c.kind == "move" and c.name in FAMILY]
         rows = build(training, root, look, seeds=HEADROOM_SEEDS, out=out / "headroom", batch=args.batch, on_row=on_row)
         (out / "headroom" / "table.md").write_text(table_md(rows) + "\n")
         print(table_md(rows))
