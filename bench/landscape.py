@@ -45,8 +45,8 @@ from evotrainer.catalog import get_task  # noqa: E402
 from evotrainer.config import config_from_dict  # noqa: E402
 from evotrainer.diagnostics.evidence_view import spearman  # noqa: E402
 from evotrainer.evolve import setup  # noqa: E402
-from evotrainer.evolve.landscape import (BACKTESTS, ROWS, Config, Row, backtests, build, read_backtests, read_rows,
-                                        root_moves, table_md)  # noqa: E402
+from evotrainer.evolve.landscape import (BACKTESTS, ROWS, Config, Row, backtests, build, first_look, read_backtests,
+                                        read_rows, root_moves, table_md)  # noqa: E402
 from evotrainer.evolve.segments.cache import SegmentCache, file_digest, start_identity  # noqa: E402
 from evotrainer.evolve.segments.retrain import Arm, retrain  # noqa: E402
 from evotrainer.evolve.stats.paired import paired_differences, t_interval  # noqa: E402
@@ -368,12 +368,8 @@ def main() -> None:
         print(text)
         return
     if args.headroom:
-        # the root and the sweep first: they name the tuned recipe, so --fresh can measure the
-        # headroom (and a task without it be dropped) before the catalog's moves are trained
-        look = [c for c in first if c.kind in ("root", "sweep")]
-        if args.only not in ("root", "sweep"):
-            look += [c for c in first if c.kind == "move" and c.name in FAMILY]
-        rows = build(training, root, look, seeds=HEADROOM_SEEDS, out=out / "headroom", batch=args.batch, on_row=on_row)
+        rows = build(training, root, first_look(first, args.only), seeds=HEADROOM_SEEDS, out=out / "headroom",
+                     batch=args.batch, on_row=on_row)
         (out / "headroom" / "table.md").write_text(table_md(rows) + "\n")
         print(table_md(rows))
         return

@@ -18,6 +18,7 @@ from evotrainer.evolve.landscape import (
     build,
     changed_knobs,
     content_key,
+    first_look,
     read_backtests,
     read_rows,
     root_moves,
@@ -110,6 +111,21 @@ def test_a_stopped_build_goes_on_where_it_stopped(tmp_path):
     done = FakeTraining(acc)
     build(done, ROOT, configs, seeds=SEEDS, out=tmp_path)
     assert done.trained == []
+
+
+def test_a_first_look_trains_the_root_and_the_sweep_before_the_catalogs_moves(tmp_path):
+    m = moves()
+    recipe = Proposal("lr2-binary-g1", "sweep", "", "", "", "", knobs={"lr": 2e-5})
+    sweep = Config("sweep:lr2-binary-g1", "sweep", (recipe,))
+    singles = [Config("root", "root"), Config("replica-1", "replica", replica=1),
+               Config("partial_credit", "move", (m["partial_credit"],)), sweep,
+               Config("lr_x0.8", "move", (m["lr_x0.8"],)), Config("drop_dead", "move", (m["drop_dead"],))]
+    assert [c.name for c in first_look(singles)] == ["root", sweep.name, "partial_credit", "drop_dead"]  # no space move
+    assert [c.name for c in first_look(singles, "sweep")] == ["root", sweep.name]
+    assert [c.name for c in first_look(singles, "root")] == ["root"]
+    training = FakeTraining(lambda name, s: 0.1)
+    build(training, ROOT, first_look(singles), seeds=SEEDS, out=tmp_path, batch=2)
+    assert training.trained == ["root", sweep.name, "partial_credit", "drop_dead"]
 
 
 def test_a_configuration_with_a_recorded_rows_files_takes_its_outcome_untrained(tmp_path):

@@ -114,6 +114,19 @@ def screen_configs(root: Path, target: int, moves: str = "catalog") -> list[Conf
     return [Config("root", "root")] + [Config(p.intervention, "move", (p,)) for p in props]
 
 
+def first_look(singles: Sequence[Config], only: str = "all") -> list[Config]:
+    """A first look's configurations, from a table's singles: the root, then the hand sweep's
+    recipes (they name the tuned recipe, so the task's headroom can be measured, and a task
+    without it dropped, before the moves are trained), then the catalog's moves; `only` "root"
+    or "sweep" stops there. No replicas: a look measures headroom, not the gate's noise."""
+    look = [c for c in singles if c.kind == "root"]
+    if only != "root":
+        look += [c for c in singles if c.kind == "sweep"]
+    if only not in ("root", "sweep"):
+        look += [c for c in singles if c.kind == "move" and c.name in FAMILY]
+    return look
+
+
 def write_harness(root: Path, dest: Path, moves: Sequence[Proposal]) -> Path:
     """`root`'s harness with each move applied in order, as the controller applies a proposal:
     its files replaced, then its knobs set in knobs.yaml (comments and order kept)."""
