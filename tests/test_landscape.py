@@ -115,7 +115,7 @@ def test_a_stopped_build_goes_on_where_it_stopped(tmp_path):
 
 def test_a_first_look_trains_the_root_and_the_sweep_before_the_catalogs_moves(tmp_path):
     m = moves()
-    recipe = Proposal("lr2-binary-g1", "sweep", "", "", "", "", knobs={"lr": 2e-5})
+    recipe = Proposal("lr2-binary-g1", "sweep", "", "", "", "", knobs={"lr": 6.0e-4})
     sweep = Config("sweep:lr2-binary-g1", "sweep", (recipe,))
     singles = [Config("root", "root"), Config("replica-1", "replica", replica=1),
                Config("partial_credit", "move", (m["partial_credit"],)), sweep,
