@@ -98,6 +98,28 @@ def test_length_reward_is_rejected_though_it_orders_correct_above_wrong(tmp_path
     assert rep.off_score_tracks["length"] > 0.8 and abs(rep.off_score_tracks["answer_similarity"]) < 0.5
 
 
+LENGTH_PENALTY = ("def length_penalty(r):\n"
+                  "    return r.scores - 0.5 * r.lengths.float() / r.max_new_tokens\n")
+
+
+def test_a_length_penalty_passes_where_paying_for_length_is_rejected(tmp_path, evidence):
+    # the mirror of length_pay: the same signal in all-wrong groups, pointing the other way
+    out = backtest(evidence, write_harness(tmp_path / "pen", {"reward.py": LENGTH_PENALTY}, small=False,
+                                         reward="length_penalty"))
+    rep = out.report
+    assert out.label == "passed", out.reasons
+    assert rep.off_score_signal_after > 0.02 and rep.off_score_tracks["length"] < -0.8
+    assert any("shaping towards shorter completions" in n for n in rep.notes)
+    # the verdict reads the sign: the same report with the correlation flipped is the hack
+    flipped = dataclasses.replace(rep, off_score_tracks=rep.off_score_tracks | {"length": -rep.off_score_tracks["length"]})
+    assert "tracks length (r = +" in verdict(flipped, BacktestConfig())[0][0]
+    # paying for finished or well-formed completions is shaping too; other features are not
+    for feature, rejected in (("truncated", False), ("format_failure", False), ("repetition", True),
+                              ("policy_confidence", True)):
+        other = dataclasses.replace(rep, off_score_tracks={feature: -0.9, "answer_similarity": 0.1})
+        assert bool(verdict(other, BacktestConfig())[0]) == rejected, feature
+
+
 def test_reward_against_the_verifier_has_ordering_violations(tmp_path, evidence):
     out = backtest(evidence, write_harness(tmp_path / "inv", {"reward.py": INVERTED}, small=False, reward="inverted"))
     assert out.label == "backtest_rejected"

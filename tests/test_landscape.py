@@ -21,6 +21,7 @@ from evotrainer.evolve.landscape import (
     first_look,
     read_backtests,
     read_rows,
+    rejudged,
     root_moves,
     write_harness,
 )
@@ -394,3 +395,19 @@ def test_a_screen_whose_base_is_not_built_yet_says_so_and_shows_the_build(tmp_pa
     assert code == 2 and "stopped here by the test" in err
     assert "Building the base model once: ['a stage']" in err
     assert "building the base, arith level 1: SFT step 100, loss 0.500, probe accuracy 0.10 of 0.20" in err
+
+
+def test_a_recorded_rejection_of_shaping_passes_under_todays_verdict():
+    reason = ("12% of the advantage signal falls in groups whose verifier scores are all equal, and there it "
+              "tracks {} (r = {}), not correctness (closeness to the answer r = +0.05): the policy would be "
+              "pushed towards {} where no answer is better than another")
+    penalty = {"name": "overlong_shaping", "seed": 0, "label": "backtest_rejected",
+               "reasons": [reason.format("truncated", "-0.89", "truncated")]}
+    now = rejudged(penalty)
+    assert now["label"] == "passed" and now["reasons"] == [] and "truncated (r = -0.89)" in now["notes"][0]
+    hack = penalty | {"reasons": [reason.format("length", "+0.91", "length")]}
+    mixed = penalty | {"reasons": penalty["reasons"] + ["max_new_tokens=8 would cut 3 of 40 correct rollouts"]}
+    other = penalty | {"reasons": [reason.format("repetition", "-0.70", "repetition")]}
+    assert rejudged(penalty | {"reasons": [reason.format("format_failure", "-0.99", "format_failure")]})["label"] == "passed"
+    for b in (hack, mixed, other, penalty | {"label": "passed", "reasons": []}):
+        assert rejudged(b) == b

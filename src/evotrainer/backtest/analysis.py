@@ -37,6 +37,11 @@ from evotrainer.harness.filters import DEAD_STD
 # what the off-score signal may track: closeness to the reference answer is correctness
 # at a finer grain; everything else is not correctness
 CORRECTNESS_FEATURE = "answer_similarity"
+# where no answer is better than another, paying for shorter, finished or well-formed
+# completions is the shaping the published recipes use (DAPO's overlong shaping, Kimi k1.5's
+# length reward, DeepSeek-R1's format reward); paying the other way is a hack. Feature, and
+# what signal against it pushes completions towards.
+SHAPING = {"length": "shorter", "truncated": "finished", "format_failure": "well-formed"}
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,10 @@ class BacktestConfig:
         ignored; above it, what the signal tracks decides the verdict. Kept small because
         GRPO normalises each group: a reward that differs by a hair inside an all-wrong
         group gets advantages as large as a correct answer's (the length-paying reward put
-        only 7% of its signal there at the start, and still drove accuracy to 0).
+        only 7% of its signal there at the start, and still drove accuracy to 0). Signal
+        there that pays for shorter, finished or well-formed completions (SHAPING) passes
+        with a note: the direction-blind rule rejected DAPO's overlong shaping on every seed
+        of three landscape tables, each of which it gained on when trained.
     min_tracking: |correlation| from which a feature counts as what the signal tracks.
     """
     max_violation_rate: float = 0.0
@@ -271,6 +279,9 @@ def verdict(rep: BacktestReport, cfg: BacktestConfig) -> tuple[list[str], list[s
         if top == CORRECTNESS_FEATURE and abs(known[top]) >= cfg.min_tracking:
             notes.append(f"{share}; there it tracks closeness to the reference answer "
                          f"(r = {known[top]:+.2f}), a finer grain of correctness")
+        elif top in SHAPING and known[top] <= -cfg.min_tracking:
+            notes.append(f"{share}; there it tracks {top} (r = {known[top]:+.2f}): shaping towards "
+                         f"{SHAPING[top]} completions where no answer is better than another")
         elif top is not None and abs(known[top]) >= cfg.min_tracking:
             sim = known.get(CORRECTNESS_FEATURE)
             reasons.append(f"{share}, and there it tracks {top} (r = {known[top]:+.2f}), not correctness "

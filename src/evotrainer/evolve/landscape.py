@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import statistics
 from dataclasses import asdict, dataclass, field, replace
@@ -30,6 +31,7 @@ from evotrainer.agents.interface import AgentContext, Proposal
 from evotrainer.agents.interventions import FAMILY, set_knob
 from evotrainer.agents.rules import candidates
 from evotrainer.backtest import backtest
+from evotrainer.backtest.analysis import SHAPING
 from evotrainer.catalog import get_task
 from evotrainer.config import RunConfig
 from evotrainer.errors import UsageError
@@ -272,15 +274,30 @@ BACKTEST_FIELDS = ("unchanged", "dead_group_ratio_before", "dead_group_ratio_aft
                    "correct_cut_by_truncation", "correct_in_dropped_live_groups")
 
 
+# a rejection's reason from before the backtest read the direction of off-score signal: signal
+# towards shorter, finished or well-formed completions is shaping, which passes now
+# (backtest/analysis.py SHAPING)
+_SHAPING = re.compile(rf"there it tracks ({'|'.join(SHAPING)}) \(r = -")
+
+
+def rejudged(b: dict) -> dict:
+    """A recorded backtest under today's verdict: a rejection whose every reason is shaping
+    passes (its reasons become notes). The records keep what each build saw."""
+    if b["label"] == "backtest_rejected" and b["reasons"] and all(_SHAPING.search(r) for r in b["reasons"]):
+        return b | {"label": "passed", "reasons": [], "notes": b.get("notes", []) + b["reasons"]}
+    return b
+
+
 def read_backtests(path: Path, parent: str = "root") -> dict[str, dict[int, dict]]:
-    """The backtests recorded on the rollouts of the row `parent`, by move and seed."""
+    """The backtests recorded on the rollouts of the row `parent`, by move and seed, each
+    under today's verdict (rejudged)."""
     out: dict[str, dict[int, dict]] = {}
     if path.exists():
         for line in path.read_text().splitlines():
             if line.strip():
                 b = json.loads(line)
                 if b.get("parent", "root") == parent:
-                    out.setdefault(b["name"], {})[int(b["seed"])] = b
+                    out.setdefault(b["name"], {})[int(b["seed"])] = rejudged(b)
     return out
 
 
