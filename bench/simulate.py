@@ -5,6 +5,7 @@ task and strategy, in minutes instead of days.
     .venv/bin/python bench/simulate.py arith3-weak --fill      # train what the table lacks (this
                                                              # machine must hold the table's base)
     .venv/bin/python bench/simulate.py chain_sum-weak --real 3 --trials 8   # out of the box for real
+    .venv/bin/python bench/simulate.py codegen-weak --confirm --replicates 200   # confirm before naming a winner
 
 Each replicate runs the real controller, agents, population and gate against the table
 results/landscape/TASK/ (bench/landscape.py builds it), on two seeds of the table's pool
@@ -38,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import asdict, replace
@@ -325,6 +327,59 @@ def transfer(task: str, table: Table, sources: list[str], replicates: int, budge
     return "\n".join(lines), {f"{arm}@{t}": [asdict(r) for r in reps] for (arm, t), reps in arms.items()}
 
 
+# Screening and confirming, against today's choice of a winner (the run's best validated
+# version on its two seeds): (name, run seeds, trials per budget's, confirmed, confirming seeds)
+CONFIRM = (("today: best on 2 seeds", 2, 1, 1, 0),
+           ("top 2 confirmed on 2 more seeds", 2, 1, 2, 2),
+           ("1 seed a trial, twice the trials", 1, 2, 1, 0),
+           ("1 seed a trial, twice the trials, top 3 confirmed on 3 more", 1, 2, 3, 3))
+
+
+def confirmed(task: str, table: Table, replicates: int, budgets: list[int]) -> tuple[str, dict]:
+    """Deliverable 4's "screen at low fidelity, confirm with more seeds", judged on the table:
+    the out-of-the-box search, then its best validated versions (Replicate.ranked) scored on
+    more pool seeds before the winner is named, by mean validation over every seed read; and a
+    search on one seed a trial with twice the trials (the same segments), confirmed the same way.
+    Every variant is scored on the same seeds: of the pool seeds outside the replicate's two-seed
+    draw, the two last (a two-seed search's gate extends on the first two, a one-seed search's
+    on the two first pool seeds besides its own, of the draw's second seed and those two; its
+    confirmation reads those three). Costs are
+    segments trained, confirmation at most (a version the gate extended needs fewer)."""
+    oob = {**RUN["out-of-the-box"], "name": "out-of-the-box"}
+    root = table.root
+    cells, lines = {}, [f"## {task}: confirming the best versions before naming the winner ({replicates} "
+                        "replicates, out of the box; test points over the default on the same two seeds a "
+                        "replicate, paired by replicate, 95% t over seed draws)", "",
+                        "| trials | variant | segments | test − default | − today | winners (most common) |",
+                        "|---|---|---|---|---|---|"]
+    for trials in budgets:
+        runs = {(k_seeds, k): simulate(table, oob, replicates=replicates, trials=trials * k, seeds_per_run=k_seeds,
+                            workdir=SCRATCH) for k_seeds, k in {(v[1], v[2]) for v in CONFIRM}}
+        today: list[float] = []
+        for name, k_seeds, k, top, more in CONFIRM:
+            reps, picks = [], []
+            for r in runs[k_seeds, k]:
+                pair = draw(table.seeds, r.replicate)  # a one-seed search runs on the draw's first
+                rest = [s for s in table.seeds if s not in pair]
+                scored, extra = rest[2:], ([*pair[1:], rest[0]] if k_seeds == 1 else rest[:2])[:more]
+                read = [*pair[:k_seeds], *extra]
+                best = max(r.ranked[:top], key=lambda n: (statistics.fmean(table.named(n).val[s] for s in read),
+                                                          n == r.ranked[0]))
+                gain = statistics.fmean(100 * (table.named(best).test[s] - root.test[s]) for s in scored)
+                reps.append(replace(r, seeds=pair, winner=best, gain=gain, fresh=tuple(scored),
+                                    segments=r.segments + more * min(top, len(r.ranked))))
+                picks.append(best)
+            if not today:
+                today = reps
+            common = ", ".join(f"{w} ({n})" for w, n in Counter(picks).most_common(2))
+            diff = by_draw([replace(a, gain=a.gain - b.gain) for a, b in zip(reps, today)], lambda r: r.gain)
+            lines.append(f"| {trials} | {name} | {statistics.fmean(r.segments for r in reps):.1f} | "
+                         f"{ci(by_draw(reps, lambda r: r.gain))} | {ci(diff) if reps is not today else '–'} | {common} |")
+            cells[f"{name}@{trials}"] = [{"replicate": r.replicate, "seeds": r.seeds, "winner": r.winner,
+                                          "gain": round(r.gain, 3), "segments": r.segments} for r in reps]
+    return "\n".join(lines), cells
+
+
 def against(results: dict[tuple[str, int], list[Replicate]], record: Path) -> str:
     """Each cell against the same cell of another record (the code before a change, say),
     test gain paired by replicate: both ran the same seed draws in the same order."""
@@ -370,6 +425,9 @@ def main() -> None:
     ap.add_argument("--transfer-from", nargs="+", default=[], metavar="TABLE",
                     help="the skill library's transfer: a library from out-of-the-box searches on these tables, "
                          "the task's searches at --trials with it and without (records: TASK-transfer.json/md)")
+    ap.add_argument("--confirm", action="store_true",
+                    help="the out-of-the-box search's best versions confirmed on more seeds before the winner is "
+                         "named, and a one-seed screen, against today's choice (records: TASK-confirm.json/md)")
     ap.add_argument("--real", type=int, default=0, metavar="SEARCHES",
                     help="the out-of-the-box strategy for real at the first --trials, its winners retrained on "
                          "--fresh-seeds seeds (records: TASK-real.json/md)")
@@ -390,6 +448,13 @@ def main() -> None:
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / f"{args.task}-transfer.json").write_text(json.dumps({"sources": args.transfer_from, "arms": reps}) + "\n")
         (OUT / f"{args.task}-transfer.md").write_text(text + "\n")
+        print(text)
+        return
+    if args.confirm:
+        text, cells = confirmed(args.task, Table.load(TABLES / args.task), args.replicates, args.trials)
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / f"{args.task}-confirm.json").write_text(json.dumps({"cells": cells}) + "\n")
+        (OUT / f"{args.task}-confirm.md").write_text(text + "\n")
         print(text)
         return
     fill = trainer(args.task)[1] if args.fill or args.validate else None

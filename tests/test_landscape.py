@@ -4,6 +4,7 @@ table keeps what the table says gains, scores it on seeds it never trained on, a
 seed draws across strategies."""
 import json
 import random
+import statistics
 from dataclasses import asdict
 from pathlib import Path
 
@@ -411,3 +412,18 @@ def test_a_recorded_rejection_of_shaping_passes_under_todays_verdict():
     assert rejudged(penalty | {"reasons": [reason.format("format_failure", "-0.99", "format_failure")]})["label"] == "passed"
     for b in (hack, mixed, other, penalty | {"label": "passed", "reasons": []}):
         assert rejudged(b) == b
+
+
+def test_a_replicate_ranks_every_version_it_trained_and_counts_its_segments(tmp_path):
+    """What a choice of winner after the search reads (bench/simulate.py --confirm): every
+    trained version's row, best validated on the run's seeds first, and the segments spent."""
+    table = Table.load(synthetic(tmp_path, {"partial_credit": 0.25, "lower_lr": 0.1}))
+    (r,) = simulate(table, GREEDY, replicates=1, trials=3)
+    trained = [i for i, label in zip(r.interventions, r.labels) if label in ("kept", "discarded")]
+    assert r.ranked[0] == r.winner == "partial_credit" and "root" in r.ranked
+    assert len(r.ranked) == 1 + len(trained)  # a row is named by the table, a trial by its move's name
+    val = [statistics.fmean(table.named(n).val[s] for s in r.seeds) for n in r.ranked]
+    assert val == sorted(val, reverse=True)
+    assert r.segments == 2 * (1 + 2 + len(trained))  # the root, its 2 noise replicas, each child, on 2 seeds
+    (one,) = simulate(table, GREEDY, replicates=1, trials=3, seeds_per_run=1)
+    assert one.seeds == r.seeds[:1]  # a one-seed search pairs with the two-seed ones

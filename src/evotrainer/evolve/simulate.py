@@ -79,6 +79,7 @@ class Table:
     misses: int = 0                                # versions neither in the table nor combinations of its moves
     predicted: int = 0                             # versions predicted as their best part
     filled: int = 0                                # versions trained and added
+    predictions: dict[str, Row] = field(default_factory=dict)  # the predicted rows, by name
 
     @classmethod
     def load(cls, out: Path, fill: Training | None = None) -> "Table":
@@ -160,8 +161,14 @@ class Table:
 
     def _best_part(self, key: str, parts: list[Row]) -> Row:
         best = max(parts, key=lambda p: (statistics.fmean(p.val.values()), p.name))  # validation only: test is the judge's
-        return Row("+".join(p.name for p in parts), "predicted", key, [m for p in parts for m in p.moves],
-                   [f for p in parts for f in p.families], {}, dict(best.val), dict(best.test), findings=best.findings)
+        row = Row("+".join(p.name for p in parts), "predicted", key, [m for p in parts for m in p.moves],
+                  [f for p in parts for f in p.families], {}, dict(best.val), dict(best.test), findings=best.findings)
+        self.predictions[row.name] = row
+        return row
+
+    def named(self, name: str) -> Row:
+        """A row by name: the table's, or a prediction made for a search."""
+        return self.rows.get(name) or self.predictions[name]
 
 
 def _change(root: Path, harness: Path) -> dict:
@@ -189,11 +196,14 @@ class TableTraining(Training):
             seeds = sg.seeds or self.cfg.seeds
             pool = {s: self._pool_seed(s, sg.data_offset) for s in seeds}
             self.used.update(pool.values())
+            self.segments += len(seeds)
             dirs = {s: f"{TABLE}{row.name}/seed-{pool[s]}" for s in seeds}
             clock.reused += len(seeds)
             state = State(sg.version, sg.depth, dirs, {s: row.val[pool[s]] for s in seeds},
                           {s: row.test[pool[s]] for s in seeds})
             self._rows[row.name] = row
+            if not sg.replica:
+                self.row_of[sg.version] = row.name
             if read is not None:
                 read(sg, dirs)
             out.append(state)
@@ -239,6 +249,8 @@ class TableTraining(Training):
 
     _rows: dict[str, Row] = field(default_factory=dict, init=False, repr=False)
     used: set[int] = field(default_factory=set, init=False)  # pool seeds a decision of the run read
+    segments: int = field(default=0, init=False)             # segments drawn, one per seed (replicas too)
+    row_of: dict[str, str] = field(default_factory=dict, init=False)  # version -> the row it drew from
 
 
 def _parse(d: str) -> tuple[str, int]:
@@ -259,6 +271,8 @@ class Replicate:
     labels: tuple[str, ...]       # each trial's label
     interventions: tuple[str, ...] = ()  # each trial's intervention
     fresh: tuple[int, ...] = ()   # the pool seeds the gain is measured on
+    ranked: tuple[str, ...] = ()  # every trained version's row, by mean validation on the run's seeds, best first
+    segments: int = 0             # what the search trained, in segments (one per seed)
 
 
 def draw(pool: list[int], r: int, k: int = 2) -> tuple[int, ...]:
@@ -278,12 +292,13 @@ def simulate(table: Table, strategy: dict, *, replicates: int, trials: int, seed
     replicates with the search's own draws seeded as a real run's (by its first seed); each
     later cycle through the draws gives the search another seed (`search.seed`), so a
     strategy that draws (random, population) explores anew where a deterministic one (greedy
-    on the rules agent) repeats its first cycle."""
+    on the rules agent) repeats its first cycle. A search on fewer seeds (`seeds_per_run` 1)
+    runs on the first of its replicate's draw, so it pairs with the two-seed searches."""
     out = []
-    n = math.perm(len(table.seeds), seeds_per_run)  # the distinct ordered draws
+    n = math.perm(len(table.seeds), 2)  # the distinct ordered draws
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         for r in range(first, first + replicates):
-            seeds = draw(table.seeds, r, seeds_per_run)
+            seeds = draw(table.seeds, r)[:seeds_per_run]
             search_seed = None if r < n else r
             out.append(_one(table, strategy, r=r, seeds=seeds, trials=trials, run_dir=Path(tmp) / f"r{r}",
                             search_seed=search_seed))
@@ -313,6 +328,8 @@ def _one(table: Table, strategy: dict, *, r: int, seeds: tuple[int, ...], trials
         ctl.run()
         label, versions, _ = ctl.winner_schedule()
         trials_done = ctl.store.trials()
+        ranked = [ctl.training.row_of[s.version] for s in
+                  sorted(ctl.look().trained_states, key=lambda s: (s.mean_val, s.depth, s.version), reverse=True)]
     finally:
         ctl.store.close()
     winner = versions[-1]
@@ -322,6 +339,7 @@ def _one(table: Table, strategy: dict, *, r: int, seeds: tuple[int, ...], trials
     kept = next((t.id for t in trials_done if t.parents and t.label == Label.KEPT), None)
     judged = [t for t in trials_done if t.parents]
     return Replicate(strategy.get("name", ""), r, seeds, row.name, tuple(row.moves), gain, kept,
-                     tuple(t.label for t in judged), tuple(t.intervention for t in judged), tuple(fresh))
+                     tuple(t.label for t in judged), tuple(t.intervention for t in judged), tuple(fresh),
+                     tuple(dict.fromkeys(ranked)), ctl.training.segments)
 
 
