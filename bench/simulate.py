@@ -42,7 +42,7 @@ import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -327,12 +327,20 @@ def transfer(task: str, table: Table, sources: list[str], replicates: int, budge
     return "\n".join(lines), {f"{arm}@{t}": [asdict(r) for r in reps] for (arm, t), reps in arms.items()}
 
 
-# Screening and confirming, against today's choice of a winner (the run's best validated
-# version on its two seeds): (name, run seeds, trials per budget's, confirmed, confirming seeds)
-CONFIRM = (("today: best on 2 seeds", 2, 1, 1, 0),
-           ("top 2 confirmed on 2 more seeds", 2, 1, 2, 2),
-           ("1 seed a trial, twice the trials", 1, 2, 1, 0),
-           ("1 seed a trial, twice the trials, top 3 confirmed on 3 more", 1, 2, 3, 3))
+@dataclass(frozen=True)
+class Choice:
+    """A way to name the winner, against today's (the run's best validated version on its two seeds)."""
+    name: str
+    seeds: int        # run seeds a trial trains on
+    trials_x: int     # trials, as a multiple of the budget's
+    top: int          # the best validated versions confirmed
+    more: int         # on this many more pool seeds each
+
+
+CONFIRM = (Choice("today: best on 2 seeds", 2, 1, 1, 0),
+           Choice("top 2 confirmed on 2 more seeds", 2, 1, 2, 2),
+           Choice("1 seed a trial, twice the trials", 1, 2, 1, 0),
+           Choice("1 seed a trial, twice the trials, top 3 confirmed on 3 more", 1, 2, 3, 3))
 
 
 def confirmed(task: str, table: Table, replicates: int, budgets: list[int]) -> tuple[str, dict]:
@@ -343,8 +351,8 @@ def confirmed(task: str, table: Table, replicates: int, budgets: list[int]) -> t
     Every variant is scored on the same seeds: of the pool seeds outside the replicate's two-seed
     draw, the two last (a two-seed search's gate extends on the first two, a one-seed search's
     on the two first pool seeds besides its own, of the draw's second seed and those two; its
-    confirmation reads those three). Costs are
-    segments trained, confirmation at most (a version the gate extended needs fewer)."""
+    confirmation reads those three). Costs are segments trained, confirmation at most (a
+    version the gate extended needs fewer)."""
     oob = {**RUN["out-of-the-box"], "name": "out-of-the-box"}
     root = table.root
     cells, lines = {}, [f"## {task}: confirming the best versions before naming the winner ({replicates} "
@@ -353,29 +361,29 @@ def confirmed(task: str, table: Table, replicates: int, budgets: list[int]) -> t
                         "| trials | variant | segments | test − default | − today | winners (most common) |",
                         "|---|---|---|---|---|---|"]
     for trials in budgets:
-        runs = {(k_seeds, k): simulate(table, oob, replicates=replicates, trials=trials * k, seeds_per_run=k_seeds,
-                            workdir=SCRATCH) for k_seeds, k in {(v[1], v[2]) for v in CONFIRM}}
-        today: list[float] = []
-        for name, k_seeds, k, top, more in CONFIRM:
+        runs = {(k, x): simulate(table, oob, replicates=replicates, trials=trials * x, seeds_per_run=k, workdir=SCRATCH)
+                for k, x in dict.fromkeys((c.seeds, c.trials_x) for c in CONFIRM)}  # each search once
+        today: list[Replicate] = []
+        for c in CONFIRM:
             reps, picks = [], []
-            for r in runs[k_seeds, k]:
+            for r in runs[c.seeds, c.trials_x]:
                 pair = draw(table.seeds, r.replicate)  # a one-seed search runs on the draw's first
                 rest = [s for s in table.seeds if s not in pair]
-                scored, extra = rest[2:], ([*pair[1:], rest[0]] if k_seeds == 1 else rest[:2])[:more]
-                read = [*pair[:k_seeds], *extra]
-                best = max(r.ranked[:top], key=lambda n: (statistics.fmean(table.named(n).val[s] for s in read),
-                                                          n == r.ranked[0]))
+                scored, extra = rest[2:], ([*pair[1:], rest[0]] if c.seeds == 1 else rest[:2])[:c.more]
+                read = [*pair[:c.seeds], *extra]
+                best = max(r.ranked[:c.top], key=lambda n: (statistics.fmean(table.named(n).val[s] for s in read),
+                                                            n == r.ranked[0]))
                 gain = statistics.fmean(100 * (table.named(best).test[s] - root.test[s]) for s in scored)
                 reps.append(replace(r, seeds=pair, winner=best, gain=gain, fresh=tuple(scored),
-                                    segments=r.segments + more * min(top, len(r.ranked))))
+                                    segments=r.segments + c.more * min(c.top, len(r.ranked))))
                 picks.append(best)
             if not today:
                 today = reps
             common = ", ".join(f"{w} ({n})" for w, n in Counter(picks).most_common(2))
             diff = by_draw([replace(a, gain=a.gain - b.gain) for a, b in zip(reps, today)], lambda r: r.gain)
-            lines.append(f"| {trials} | {name} | {statistics.fmean(r.segments for r in reps):.1f} | "
+            lines.append(f"| {trials} | {c.name} | {statistics.fmean(r.segments for r in reps):.1f} | "
                          f"{ci(by_draw(reps, lambda r: r.gain))} | {ci(diff) if reps is not today else '–'} | {common} |")
-            cells[f"{name}@{trials}"] = [{"replicate": r.replicate, "seeds": r.seeds, "winner": r.winner,
+            cells[f"{c.name}@{trials}"] = [{"replicate": r.replicate, "seeds": r.seeds, "winner": r.winner,
                                           "gain": round(r.gain, 3), "segments": r.segments} for r in reps]
     return "\n".join(lines), cells
 

@@ -58,6 +58,7 @@ from evotrainer.evolve.landscape import (
 )
 from evotrainer.evolve.segments.findings import worst_of
 from evotrainer.evolve.segments.state import EXTRA_PAIR_DATA, Clock, Segment, SegmentFailed, State
+from evotrainer.evolve.stats.final import merit
 from evotrainer.evolve.segments.training import Training
 from evotrainer.labels import Label
 from evotrainer.lineage import LineageStore
@@ -328,8 +329,7 @@ def _one(table: Table, strategy: dict, *, r: int, seeds: tuple[int, ...], trials
         ctl.run()
         label, versions, _ = ctl.winner_schedule()
         trials_done = ctl.store.trials()
-        ranked = [ctl.training.row_of[s.version] for s in
-                  sorted(ctl.look().trained_states, key=lambda s: (s.mean_val, s.depth, s.version), reverse=True)]
+        ranked = [ctl.training.row_of[s.version] for s in sorted(ctl.look().trained_states, key=merit, reverse=True)]
     finally:
         ctl.store.close()
     winner = versions[-1]

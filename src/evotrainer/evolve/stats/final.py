@@ -23,9 +23,14 @@ from typing import Iterable, Mapping, Sequence
 from evotrainer.evolve.stats.paired import paired_differences, t_interval
 
 
+def merit(state) -> tuple:
+    """How states rank for the winner: mean validation accuracy over their seeds; deeper wins ties."""
+    return state.mean_val, state.depth, state.version
+
+
 def winner(states: Iterable) -> object:
-    """The best validated state (mean validation accuracy over its seeds; deeper wins ties)."""
-    return max(states, key=lambda s: (s.mean_val, s.depth, s.version))
+    """The best validated state (`merit`)."""
+    return max(states, key=merit)
 
 
 def schedule(trials: Iterable, version: str, depth: int) -> list[str]:
